@@ -1,0 +1,65 @@
+// Shared helpers for the distmb kernels: OpenMP-parallel scans and order-preserving
+// compaction. Header-only; every kernel file includes it.
+#pragma once
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+namespace distmb {
+
+// Exclusive prefix sum in place over a[0..n): a[i] <- a[0] + ... + a[i-1]; returns the total.
+// Two passes over per-thread blocks, so the result is independent of the thread count.
+inline int64_t exclusive_scan_inplace(int64_t* a, int64_t n) {
+  if (n <= 0) return 0;
+  const int nt = std::max(1, std::min<int>(omp_get_max_threads(), static_cast<int>(n / 4096) + 1));
+  std::vector<int64_t> block_sum(nt + 1, 0);
+#pragma omp parallel num_threads(nt)
+  {
+    const int t = omp_get_thread_num();
+    const int64_t lo = n * t / nt, hi = n * (t + 1) / nt;
+    int64_t s = 0;
+    for (int64_t i = lo; i < hi; ++i) s += a[i];
+    block_sum[t + 1] = s;
+#pragma omp barrier
+#pragma omp single
+    for (int k = 0; k < nt; ++k) block_sum[k + 1] += block_sum[k];
+    int64_t run = block_sum[t];
+    for (int64_t i = lo; i < hi; ++i) {
+      const int64_t v = a[i];
+      a[i] = run;
+      run += v;
+    }
+  }
+  return block_sum[nt];
+}
+
+// The indices i in [0, n) with keep(i) true, in increasing order (parallel, deterministic).
+template <class Pred>
+std::vector<int64_t> compact_where(int64_t n, Pred keep) {
+  const int nt = std::max(1, std::min<int>(omp_get_max_threads(), static_cast<int>(n / 65536) + 1));
+  std::vector<int64_t> count(nt + 1, 0);
+  std::vector<int64_t> out;
+#pragma omp parallel num_threads(nt)
+  {
+    const int t = omp_get_thread_num();
+    const int64_t lo = n * t / nt, hi = n * (t + 1) / nt;
+    int64_t c = 0;
+    for (int64_t i = lo; i < hi; ++i) c += keep(i) ? 1 : 0;
+    count[t + 1] = c;
+#pragma omp barrier
+#pragma omp single
+    {
+      for (int k = 0; k < nt; ++k) count[k + 1] += count[k];
+      out.resize(count[nt]);
+    }
+    int64_t w = count[t];
+    for (int64_t i = lo; i < hi; ++i)
+      if (keep(i)) out[w++] = i;
+  }
+  return out;
+}
+
+}  // namespace distmb

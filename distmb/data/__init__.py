@@ -1,0 +1,11 @@
+"""Datasets and partitions: everything from files on disk to arrays in memory.
+
+- :class:`Graph`: one in-memory graph (in-edge CSR, features, labels, splits).
+- :func:`load_dataset`: ``--dataset SPEC`` -> :class:`Graph`.
+- :class:`PartitionStore`: one part of a partition directory, memory-mapped and validated.
+"""
+
+from distmb.data.datasets import load_dataset, parse_spec
+from distmb.data.graph import UNLABELED, Graph
+
+__all__ = ["Graph", "UNLABELED", "load_dataset", "parse_spec"]

@@ -1,0 +1,209 @@
+"""The in-memory graph every dataset loader produces and the partitioner consumes."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from distmb.errors import InputError
+
+#: Label of a vertex without a class (allowed outside the train/val/test splits).
+UNLABELED = -1
+
+#: Rows checked per chunk when scanning features for NaN/Inf (bounds the temporary memory).
+_FINITE_CHECK_ROWS = 1 << 16
+
+
+@dataclass
+class Graph:
+    """A node-classification graph held in memory.
+
+    Attributes:
+        name: dataset name (``"cora"``, ``"synthetic"``, ...).
+        indptr: int64[num_nodes + 1], CSR row pointers of the **in-edges**.
+        indices: int64[num_edges], ``indices[indptr[v]:indptr[v+1]]`` are the sources ``u`` of
+            the edges ``u -> v``, ascending and distinct.
+        features: float32[num_nodes, feat_dim], finite.
+        labels: int64[num_nodes], class in ``[0, num_classes)`` or :data:`UNLABELED`.
+        train_idx, val_idx, test_idx: int64 vertex ids (ascending, disjoint, labelled).
+        num_classes: number of classes.
+        notes: human-readable record of what loading did (symmetrised, self-loops dropped...).
+    """
+
+    name: str
+    indptr: np.ndarray
+    indices: np.ndarray
+    features: np.ndarray
+    labels: np.ndarray
+    train_idx: np.ndarray
+    val_idx: np.ndarray
+    test_idx: np.ndarray
+    num_classes: int
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.indptr.shape[0] - 1)
+
+    @property
+    def num_edges(self) -> int:
+        """Number of directed in-edges (an undirected edge counts twice)."""
+        return int(self.indices.shape[0])
+
+    @property
+    def feat_dim(self) -> int:
+        return int(self.features.shape[1])
+
+    def in_degree(self) -> np.ndarray:
+        """int64[num_nodes]: number of in-edges of every vertex."""
+        return np.diff(self.indptr)
+
+    @classmethod
+    def from_edges(
+        cls,
+        name: str,
+        src: np.ndarray,
+        dst: np.ndarray,
+        num_nodes: int,
+        features: np.ndarray,
+        labels: np.ndarray,
+        train_idx: np.ndarray,
+        val_idx: np.ndarray,
+        test_idx: np.ndarray,
+        num_classes: int,
+        *,
+        symmetrize: bool = True,
+        source: str = "<edges>",
+        notes: list[str] | None = None,
+    ) -> Graph:
+        """Build a validated graph from COO edges ``src[e] -> dst[e]`` (int64[E] each).
+
+        Self-loops and duplicate edges are removed; with ``symmetrize`` (the default: the
+        paper trains on undirected graphs) every edge is also added in reverse. ``source``
+        names the input in error messages. What was done is recorded in ``notes``.
+        """
+        from distmb import _C
+
+        src = _as_int64_1d(src, f"{source}: edge sources")
+        dst = _as_int64_1d(dst, f"{source}: edge targets")
+        if src.shape != dst.shape:
+            raise InputError(f"{source}: {src.shape[0]} edge sources but {dst.shape[0]} targets")
+        if num_nodes < 0:
+            raise InputError(f"{source}: number of vertices must be >= 0, got {num_nodes}")
+        try:
+            indptr, indices, self_loops, duplicates = _C.build_in_csr(
+                src, dst, int(num_nodes), symmetrize, True
+            )
+        except IndexError as exc:  # std::out_of_range from the kernel
+            raise InputError(f"{source}: {exc}") from None
+        notes = list(notes or [])
+        notes.append(
+            f"{src.shape[0]} input edges; "
+            + ("symmetrised (each edge added in both directions); " if symmetrize else "kept directed; ")
+            + f"{self_loops} self-loops removed; {duplicates} duplicate entries merged; "
+            f"{indices.shape[0]} in-edges"
+        )
+        graph = cls(
+            name=name,
+            indptr=indptr,
+            indices=indices,
+            features=features,
+            labels=labels,
+            train_idx=train_idx,
+            val_idx=val_idx,
+            test_idx=test_idx,
+            num_classes=int(num_classes),
+            notes=notes,
+        )
+        graph.validate(source)
+        return graph
+
+    def validate(self, source: str = "<graph>") -> None:
+        """Check every invariant of the class docstring; raise :class:`InputError` naming
+        ``source`` and the offending array on the first violation."""
+        n = self.num_nodes
+        _check(self.indptr.dtype == np.int64 and self.indptr.ndim == 1, source,
+               f"indptr must be int64[num_nodes + 1], got {self.indptr.dtype}{list(self.indptr.shape)}")
+        _check(self.indices.dtype == np.int64 and self.indices.ndim == 1, source,
+               f"indices must be int64[num_edges], got {self.indices.dtype}{list(self.indices.shape)}")
+        _check(n >= 0 and self.indptr[0] == 0 and self.indptr[-1] == self.indices.shape[0], source,
+               "indptr must start at 0 and end at len(indices)")
+        _check(bool(np.all(self.indptr[1:] >= self.indptr[:-1])), source, "indptr must be non-decreasing")
+        if self.indices.size:
+            _check(int(self.indices.min()) >= 0 and int(self.indices.max()) < n, source,
+                   f"edge endpoints must lie in [0, {n})")
+        f = self.features
+        _check(isinstance(f, np.ndarray) and f.ndim == 2 and f.shape[0] == n, source,
+               f"features must be a [num_nodes={n}, feat_dim] array, got shape {list(np.shape(f))}")
+        _check(f.dtype == np.float32, source, f"features must be float32, got {f.dtype}")
+        for lo in range(0, n, _FINITE_CHECK_ROWS):
+            block = f[lo : lo + _FINITE_CHECK_ROWS]
+            if not np.isfinite(block).all():
+                bad = lo + int(np.argwhere(~np.isfinite(block))[0, 0])
+                raise InputError(f"{source}: features contain NaN or Inf (first at vertex {bad})")
+        y = self.labels
+        _check(isinstance(y, np.ndarray) and y.dtype == np.int64 and y.shape == (n,), source,
+               f"labels must be int64[num_nodes={n}], got {getattr(y, 'dtype', type(y))}{list(np.shape(y))}")
+        _check(self.num_classes >= 1, source, f"num_classes must be >= 1, got {self.num_classes}")
+        labelled = y != UNLABELED
+        if n:
+            bad = labelled & ((y < 0) | (y >= self.num_classes))
+            if bad.any():
+                v = int(np.argmax(bad))
+                raise InputError(
+                    f"{source}: label {int(y[v])} of vertex {v} is outside [0, {self.num_classes})"
+                )
+        seen = np.zeros(n, dtype=bool)
+        for split in ("train_idx", "val_idx", "test_idx"):
+            idx = getattr(self, split)
+            _check(isinstance(idx, np.ndarray) and idx.dtype == np.int64 and idx.ndim == 1, source,
+                   f"{split} must be a 1-D int64 array")
+            if idx.size == 0:
+                continue
+            _check(int(idx.min()) >= 0 and int(idx.max()) < n, source,
+                   f"{split} holds vertex ids outside [0, {n})")
+            _check(bool(np.all(idx[1:] > idx[:-1])), source, f"{split} must be ascending without repeats")
+            _check(not seen[idx].any(), source, f"{split} overlaps an earlier split")
+            _check(bool(labelled[idx].all()), source, f"{split} contains unlabelled vertices")
+            seen[idx] = True
+
+    def identity(self) -> dict[str, object]:
+        """What identifies this graph: name, sizes and a sha256 of structure and labels.
+
+        Partitions and checkpoints record it so a mismatch is caught, not trained on.
+        """
+        h = hashlib.sha256()
+        for arr in (self.indptr, self.indices, self.labels):
+            h.update(np.ascontiguousarray(arr).data)
+        return {
+            "name": self.name,
+            "num_nodes": self.num_nodes,
+            "num_edges": self.num_edges,
+            "feat_dim": self.feat_dim,
+            "num_classes": self.num_classes,
+            "sha256": h.hexdigest(),
+        }
+
+    def summary(self) -> str:
+        """One line: name, vertices, edges, features, classes and split sizes."""
+        return (
+            f"{self.name}: {self.num_nodes} vertices, {self.num_edges} in-edges, "
+            f"{self.feat_dim} features, {self.num_classes} classes, "
+            f"train/val/test {self.train_idx.size}/{self.val_idx.size}/{self.test_idx.size}"
+        )
+
+
+def _check(ok: bool, source: str, message: str) -> None:
+    if not ok:
+        raise InputError(f"{source}: {message}")
+
+
+def _as_int64_1d(a: np.ndarray, what: str) -> np.ndarray:
+    a = np.asarray(a)
+    if a.ndim != 1:
+        raise InputError(f"{what} must be a 1-D array, got shape {list(a.shape)}")
+    if a.size and not np.issubdtype(a.dtype, np.integer):
+        raise InputError(f"{what} must be integers, got {a.dtype}")
+    return np.ascontiguousarray(a, dtype=np.int64)

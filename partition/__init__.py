@@ -1,0 +1,1 @@
+"""Offline partitioner (imported as distmb.partition)."""

@@ -1,0 +1,26 @@
+"""Build of the C++ extension ``distmb._C`` only; all metadata lives in setup.cfg.
+
+The extension does not link against libtorch: kernels take numpy buffers (CPU tensors pass
+zero-copy through ``Tensor.numpy()``), so it builds without torch and survives torch upgrades.
+"""
+
+import os
+from glob import glob
+
+from pybind11.setup_helpers import Pybind11Extension, build_ext
+from setuptools import setup
+
+# Clusters build from source on the nodes they run on, so tune for the build host by default;
+# set DISTMB_MARCH (e.g. x86-64-v3) for a portable build.
+MARCH = os.environ.get("DISTMB_MARCH", "native")
+
+ext = Pybind11Extension(
+    "distmb._C",
+    sorted(glob("csrc/*.cpp")),
+    include_dirs=["csrc"],
+    extra_compile_args=["-O3", "-fopenmp", f"-march={MARCH}", "-fno-math-errno"],
+    extra_link_args=["-fopenmp"],
+    cxx_std=17,
+)
+
+setup(ext_modules=[ext], cmdclass={"build_ext": build_ext})
