@@ -1,1 +1,5 @@
-"""Offline partitioner (imported as distmb.partition)."""
+"""Offline partitioner: ``distmb-partition`` (METIS, train-balanced) -> format version 1."""
+
+from partition.pipeline import partition_graph
+
+__all__ = ["partition_graph"]

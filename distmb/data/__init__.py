@@ -7,5 +7,6 @@
 
 from distmb.data.datasets import load_dataset, parse_spec
 from distmb.data.graph import UNLABELED, Graph
+from distmb.data.store import PartitionStore, read_meta
 
-__all__ = ["Graph", "UNLABELED", "load_dataset", "parse_spec"]
+__all__ = ["Graph", "PartitionStore", "UNLABELED", "load_dataset", "parse_spec", "read_meta"]

@@ -30,6 +30,8 @@ class Graph:
         train_idx, val_idx, test_idx: int64 vertex ids (ascending, disjoint, labelled).
         num_classes: number of classes.
         notes: human-readable record of what loading did (symmetrised, self-loops dropped...).
+        symmetric: True when every edge ``u -> v`` is known to have its reverse
+            (set by :meth:`from_edges` with ``symmetrize=True``).
     """
 
     name: str
@@ -42,6 +44,7 @@ class Graph:
     test_idx: np.ndarray
     num_classes: int
     notes: list[str] = field(default_factory=list)
+    symmetric: bool = False
 
     @property
     def num_nodes(self) -> int:
@@ -101,7 +104,11 @@ class Graph:
         notes = list(notes or [])
         notes.append(
             f"{src.shape[0]} input edges; "
-            + ("symmetrised (each edge added in both directions); " if symmetrize else "kept directed; ")
+            + (
+                "symmetrised (each edge added in both directions); "
+                if symmetrize
+                else "kept directed; "
+            )
             + f"{self_loops} self-loops removed; {duplicates} duplicate entries merged; "
             f"{indices.shape[0]} in-edges"
         )
@@ -116,6 +123,7 @@ class Graph:
             test_idx=test_idx,
             num_classes=int(num_classes),
             notes=notes,
+            symmetric=symmetrize,
         )
         graph.validate(source)
         return graph
@@ -124,19 +132,39 @@ class Graph:
         """Check every invariant of the class docstring; raise :class:`InputError` naming
         ``source`` and the offending array on the first violation."""
         n = self.num_nodes
-        _check(self.indptr.dtype == np.int64 and self.indptr.ndim == 1, source,
-               f"indptr must be int64[num_nodes + 1], got {self.indptr.dtype}{list(self.indptr.shape)}")
-        _check(self.indices.dtype == np.int64 and self.indices.ndim == 1, source,
-               f"indices must be int64[num_edges], got {self.indices.dtype}{list(self.indices.shape)}")
-        _check(n >= 0 and self.indptr[0] == 0 and self.indptr[-1] == self.indices.shape[0], source,
-               "indptr must start at 0 and end at len(indices)")
-        _check(bool(np.all(self.indptr[1:] >= self.indptr[:-1])), source, "indptr must be non-decreasing")
+        _check(
+            self.indptr.dtype == np.int64 and self.indptr.ndim == 1,
+            source,
+            f"indptr must be int64[num_nodes + 1], got "
+            f"{self.indptr.dtype}{list(self.indptr.shape)}",
+        )
+        _check(
+            self.indices.dtype == np.int64 and self.indices.ndim == 1,
+            source,
+            f"indices must be int64[num_edges], got {self.indices.dtype}{list(self.indices.shape)}",
+        )
+        _check(
+            n >= 0 and self.indptr[0] == 0 and self.indptr[-1] == self.indices.shape[0],
+            source,
+            "indptr must start at 0 and end at len(indices)",
+        )
+        _check(
+            bool(np.all(self.indptr[1:] >= self.indptr[:-1])),
+            source,
+            "indptr must be non-decreasing",
+        )
         if self.indices.size:
-            _check(int(self.indices.min()) >= 0 and int(self.indices.max()) < n, source,
-                   f"edge endpoints must lie in [0, {n})")
+            _check(
+                int(self.indices.min()) >= 0 and int(self.indices.max()) < n,
+                source,
+                f"edge endpoints must lie in [0, {n})",
+            )
         f = self.features
-        _check(isinstance(f, np.ndarray) and f.ndim == 2 and f.shape[0] == n, source,
-               f"features must be a [num_nodes={n}, feat_dim] array, got shape {list(np.shape(f))}")
+        _check(
+            isinstance(f, np.ndarray) and f.ndim == 2 and f.shape[0] == n,
+            source,
+            f"features must be a [num_nodes={n}, feat_dim] array, got shape {list(np.shape(f))}",
+        )
         _check(f.dtype == np.float32, source, f"features must be float32, got {f.dtype}")
         for lo in range(0, n, _FINITE_CHECK_ROWS):
             block = f[lo : lo + _FINITE_CHECK_ROWS]
@@ -144,8 +172,12 @@ class Graph:
                 bad = lo + int(np.argwhere(~np.isfinite(block))[0, 0])
                 raise InputError(f"{source}: features contain NaN or Inf (first at vertex {bad})")
         y = self.labels
-        _check(isinstance(y, np.ndarray) and y.dtype == np.int64 and y.shape == (n,), source,
-               f"labels must be int64[num_nodes={n}], got {getattr(y, 'dtype', type(y))}{list(np.shape(y))}")
+        _check(
+            isinstance(y, np.ndarray) and y.dtype == np.int64 and y.shape == (n,),
+            source,
+            f"labels must be int64[num_nodes={n}], got "
+            f"{getattr(y, 'dtype', type(y))}{list(np.shape(y))}",
+        )
         _check(self.num_classes >= 1, source, f"num_classes must be >= 1, got {self.num_classes}")
         labelled = y != UNLABELED
         if n:
@@ -158,13 +190,23 @@ class Graph:
         seen = np.zeros(n, dtype=bool)
         for split in ("train_idx", "val_idx", "test_idx"):
             idx = getattr(self, split)
-            _check(isinstance(idx, np.ndarray) and idx.dtype == np.int64 and idx.ndim == 1, source,
-                   f"{split} must be a 1-D int64 array")
+            _check(
+                isinstance(idx, np.ndarray) and idx.dtype == np.int64 and idx.ndim == 1,
+                source,
+                f"{split} must be a 1-D int64 array",
+            )
             if idx.size == 0:
                 continue
-            _check(int(idx.min()) >= 0 and int(idx.max()) < n, source,
-                   f"{split} holds vertex ids outside [0, {n})")
-            _check(bool(np.all(idx[1:] > idx[:-1])), source, f"{split} must be ascending without repeats")
+            _check(
+                int(idx.min()) >= 0 and int(idx.max()) < n,
+                source,
+                f"{split} holds vertex ids outside [0, {n})",
+            )
+            _check(
+                bool(np.all(idx[1:] > idx[:-1])),
+                source,
+                f"{split} must be ascending without repeats",
+            )
             _check(not seen[idx].any(), source, f"{split} overlaps an earlier split")
             _check(bool(labelled[idx].all()), source, f"{split} contains unlabelled vertices")
             seen[idx] = True

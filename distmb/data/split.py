@@ -29,10 +29,9 @@ def stratified_split(
     for name, frac in (("train", train_frac), ("val", val_frac), ("test", test_frac)):
         if not 0.0 <= frac <= 1.0:
             raise InputError(f"{name} fraction must be in [0, 1], got {frac}")
-    if train_frac + val_frac + test_frac > 1.0 + 1e-9:
-        raise InputError(
-            f"train+val+test fractions must sum to at most 1, got {train_frac + val_frac + test_frac}"
-        )
+    total = train_frac + val_frac + test_frac
+    if total > 1.0 + 1e-9:
+        raise InputError(f"train+val+test fractions must sum to at most 1, got {total}")
     rng = np.random.default_rng(seed)
     parts: list[list[np.ndarray]] = [[], [], []]
     order = np.argsort(labels, kind="stable")
@@ -47,6 +46,8 @@ def stratified_split(
         parts[0].append(members[:n_train])
         parts[1].append(members[n_train : n_train + n_val])
         parts[2].append(members[n_train + n_val : n_train + n_val + n_test])
-    out = tuple(np.sort(np.concatenate(p)).astype(np.int64) if p else np.zeros(0, np.int64) for p in parts)
+    out = tuple(
+        np.sort(np.concatenate(p)).astype(np.int64) if p else np.zeros(0, np.int64) for p in parts
+    )
     assert all(not np.any(labels[o] == UNLABELED) for o in out)
     return out  # type: ignore[return-value]

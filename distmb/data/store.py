@@ -1,0 +1,216 @@
+"""One part of a partition directory, memory-mapped and validated."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from distmb.data.format import FORMAT_VERSION, META_FILE, PART_ARRAYS, ArraySpec, part_dir_name
+from distmb.errors import PartitionError
+
+#: Bytes read per step when verifying checksums.
+_HASH_BLOCK = 1 << 24
+
+_REQUIRED_META = (
+    "format_version",
+    "graph_name",
+    "graph_sha256",
+    "num_parts",
+    "num_nodes",
+    "num_edges",
+    "feat_dim",
+    "num_classes",
+    "partitioner",
+    "parts",
+    "files",
+)
+_PART_COUNTS = (
+    "n_solid",
+    "n_halo",
+    "n_local",
+    "n_edges",
+    "n_train",
+    "n_val",
+    "n_test",
+    "n_send",
+)
+
+
+def read_meta(directory: str | Path) -> dict[str, Any]:
+    """Read and check ``DIR/partition.json``; raise :class:`PartitionError` naming the file."""
+    path = Path(directory) / META_FILE
+    if not Path(directory).is_dir():
+        raise PartitionError(f"{directory}: not a partition directory (no such directory)")
+    try:
+        with open(path) as f:
+            meta = json.load(f)
+    except FileNotFoundError:
+        raise PartitionError(f"{path}: missing; is {directory} a distmb partition?") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise PartitionError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(meta, dict):
+        raise PartitionError(f"{path}: expected a JSON object")
+    missing = [k for k in _REQUIRED_META if k not in meta]
+    if missing:
+        raise PartitionError(f"{path}: missing keys {missing}")
+    if meta["format_version"] != FORMAT_VERSION:
+        raise PartitionError(
+            f"{path}: format version {meta['format_version']}, this distmb reads version "
+            f"{FORMAT_VERSION}; re-run distmb-partition"
+        )
+    if not isinstance(meta["parts"], list) or len(meta["parts"]) != meta["num_parts"]:
+        raise PartitionError(f"{path}: 'parts' must list num_parts={meta['num_parts']} entries")
+    return meta
+
+
+def sha256_file(path: Path) -> str:
+    """sha256 hex digest of a file, read in blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(_HASH_BLOCK):
+            h.update(block)
+    return h.hexdigest()
+
+
+class PartitionStore:
+    """Part ``part`` of the partition in ``directory`` (format version 1), memory-mapped.
+
+    Arrays (see docs/partition-format.md; ``VID_p``: solid ``[0, n_solid)``, then halo):
+        indptr: int64[n_solid + 1], in-edge CSR of the solid vertices.
+        indices: int32 or int64[n_edges], sources as VID_p.
+        orig_ids: int64[n_local], VID_o of every local vertex.
+        halo_owner: int32[n_halo], part owning each halo vertex.
+        features: float32[n_solid, feat_dim]; labels: int64[n_solid].
+        train_idx, val_idx, test_idx: int64, VID_p of solid vertices.
+        in_degree: int64[n_local], in-degree in the whole graph.
+        send_ptr: int64[num_parts + 1], send_ids: int32 or int64[n_send]; the solid
+            vertices that part j holds as halo are ``send_ids[send_ptr[j]:send_ptr[j+1]]``.
+        halo_features: float32[n_halo, feat_dim] or None (``--replicate-halo-features``).
+
+    Args:
+        directory: the partition directory (holds ``partition.json``).
+        part: which part to open, in ``[0, num_parts)``.
+        verify: also recompute every file's sha256 and compare with ``partition.json``.
+
+    Raises:
+        PartitionError: naming the file and what was expected, for a missing, truncated,
+            mistyped or (with ``verify``) altered file.
+    """
+
+    indptr: np.ndarray
+    indices: np.ndarray
+    orig_ids: np.ndarray
+    halo_owner: np.ndarray
+    features: np.ndarray
+    labels: np.ndarray
+    train_idx: np.ndarray
+    val_idx: np.ndarray
+    test_idx: np.ndarray
+    in_degree: np.ndarray
+    send_ptr: np.ndarray
+    send_ids: np.ndarray
+    halo_features: np.ndarray | None
+
+    def __init__(self, directory: str | Path, part: int, *, verify: bool = False) -> None:
+        self.directory = Path(directory)
+        self.meta = read_meta(self.directory)
+        self.num_parts = int(self.meta["num_parts"])
+        if not 0 <= part < self.num_parts:
+            raise PartitionError(
+                f"{self.directory}: part {part} requested, the partition has parts "
+                f"0..{self.num_parts - 1}"
+            )
+        self.part = part
+        counts = self.meta["parts"][part]
+        missing = [k for k in _PART_COUNTS if k not in counts]
+        if missing:
+            raise PartitionError(f"{self.directory / META_FILE}: part {part} lacks {missing}")
+        self.counts: dict[str, int] = {k: int(counts[k]) for k in _PART_COUNTS}
+        self.feat_dim = int(self.meta["feat_dim"])
+        self.num_classes = int(self.meta["num_classes"])
+        for spec in PART_ARRAYS:
+            setattr(self, spec.name, self._open(spec, verify))
+        self._check_consistency()
+
+    # -- sizes -----------------------------------------------------------------------------
+    @property
+    def n_solid(self) -> int:
+        return self.counts["n_solid"]
+
+    @property
+    def n_halo(self) -> int:
+        return self.counts["n_halo"]
+
+    @property
+    def n_local(self) -> int:
+        return self.counts["n_local"]
+
+    def send_list(self, peer: int) -> np.ndarray:
+        """VID_p of this part's solid vertices that ``peer`` holds as halo vertices."""
+        return self.send_ids[self.send_ptr[peer] : self.send_ptr[peer + 1]]
+
+    def graph_identity(self) -> dict[str, Any]:
+        """Name, sizes and sha256 of the graph this partition was made from."""
+        keys = ("graph_name", "graph_sha256", "num_nodes", "num_edges", "feat_dim", "num_classes")
+        return {k: self.meta[k] for k in keys}
+
+    # -- loading ---------------------------------------------------------------------------
+    def _expected_shape(self, spec: ArraySpec) -> tuple[int, ...]:
+        dims = []
+        for sym in spec.shape:
+            if sym == "F":
+                dims.append(self.feat_dim)
+            elif sym == "P+1":
+                dims.append(self.num_parts + 1)
+            elif sym.endswith("+1"):
+                dims.append(self.counts[sym[:-2]] + 1)
+            else:
+                dims.append(self.counts[sym])
+        return tuple(dims)
+
+    def _open(self, spec: ArraySpec, verify: bool) -> np.ndarray | None:
+        rel = f"{part_dir_name(self.part)}/{spec.name}.npy"
+        path = self.directory / rel
+        files = self.meta["files"]
+        if rel not in files:
+            if spec.optional:
+                return None
+            raise PartitionError(f"{self.directory / META_FILE}: no entry for {rel}")
+        if not path.is_file():
+            raise PartitionError(f"{path}: missing (listed in {META_FILE})")
+        if verify and sha256_file(path) != files[rel]:
+            raise PartitionError(
+                f"{path}: sha256 does not match {META_FILE}; file altered or corrupt"
+            )
+        try:
+            arr = np.load(path, mmap_mode="r", allow_pickle=False)
+        except (ValueError, OSError, EOFError) as exc:
+            raise PartitionError(f"{path}: unreadable .npy file ({exc})") from None
+        if arr.dtype.name not in spec.dtypes:
+            raise PartitionError(f"{path}: dtype {arr.dtype}, expected {' or '.join(spec.dtypes)}")
+        expected = self._expected_shape(spec)
+        if arr.shape != expected:
+            raise PartitionError(f"{path}: shape {list(arr.shape)}, expected {list(expected)}")
+        return arr
+
+    def _check_consistency(self) -> None:
+        """Cheap structural checks (O(num_parts) reads) on top of shapes and dtypes."""
+        where = self.directory / part_dir_name(self.part)
+        if self.n_local != self.n_solid + self.n_halo:
+            raise PartitionError(f"{self.directory / META_FILE}: n_local != n_solid + n_halo")
+        if self.indptr[0] != 0 or self.indptr[-1] != self.indices.shape[0]:
+            raise PartitionError(f"{where}/indptr.npy: must run from 0 to len(indices)")
+        if self.send_ptr[0] != 0 or self.send_ptr[-1] != self.send_ids.shape[0]:
+            raise PartitionError(f"{where}/send_ptr.npy: must run from 0 to len(send_ids)")
+        if self.send_ptr[self.part + 1] != self.send_ptr[self.part]:
+            raise PartitionError(f"{where}/send_ptr.npy: a part cannot send to itself")
+
+    def __repr__(self) -> str:
+        return (
+            f"PartitionStore({str(self.directory)!r}, part={self.part}/{self.num_parts}, "
+            f"solid={self.n_solid}, halo={self.n_halo}, edges={self.counts['n_edges']})"
+        )

@@ -1,0 +1,472 @@
+"""Built-in synthetic dataset: power-law, class-homophilous graphs with class-correlated features.
+
+``--dataset synthetic[:KEY=VALUE,...]`` builds a graph with :func:`generate` from a
+:class:`SyntheticConfig`. The model is a degree-corrected stochastic block model in Chung-Lu
+form:
+
+1. **Labels**: the ``nodes`` vertices are split into ``classes`` classes of equal size (up to
+   one vertex), assigned in random order.
+2. **Expected degrees**: every vertex gets a weight drawn from a Pareto law with density
+   ``~ w^-power_law_exponent``, scaled so that the mean is ``avg_degree`` and capped at
+   ``sqrt(nodes * avg_degree)`` (hubs stay plausible; the scale is re-fitted after capping).
+   The weights are independent of the labels.
+3. **Edges**: exactly ``M = round(nodes * avg_degree / 2)`` distinct undirected edges, of which
+   exactly ``round(homophily * M)`` join two vertices of the same class. A same-class edge
+   draws ``u`` with probability proportional to its weight and ``v`` proportionally to the
+   weight among ``u``'s class; a cross-class edge draws ``v`` among the other classes.
+   Self-loops and repeats are discarded and re-drawn (in rounds) until both counts are met, so
+   the measured homophily (fraction of edges whose endpoints share a class) and the average
+   degree are exact. Weighted draws use a table in which vertex ``i`` fills ``~w_i`` slots,
+   laid out class by class, so a draw restricted to a class is a uniform draw in a range.
+4. **Features**: ``x_v = mu[y_v] + noise`` with ``noise ~ N(0, I)`` and ``mu[c]`` a random
+   direction of Euclidean norm ``feature_signal``.
+5. **Splits**: stratified by class (:func:`~distmb.data.split.stratified_split`).
+
+Everything derives from ``seed`` through independent :class:`numpy.random.SeedSequence`
+children (structure, features and splits do not perturb one another), is generated in
+fixed-size chunks (peak memory a small multiple of the output) and is byte-identical for the
+same config. The in-edge CSR is built by the C++ kernel of :meth:`Graph.from_edges`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from distmb.data.graph import Graph
+from distmb.data.split import stratified_split
+from distmb.errors import InputError
+
+#: Prefix of every error message about a synthetic spec or config.
+_WHERE = "--dataset synthetic"
+
+#: Largest supported vertex count: vertex ids are stored as int32 in the sampling table and
+#: an undirected edge is encoded as ``lo * nodes + hi`` in an int64.
+MAX_NODES = (1 << 31) - 1
+
+#: Mean number of sampling-table slots per vertex (the table holds ``~32 * nodes`` int32).
+#: Weights are rounded to whole slots; 32 keeps the rounding error of the lightest vertices
+#: (weight ~ mean / 3 at exponent 2.5) below ~5 %.
+_SLOTS_PER_VERTEX = 32
+
+#: Edges drawn per vectorised chunk (bounds the temporaries to ~100 MiB).
+_EDGE_CHUNK = 1 << 22
+
+#: Feature rows generated per chunk.
+_FEATURE_CHUNK_ROWS = 1 << 16
+
+#: Rounds of re-drawing rejected (self-loop or repeated) edges before giving up on exactness;
+#: only nearly complete graphs need more than a few.
+_MAX_ROUNDS = 32
+
+#: A round draws at most this many times the missing edges (bounds a round of a dense graph).
+_MAX_OVERDRAW = 64
+
+#: Safety factor on the measured share of new distinct edges per draw: later draws collide
+#: more often than earlier ones, so a round over-draws a little (the excess is trimmed).
+_KEEP_RATE_MARGIN = 0.98
+
+#: Fixed-point iterations that re-fit the weight scale after capping the hubs.
+_CAP_ITERATIONS = 50
+
+#: Tolerance of the sum-of-fractions check (fractions are typed as decimals).
+_FRACTION_SUM_TOL = 1e-9
+
+#: Independent random streams derived from the seed (see :func:`generate`).
+_STREAMS = ("labels", "weights", "same_class_edges", "cross_class_edges", "features", "split")
+
+
+@dataclass(frozen=True)
+class SyntheticConfig:
+    """Parameters of the synthetic graph; validated on construction.
+
+    Attributes:
+        nodes: number of vertices, in ``[2, 2**31 - 1]``.
+        avg_degree: average number of neighbours of a vertex (undirected degree); the graph
+            has exactly ``round(nodes * avg_degree / 2)`` undirected edges, i.e. about
+            ``nodes * avg_degree`` in-edges after symmetrisation. In ``[0, nodes - 1]``.
+        classes: number of classes (>= 2, <= nodes); classes are balanced.
+        feat_dim: feature dimension (>= 1).
+        homophily: fraction of edges whose two endpoints share a class, in ``[0, 1]``
+            (exact; ``1 / classes`` is chance level).
+        feature_signal: Euclidean norm of every class centroid in feature space, in units of
+            the per-dimension noise standard deviation (1); 0 makes features pure noise.
+        train_fraction: fraction of every class in the training split, in ``[0, 1]``.
+        val_fraction: fraction of every class in the validation split, in ``[0, 1]``.
+        test_fraction: fraction of every class in the test split, in ``[0, 1]``; the three
+            fractions sum to at most 1.
+        power_law_exponent: exponent ``gamma > 2`` of the expected-degree distribution
+            ``p(w) ~ w^-gamma`` (the degree tail follows it up to the hub cap).
+        seed: non-negative random seed; the same config gives byte-identical arrays.
+    """
+
+    nodes: int = 30_000
+    avg_degree: float = 16.0
+    classes: int = 10
+    feat_dim: int = 100
+    homophily: float = 0.45
+    feature_signal: float = 1.75
+    train_fraction: float = 0.1
+    val_fraction: float = 0.1
+    test_fraction: float = 0.8
+    power_law_exponent: float = 2.5
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    @classmethod
+    def option_names(cls) -> tuple[str, ...]:
+        """The ``KEY``s :meth:`from_spec` accepts, in declaration order."""
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+    @classmethod
+    def from_spec(cls, spec: str) -> SyntheticConfig:
+        """Parse ``"nodes=100000,avg_degree=50,feat_dim=100"`` (the text after ``synthetic:``).
+
+        Options not given keep their defaults; an empty spec gives the default config.
+        Integer options accept whole numbers in float notation (``nodes=2.5e6``).
+
+        Raises:
+            InputError: unknown or repeated option, malformed item, bad or out-of-range value.
+        """
+        types = {f.name: f.type for f in dataclasses.fields(cls)}
+        values: dict[str, int | float] = {}
+        for item in spec.split(","):
+            item = item.strip()
+            if not item:
+                continue
+            key, sep, text = item.partition("=")
+            key = key.strip().lower()
+            if not sep:
+                raise InputError(f"{_WHERE}: option {item!r} is not KEY=VALUE")
+            if key not in types:
+                raise InputError(
+                    f"{_WHERE}: unknown option {key!r}; expected one of "
+                    + ", ".join(cls.option_names())
+                )
+            if key in values:
+                raise InputError(f"{_WHERE}: option {key!r} given twice")
+            values[key] = _parse_number(key, text.strip(), integer=types[key] == "int")
+        return cls(**values)  # type: ignore[arg-type]
+
+    def to_spec(self) -> str:
+        """The ``KEY=VALUE,...`` spec of this config (``from_spec(to_spec())`` round-trips)."""
+        return ",".join(
+            f"{f.name}={_format_value(getattr(self, f.name), f.type == 'int')}"
+            for f in dataclasses.fields(self)
+        )
+
+    def validate(self) -> None:
+        """Raise :class:`InputError` naming the first option that is mistyped or out of range."""
+        for f in dataclasses.fields(self):
+            _require_type(f.name, getattr(self, f.name), integer=f.type == "int")
+        _require(self, "nodes", 2 <= self.nodes <= MAX_NODES, f"in [2, {MAX_NODES}]")
+        _require(self, "classes", 2 <= self.classes <= self.nodes, "in [2, nodes]")
+        _require(self, "feat_dim", self.feat_dim >= 1, ">= 1")
+        _require(self, "seed", self.seed >= 0, ">= 0")
+        _require(self, "avg_degree", 0 <= self.avg_degree <= self.nodes - 1, "in [0, nodes - 1]")
+        _require(self, "homophily", 0 <= self.homophily <= 1, "in [0, 1]")
+        _require(self, "feature_signal", self.feature_signal >= 0, ">= 0")
+        _require(self, "power_law_exponent", self.power_law_exponent > 2, "> 2")
+        for name in ("train_fraction", "val_fraction", "test_fraction"):
+            _require(self, name, 0 <= getattr(self, name) <= 1, "in [0, 1]")
+        total = self.train_fraction + self.val_fraction + self.test_fraction
+        if total > 1 + _FRACTION_SUM_TOL:
+            raise InputError(
+                f"{_WHERE}: train_fraction + val_fraction + test_fraction = {total:g}; "
+                "expected at most 1"
+            )
+        same, cross = self.edge_counts()
+        same_pairs, cross_pairs = _pair_counts(_class_sizes(self.nodes, self.classes))
+        if same > same_pairs or cross > cross_pairs:
+            raise InputError(
+                f"{_WHERE}: avg_degree={self.avg_degree:g} with homophily={self.homophily:g} "
+                f"needs {same} same-class and {cross} cross-class edges; expected at most "
+                f"{same_pairs} and {cross_pairs} ({self.classes} classes over {self.nodes} nodes)"
+            )
+
+    def edge_counts(self) -> tuple[int, int]:
+        """(same-class, cross-class) numbers of undirected edges the graph will have."""
+        total = round(self.nodes * self.avg_degree / 2)
+        same = round(self.homophily * total)
+        return same, total - same
+
+
+def generate(config: SyntheticConfig | None = None) -> Graph:
+    """Generate the synthetic graph described by ``config`` (the default config if ``None``).
+
+    Returns:
+        A validated :class:`Graph` named ``"synthetic"``: ``2 * M`` in-edges for the
+        ``M = sum(config.edge_counts())`` undirected edges (fewer only for nearly complete
+        graphs, as ``notes`` then says), float32 ``[nodes, feat_dim]`` features, int64 labels
+        and stratified splits. ``notes`` starts with the config as a spec string.
+    """
+    config = config if config is not None else SyntheticConfig()
+    rngs = dict(zip(_STREAMS, _spawn_rngs(config.seed, len(_STREAMS)), strict=True))
+    n = config.nodes
+    labels = _balanced_labels(rngs["labels"], n, config.classes)
+    notes = [f"synthetic:{config.to_spec()}"]
+
+    same_target, cross_target = config.edge_counts()
+    if same_target + cross_target > 0:
+        sampler = _EdgeSampler.build(rngs["weights"], labels, config)
+        same_keys, same_note = _draw_edges(rngs["same_class_edges"], sampler, same_target, True)
+        cross_keys, cross_note = _draw_edges(
+            rngs["cross_class_edges"], sampler, cross_target, False
+        )
+        del sampler
+        notes += [note for note in (same_note, cross_note) if note]
+        keys = np.concatenate([same_keys, cross_keys])
+        del same_keys, cross_keys
+        keys.sort()
+    else:
+        keys = np.zeros(0, dtype=np.int64)
+    src = keys // n
+    keys -= src * n  # keys now hold the larger endpoint of every edge
+    dst = keys
+    del keys
+
+    features = _features(rngs["features"], labels, config)
+    split_seed = int(rngs["split"].integers(0, 2**63 - 1))
+    train_idx, val_idx, test_idx = stratified_split(
+        labels,
+        config.classes,
+        config.train_fraction,
+        config.val_fraction,
+        config.test_fraction,
+        split_seed,
+    )
+    return Graph.from_edges(
+        "synthetic",
+        src,
+        dst,
+        n,
+        features,
+        labels,
+        train_idx,
+        val_idx,
+        test_idx,
+        config.classes,
+        symmetrize=True,
+        source=_WHERE,
+        notes=notes,
+    )
+
+
+@dataclass
+class _EdgeSampler:
+    """Weighted vertex sampling, optionally restricted to one class or to its complement.
+
+    Attributes:
+        table: int32[num_slots], vertex ids; vertex ``i`` fills ``weight_i`` consecutive
+            slots and the vertices are laid out class by class.
+        class_start: int64[classes], first slot of every class.
+        class_slots: int64[classes], number of slots of every class.
+        labels: int64[nodes], class of every vertex.
+    """
+
+    table: np.ndarray
+    class_start: np.ndarray
+    class_slots: np.ndarray
+    labels: np.ndarray
+
+    @property
+    def num_slots(self) -> int:
+        return int(self.table.shape[0])
+
+    @classmethod
+    def build(
+        cls, rng: np.random.Generator, labels: np.ndarray, config: SyntheticConfig
+    ) -> _EdgeSampler:
+        """Draw the expected degrees (see the module docstring) and lay out the table."""
+        degrees = _expected_degrees(rng, config)
+        slots = np.rint(degrees * (_SLOTS_PER_VERTEX / degrees.mean())).astype(np.int64)
+        np.maximum(slots, 1, out=slots)
+        order = np.argsort(labels, kind="stable").astype(np.int32)
+        class_slots = np.bincount(labels, weights=slots, minlength=config.classes)
+        class_slots = class_slots.astype(np.int64)
+        class_start = np.concatenate([[0], np.cumsum(class_slots)[:-1]]).astype(np.int64)
+        table = np.repeat(order, slots[order])
+        return cls(table=table, class_start=class_start, class_slots=class_slots, labels=labels)
+
+    def sample(self, rng: np.random.Generator, count: int, same_class: bool) -> np.ndarray:
+        """int64[<= count] sorted distinct edge keys ``lo * nodes + hi`` (``lo < hi``) of
+        ``count`` weighted draws ``(u, v)``; self-loops are dropped."""
+        n = self.labels.shape[0]
+        u = self.table[rng.integers(0, self.num_slots, size=count)]
+        cls = self.labels[u]
+        if same_class:
+            span = self.class_slots[cls]
+            slot = self._scaled(rng.random(count), span)
+            slot += self.class_start[cls]
+        else:
+            span = self.num_slots - self.class_slots[cls]
+            slot = self._scaled(rng.random(count), span)
+            slot += np.where(slot >= self.class_start[cls], self.class_slots[cls], 0)
+        del span, cls
+        v = self.table[slot]
+        del slot
+        lo = np.minimum(u, v).astype(np.int64)
+        hi = np.maximum(u, v).astype(np.int64)
+        keep = lo != hi
+        keys = lo[keep]
+        keys *= n
+        keys += hi[keep]
+        return _sorted_unique(keys)
+
+    @staticmethod
+    def _scaled(r: np.ndarray, span: np.ndarray) -> np.ndarray:
+        """int64 ``floor(r * span)`` clamped to ``span - 1`` (float rounding near 1)."""
+        slot = (r * span).astype(np.int64)
+        np.minimum(slot, span - 1, out=slot)
+        return slot
+
+
+def _draw_edges(
+    rng: np.random.Generator, sampler: _EdgeSampler, target: int, same_class: bool
+) -> tuple[np.ndarray, str]:
+    """Exactly ``target`` distinct edges of one kind (same- or cross-class) as sorted int64
+    keys, drawn in rounds until the count is met; plus a note if it could not be met."""
+    keys = np.zeros(0, dtype=np.int64)
+    keep_rate = 1.0  # distinct new edges per draw, measured on the previous round
+    for _ in range(_MAX_ROUNDS):
+        missing = target - keys.shape[0]
+        if missing <= 0:
+            break
+        draws = math.ceil(missing / max(keep_rate, 1.0 / _MAX_OVERDRAW))
+        before = keys.shape[0]
+        parts = [keys]
+        for lo in range(0, draws, _EDGE_CHUNK):
+            parts.append(sampler.sample(rng, min(_EDGE_CHUNK, draws - lo), same_class))
+        keys = _sorted_unique(np.concatenate(parts))
+        del parts
+        keep_rate = max((keys.shape[0] - before) / draws, 0.0) * _KEEP_RATE_MARGIN
+    excess = keys.shape[0] - target
+    if excess > 0:
+        keys = np.delete(keys, rng.choice(keys.shape[0], size=excess, replace=False))
+    kind = "same-class" if same_class else "cross-class"
+    note = (
+        ""
+        if keys.shape[0] == target
+        else (
+            f"only {keys.shape[0]} of {target} {kind} edges drawn after {_MAX_ROUNDS} rounds "
+            "(graph nearly complete)"
+        )
+    )
+    return keys, note
+
+
+def _expected_degrees(rng: np.random.Generator, config: SyntheticConfig) -> np.ndarray:
+    """float64[nodes] Pareto(``power_law_exponent``) weights with mean ``avg_degree`` and
+    maximum ``sqrt(nodes * avg_degree)``; the scale is re-fitted after every capping."""
+    raw = rng.pareto(config.power_law_exponent - 1, config.nodes) + 1.0
+    cap = math.sqrt(config.nodes * config.avg_degree)
+    degrees = raw * (config.avg_degree / raw.mean())
+    for _ in range(_CAP_ITERATIONS):
+        np.minimum(degrees, cap, out=degrees)
+        mean = degrees.mean()
+        if mean >= config.avg_degree * (1 - 1e-6):
+            break
+        degrees *= config.avg_degree / mean
+    np.minimum(degrees, cap, out=degrees)
+    return degrees
+
+
+def _features(rng: np.random.Generator, labels: np.ndarray, config: SyntheticConfig) -> np.ndarray:
+    """float32[nodes, feat_dim]: class centroid of norm ``feature_signal`` plus N(0, 1)."""
+    centroids = rng.standard_normal((config.classes, config.feat_dim))
+    centroids *= config.feature_signal / np.linalg.norm(centroids, axis=1, keepdims=True)
+    centroids = centroids.astype(np.float32)
+    features = np.empty((config.nodes, config.feat_dim), dtype=np.float32)
+    for lo in range(0, config.nodes, _FEATURE_CHUNK_ROWS):
+        block = features[lo : lo + _FEATURE_CHUNK_ROWS]
+        rng.standard_normal(dtype=np.float32, out=block)
+        block += centroids[labels[lo : lo + _FEATURE_CHUNK_ROWS]]
+    return features
+
+
+def _balanced_labels(rng: np.random.Generator, nodes: int, classes: int) -> np.ndarray:
+    """int64[nodes]: classes of sizes ``nodes // classes`` or one more, in random order."""
+    return rng.permutation(np.arange(nodes, dtype=np.int64) % classes)
+
+
+def _class_sizes(nodes: int, classes: int) -> np.ndarray:
+    """int64[classes]: the sizes :func:`_balanced_labels` gives."""
+    return np.array(
+        [nodes // classes + (c < nodes % classes) for c in range(classes)], dtype=np.int64
+    )
+
+
+def _pair_counts(sizes: np.ndarray) -> tuple[int, int]:
+    """(same-class, cross-class) numbers of distinct vertex pairs for these class sizes."""
+    n = int(sizes.sum())
+    same = sum(int(s) * (int(s) - 1) // 2 for s in sizes)
+    return same, n * (n - 1) // 2 - same
+
+
+def _sorted_unique(keys: np.ndarray) -> np.ndarray:
+    """Sort ``keys`` in place and return its distinct values (a new array)."""
+    keys.sort()
+    if keys.shape[0] < 2:
+        return keys
+    distinct = np.empty(keys.shape[0], dtype=bool)
+    distinct[0] = True
+    np.not_equal(keys[1:], keys[:-1], out=distinct[1:])
+    return keys[distinct]
+
+
+def _spawn_rngs(seed: int, count: int) -> list[np.random.Generator]:
+    """``count`` independent generators derived from ``seed``."""
+    return [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(count)]
+
+
+def _parse_number(key: str, text: str, *, integer: bool) -> int | float:
+    """``text`` as an int (whole numbers such as ``1e5`` accepted) or a finite float."""
+    kind = "an integer" if integer else "a number"
+    try:
+        value = float(text)
+    except ValueError:
+        raise InputError(f"{_WHERE}: {key}={text!r} is not {kind}") from None
+    if not math.isfinite(value):
+        raise InputError(f"{_WHERE}: {key}={text!r} is not a finite number")
+    if not integer:
+        return value
+    try:
+        return int(text)  # exact for long integers
+    except ValueError:
+        pass
+    if not value.is_integer():
+        raise InputError(f"{_WHERE}: {key}={text!r} is not a whole number")
+    return int(value)
+
+
+def _format_value(value: float, integer: bool) -> str:
+    """``value`` as :func:`_parse_number` reads it back exactly (numpy scalars included)."""
+    return str(int(value)) if integer else repr(float(value))
+
+
+def _require_type(name: str, value: object, *, integer: bool) -> None:
+    """Raise unless ``value`` is an int (``integer``) or a finite real number."""
+    if integer:
+        ok = isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+    else:
+        ok = (
+            isinstance(value, (int, float, np.integer, np.floating))
+            and not isinstance(value, bool)
+            and math.isfinite(value)
+        )
+    if not ok:
+        kind = "an integer" if integer else "a finite number"
+        raise InputError(f"{_WHERE}: {name}={value!r} is not {kind}")
+
+
+def _require(config: SyntheticConfig, name: str, ok: bool, expected: str) -> None:
+    """Raise naming option ``name`` and the expected range unless ``ok``."""
+    if not ok:
+        raise InputError(
+            f"{_WHERE}: {name}={getattr(config, name)} is out of range; expected {expected}"
+        )

@@ -1,0 +1,172 @@
+"""``partition_graph``: assignment + train rebalancing + writing, with a per-part report."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from distmb.data.graph import Graph
+from distmb.errors import InputError
+from distmb.progress import Progress, peak_rss_bytes
+from partition.assign import METHODS, assign_parts, rebalance_train_and_vertices
+from partition.writer import write_partition
+
+#: Default allowed training-vertex imbalance after rebalancing (max/mean - 1).
+DEFAULT_TRAIN_TOLERANCE = 0.02
+#: Default allowed vertex-count imbalance after rebalancing (max/mean - 1).
+DEFAULT_VERTEX_TOLERANCE = 0.05
+
+
+def partition_graph(
+    graph: Graph,
+    parts: int,
+    out_dir: str | os.PathLike[str],
+    *,
+    method: str = "metis",
+    seed: int = 0,
+    balance_edges: bool = False,
+    train_tolerance: float = DEFAULT_TRAIN_TOLERANCE,
+    vertex_tolerance: float = DEFAULT_VERTEX_TOLERANCE,
+    replicate_halo_features: bool = False,
+    overwrite: bool = False,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """Partition ``graph`` into ``parts`` parts and write them to ``out_dir``.
+
+    Args:
+        method: ``"metis"`` (min edge cut, balanced vertices and training vertices) or
+            ``"random"`` (balanced, for graphs METIS cannot hold in memory).
+        seed: makes the output byte-identical across runs.
+        balance_edges: also balance in-edges per part (a third METIS constraint).
+        train_tolerance: after METIS, move training vertices until max/mean <= 1 + this.
+        vertex_tolerance: then move other vertices until the vertex counts' max/mean is
+            at most 1 + this.
+        replicate_halo_features: store each part's halo features too.
+        overwrite: replace an existing ``out_dir``.
+
+    Returns:
+        The metadata written to ``partition.json``.
+    """
+    log = progress or Progress(quiet=True)
+    check_partition_args(graph.num_nodes, parts, out_dir, method=method, overwrite=overwrite)
+    for flag, value in (
+        ("--train-tolerance", train_tolerance),
+        ("--vertex-tolerance", vertex_tolerance),
+    ):
+        if not 0.0 <= value < 1.0:
+            raise InputError(f"{flag} must be in [0, 1), got {value}")
+    log(f"assigning {graph.num_nodes} vertices to {parts} parts ({method}, seed {seed})")
+    part_of = assign_parts(graph, parts, method=method, seed=seed, balance_edges=balance_edges)
+    moved_train, moved_other = rebalance_train_and_vertices(
+        graph, part_of, parts, train_tolerance=train_tolerance, vertex_tolerance=vertex_tolerance
+    )
+    log(f"assigned; rebalancing moved {moved_train} training and {moved_other} other vertices")
+    options = {
+        "method": method,
+        "seed": seed,
+        "balance_edges": balance_edges,
+        "train_tolerance": train_tolerance,
+        "vertex_tolerance": vertex_tolerance,
+        "train_vertices_moved": moved_train,
+        "other_vertices_moved": moved_other,
+    }
+    meta = write_partition(
+        graph,
+        part_of,
+        out_dir,
+        parts=parts,
+        partitioner=options,
+        replicate_halo_features=replicate_halo_features,
+        overwrite=overwrite,
+        progress=log,
+    )
+    log(f"wrote {out_dir}; peak memory {peak_rss_bytes() / 2**30:.2f} GiB")
+    return meta
+
+
+def check_partition_args(
+    num_nodes: int | None,
+    parts: int,
+    out_dir: str | os.PathLike[str],
+    *,
+    method: str,
+    overwrite: bool,
+) -> None:
+    """Reject bad ``--parts``/``--method``/``--out`` before any expensive work."""
+    if parts < 1:
+        raise InputError(f"--parts must be >= 1, got {parts}")
+    if num_nodes is not None and parts > num_nodes:
+        raise InputError(f"--parts {parts} exceeds the graph's {num_nodes} vertices")
+    if method not in METHODS:
+        raise InputError(f"--method must be one of {', '.join(METHODS)}, got {method!r}")
+    out = Path(out_dir)
+    if out.exists() and not overwrite:
+        raise InputError(f"--out {out}: already exists; pass --overwrite to replace it")
+    if out.exists() and not (out / "partition.json").is_file() and any(out.iterdir()):
+        raise InputError(
+            f"--out {out}: exists and is not a distmb partition; refusing to replace it"
+        )
+    parent = out.resolve().parent
+    if not parent.is_dir():
+        raise InputError(f"--out {out}: parent directory {parent} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise InputError(f"--out {out}: parent directory {parent} is not writable")
+
+
+def format_report(meta: dict[str, Any], graph_bytes: int | None = None) -> str:
+    """The per-part table (solid, halo, train, edges, edge cut, halo ratio) and totals."""
+    rows = [("part", "solid", "halo", "train", "val", "test", "in-edges", "edge cut", "halo/solid")]
+    for i, c in enumerate(meta["parts"]):
+        ratio = c["n_halo"] / c["n_solid"] if c["n_solid"] else float("nan")
+        rows.append(
+            (
+                str(i),
+                str(c["n_solid"]),
+                str(c["n_halo"]),
+                str(c["n_train"]),
+                str(c["n_val"]),
+                str(c["n_test"]),
+                str(c["n_edges"]),
+                str(c["cut_edges"]),
+                f"{ratio:.3f}",
+            )
+        )
+    widths = [max(len(r[k]) for r in rows) for k in range(len(rows[0]))]
+    lines = ["  ".join(v.rjust(w) for v, w in zip(r, widths, strict=True)) for r in rows]
+    solid = np.array([c["n_solid"] for c in meta["parts"]], dtype=np.float64)
+    train = np.array([c["n_train"] for c in meta["parts"]], dtype=np.float64)
+    edges = np.array([c["n_edges"] for c in meta["parts"]], dtype=np.float64)
+    cut, total = meta["edge_cut"], meta["num_edges"]
+    lines.append(
+        f"edge cut: {cut} of {total} in-edges ({100.0 * cut / max(total, 1):.2f} %); "
+        f"max/mean balance: vertices {_imbalance(solid):.3f}, train {_imbalance(train):.3f}, "
+        f"edges {_imbalance(edges):.3f}"
+    )
+    if graph_bytes:
+        peak = peak_rss_bytes()
+        lines.append(
+            f"peak memory {peak / 2**30:.2f} GiB = {peak / graph_bytes:.1f}x the graph's "
+            f"{graph_bytes / 2**30:.2f} GiB"
+        )
+    return "\n".join(lines)
+
+
+def _imbalance(x: np.ndarray) -> float:
+    return float(x.max() / x.mean()) if x.size and x.mean() > 0 else 1.0
+
+
+def graph_nbytes(graph: Graph) -> int:
+    """Bytes held by the graph's arrays."""
+    arrays = (
+        graph.indptr,
+        graph.indices,
+        graph.features,
+        graph.labels,
+        graph.train_idx,
+        graph.val_idx,
+        graph.test_idx,
+    )
+    return int(sum(a.nbytes for a in arrays))

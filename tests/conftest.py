@@ -1,0 +1,50 @@
+"""Shared fixtures: the Cora files, small hand-built graphs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from distmb.data import Graph
+
+#: ../shared/datasets/cora relative to the repository (the Planetoid files).
+CORA_DIR = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "cora"
+
+
+@pytest.fixture(scope="session")
+def cora_dir() -> Path:
+    if not (CORA_DIR / "ind.cora.graph").is_file():
+        pytest.skip(f"Cora files not found at {CORA_DIR}")
+    return CORA_DIR
+
+
+def random_graph(
+    n: int = 400,
+    m: int = 2000,
+    feat_dim: int = 5,
+    classes: int = 3,
+    seed: int = 0,
+    symmetrize: bool = True,
+) -> Graph:
+    """A small random graph with a 20/20/20 % split, built through Graph.from_edges."""
+    rng = np.random.default_rng(seed)
+    src, dst = rng.integers(0, n, m), rng.integers(0, n, m)
+    features = rng.standard_normal((n, feat_dim)).astype(np.float32)
+    labels = rng.integers(0, classes, n).astype(np.int64)
+    perm = rng.permutation(n)
+    k = n // 5
+    return Graph.from_edges(
+        "random",
+        src,
+        dst,
+        n,
+        features,
+        labels,
+        np.sort(perm[:k]),
+        np.sort(perm[k : 2 * k]),
+        np.sort(perm[2 * k : 3 * k]),
+        classes,
+        symmetrize=symmetrize,
+    )
