@@ -6,6 +6,7 @@
 
 #include "common.h"
 #include "kernels.h"
+#include "rng.h"
 
 namespace distmb {
 
@@ -88,6 +89,31 @@ CsrBuildStats build_in_csr(const int64_t* src, const int64_t* dst, int64_t num_e
   }
   indptr.swap(distinct);
   return stats;
+}
+
+void sparsify_symmetric(const int64_t* indptr, const int64_t* indices, int64_t num_nodes,
+                        double keep_fraction, uint64_t seed, std::vector<int64_t>& out_indptr,
+                        std::vector<int64_t>& out_indices) {
+  auto keep = [&](int64_t u, int64_t v) {
+    const int64_t lo = u < v ? u : v, hi = u < v ? v : u;
+    return to_unit(hash_key(seed, static_cast<uint64_t>(lo), static_cast<uint64_t>(hi))) <
+           keep_fraction;
+  };
+  out_indptr.assign(num_nodes + 1, 0);
+#pragma omp parallel for schedule(dynamic, 1024)
+  for (int64_t v = 0; v < num_nodes; ++v) {
+    int64_t c = 0;
+    for (int64_t k = indptr[v]; k < indptr[v + 1]; ++k) c += keep(indices[k], v) ? 1 : 0;
+    out_indptr[v] = c;
+  }
+  const int64_t total = exclusive_scan_inplace(out_indptr.data(), num_nodes + 1);
+  out_indices.resize(total);
+#pragma omp parallel for schedule(dynamic, 1024)
+  for (int64_t v = 0; v < num_nodes; ++v) {
+    int64_t w = out_indptr[v];
+    for (int64_t k = indptr[v]; k < indptr[v + 1]; ++k)
+      if (keep(indices[k], v)) out_indices[w++] = indices[k];
+  }
 }
 
 }  // namespace distmb

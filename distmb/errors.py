@@ -12,7 +12,10 @@ EXIT_BAD_INPUT = 2
 
 
 class DistmbError(Exception):
-    """Base class of errors caused by the user's input; the CLIs print them as one line."""
+    """Base class of errors the CLIs report as one line (no traceback) and exit with
+    :attr:`exit_code`."""
+
+    exit_code = EXIT_BAD_INPUT
 
 
 class InputError(DistmbError, ValueError):
@@ -39,7 +42,7 @@ def exit_on_user_error(prog: str) -> Callable[[F], F]:
                 return main(*args, **kwargs)
             except DistmbError as exc:
                 print(f"{prog}: error: {exc}", file=sys.stderr)
-                raise SystemExit(EXIT_BAD_INPUT) from None
+                raise SystemExit(exc.exit_code) from None
             except KeyboardInterrupt:
                 print(f"{prog}: interrupted", file=sys.stderr)
                 raise SystemExit(130) from None

@@ -21,15 +21,31 @@ METHODS = ("metis", "random")
 #: METIS imbalance tolerance, in thousandths over perfect balance (METIS' ufactor).
 METIS_UFACTOR = 30
 
+#: Bytes METIS (pymetis, 64-bit idx_t) needs per directed adjacency entry, measured on
+#: power-law graphs of 25M-125M entries (84-126 B: unit edge weights plus a coarsening
+#: hierarchy that shrinks slowly on skewed degrees), rounded up.
+METIS_BYTES_PER_ENTRY = 128
+
+#: Smallest share of edges METIS may be given before a memory budget is declared too small.
+MIN_METIS_EDGE_FRACTION = 0.1
+
 
 def assign_parts(
-    graph: Graph, parts: int, *, method: str, seed: int, balance_edges: bool = False
+    graph: Graph,
+    parts: int,
+    *,
+    method: str,
+    seed: int,
+    balance_edges: bool = False,
+    metis_edge_fraction: float = 1.0,
 ) -> np.ndarray:
     """Assign every vertex to one of ``parts`` parts; returns int32[num_nodes]."""
     if parts == 1:
         return np.zeros(graph.num_nodes, dtype=np.int32)
     if method == "metis":
-        return metis_parts(graph, parts, seed=seed, balance_edges=balance_edges)
+        return metis_parts(
+            graph, parts, seed=seed, balance_edges=balance_edges, edge_fraction=metis_edge_fraction
+        )
     if method == "random":
         return random_parts(graph, parts, seed=seed)
     raise ValueError(f"unknown method {method!r}; expected one of {METHODS}")
@@ -42,11 +58,41 @@ def train_mask(graph: Graph) -> np.ndarray:
     return mask
 
 
-def metis_parts(graph: Graph, parts: int, *, seed: int, balance_edges: bool) -> np.ndarray:
+def metis_edge_fraction(graph: Graph, budget_bytes: float) -> float:
+    """Share of edges METIS can be given so that the graph plus METIS fit ``budget_bytes``.
+
+    1.0 when the whole graph fits. Below 1, METIS partitions a uniform edge sample (cut
+    sparsification: every cut shrinks by the same factor in expectation, so the min-cut
+    structure is kept; Karger 1994); the vertex weights, and so the balance, are exact.
+
+    Raises:
+        InputError: when even :data:`MIN_METIS_EDGE_FRACTION` of the edges would not fit.
+    """
+    from distmb.errors import InputError
+
+    graph_bytes = sum(a.nbytes for a in (graph.indptr, graph.indices, graph.features, graph.labels))
+    per_entry = METIS_BYTES_PER_ENTRY + graph.indices.itemsize  # METIS + the sampled copy
+    full = graph.num_edges * METIS_BYTES_PER_ENTRY
+    if graph_bytes + full <= budget_bytes:
+        return 1.0
+    fraction = (budget_bytes - graph_bytes) / max(graph.num_edges * per_entry, 1)
+    if fraction < MIN_METIS_EDGE_FRACTION:
+        need = graph_bytes + MIN_METIS_EDGE_FRACTION * graph.num_edges * per_entry
+        raise InputError(
+            f"--memory-budget {budget_bytes / 2**30:.1f} GiB: METIS needs at least "
+            f"{need / 2**30:.1f} GiB for this graph; raise the budget or use --method random"
+        )
+    return float(fraction)
+
+
+def metis_parts(
+    graph: Graph, parts: int, *, seed: int, balance_edges: bool, edge_fraction: float = 1.0
+) -> np.ndarray:
     """METIS k-way partition minimising the edge cut under per-part balance constraints.
 
     METIS needs a symmetric adjacency without self-loops; a graph loaded with
-    ``symmetrize=False`` is symmetrised here for METIS only.
+    ``symmetrize=False`` is symmetrised here for METIS only. With ``edge_fraction < 1``
+    METIS sees a uniform sample of the undirected edges (see :func:`metis_edge_fraction`).
     """
     import pymetis
 
@@ -57,6 +103,8 @@ def metis_parts(graph: Graph, parts: int, *, seed: int, balance_edges: bool) -> 
         dst = np.repeat(np.arange(graph.num_nodes, dtype=np.int64), np.diff(indptr))
         indptr, indices, _, _ = _C.build_in_csr(indices, dst, graph.num_nodes, True, True)
         del dst
+    if edge_fraction < 1.0:
+        indptr, indices = _C.sparsify_symmetric(indptr, indices, edge_fraction, seed)
     constraints = [np.ones(graph.num_nodes, dtype=np.int64)]
     is_train = train_mask(graph)
     if 0 < graph.train_idx.size < graph.num_nodes:

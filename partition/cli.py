@@ -12,6 +12,7 @@ from partition.pipeline import (
     DEFAULT_TRAIN_TOLERANCE,
     DEFAULT_VERTEX_TOLERANCE,
     check_partition_args,
+    default_memory_budget_gib,
     format_report,
     graph_nbytes,
     partition_graph,
@@ -57,6 +58,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_VERTEX_TOLERANCE,
         help="allowed vertex-count imbalance max/mean - 1 after rebalancing "
         "(only non-training vertices move)",
+    )
+    p.add_argument(
+        "--memory-budget",
+        type=float,
+        default=default_memory_budget_gib(),
+        metavar="GIB",
+        help="when graph + METIS would exceed this, METIS partitions a uniform edge sample "
+        "(default: 60%% of physical memory; recorded in partition.json)",
     )
     p.add_argument(
         "--replicate-halo-features",
@@ -109,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         balance_edges=args.balance_edges,
         train_tolerance=args.train_tolerance,
         vertex_tolerance=args.vertex_tolerance,
+        memory_budget_gib=args.memory_budget,
         replicate_halo_features=args.replicate_halo_features,
         overwrite=args.overwrite,
         progress=log,

@@ -11,13 +11,26 @@ import numpy as np
 from distmb.data.graph import Graph
 from distmb.errors import InputError
 from distmb.progress import Progress, peak_rss_bytes
-from partition.assign import METHODS, assign_parts, rebalance_train_and_vertices
+from partition.assign import (
+    METHODS,
+    assign_parts,
+    metis_edge_fraction,
+    rebalance_train_and_vertices,
+)
 from partition.writer import write_partition
 
 #: Default allowed training-vertex imbalance after rebalancing (max/mean - 1).
 DEFAULT_TRAIN_TOLERANCE = 0.02
 #: Default allowed vertex-count imbalance after rebalancing (max/mean - 1).
 DEFAULT_VERTEX_TOLERANCE = 0.05
+#: Default memory budget, as a share of the machine's physical memory.
+DEFAULT_MEMORY_SHARE = 0.6
+
+
+def default_memory_budget_gib() -> float:
+    """:data:`DEFAULT_MEMORY_SHARE` of physical memory, in GiB."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return round(DEFAULT_MEMORY_SHARE * total / 2**30, 1)
 
 
 def partition_graph(
@@ -30,6 +43,7 @@ def partition_graph(
     balance_edges: bool = False,
     train_tolerance: float = DEFAULT_TRAIN_TOLERANCE,
     vertex_tolerance: float = DEFAULT_VERTEX_TOLERANCE,
+    memory_budget_gib: float | None = None,
     replicate_halo_features: bool = False,
     overwrite: bool = False,
     progress: Progress | None = None,
@@ -44,6 +58,10 @@ def partition_graph(
         train_tolerance: after METIS, move training vertices until max/mean <= 1 + this.
         vertex_tolerance: then move other vertices until the vertex counts' max/mean is
             at most 1 + this.
+        memory_budget_gib: when the graph plus METIS would exceed it, METIS partitions a
+            uniform sample of the edges (default: 60 % of physical memory). The share used
+            is recorded in ``partition.json`` and affects the output, so pass it explicitly
+            to reproduce a partition on a machine with another memory size.
         replicate_halo_features: store each part's halo features too.
         overwrite: replace an existing ``out_dir``.
 
@@ -58,8 +76,24 @@ def partition_graph(
     ):
         if not 0.0 <= value < 1.0:
             raise InputError(f"{flag} must be in [0, 1), got {value}")
+    budget = default_memory_budget_gib() if memory_budget_gib is None else memory_budget_gib
+    if budget <= 0:
+        raise InputError(f"--memory-budget must be > 0 GiB, got {budget}")
+    fraction = metis_edge_fraction(graph, budget * 2**30) if method == "metis" else 1.0
+    if fraction < 1.0:
+        log(
+            f"METIS would exceed the {budget:.1f} GiB memory budget: it partitions a uniform "
+            f"{100 * fraction:.0f} % sample of the edges (--memory-budget to change)"
+        )
     log(f"assigning {graph.num_nodes} vertices to {parts} parts ({method}, seed {seed})")
-    part_of = assign_parts(graph, parts, method=method, seed=seed, balance_edges=balance_edges)
+    part_of = assign_parts(
+        graph,
+        parts,
+        method=method,
+        seed=seed,
+        balance_edges=balance_edges,
+        metis_edge_fraction=fraction,
+    )
     moved_train, moved_other = rebalance_train_and_vertices(
         graph, part_of, parts, train_tolerance=train_tolerance, vertex_tolerance=vertex_tolerance
     )
@@ -70,6 +104,8 @@ def partition_graph(
         "balance_edges": balance_edges,
         "train_tolerance": train_tolerance,
         "vertex_tolerance": vertex_tolerance,
+        "memory_budget_gib": budget,
+        "metis_edge_fraction": round(fraction, 4),
         "train_vertices_moved": moved_train,
         "other_vertices_moved": moved_other,
     }

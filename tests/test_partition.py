@@ -324,3 +324,50 @@ def test_store_identity_matches_graph(tmp_path, cora_dir):
     ident = PartitionStore(tmp_path / "p", 0).graph_identity()
     assert ident["graph_sha256"] == graph.identity()["sha256"]
     assert ident["num_nodes"] == 2708 and ident["num_classes"] == 7
+
+
+# ---- METIS memory budget: cut sparsification of METIS' input ------------------------------
+
+
+def test_sparsify_symmetric_kernel():
+    from distmb import _C
+
+    graph = random_graph(n=2000, m=20000, seed=3)
+    indptr, indices = _C.sparsify_symmetric(graph.indptr, graph.indices, 0.4, 11)
+    n = graph.num_nodes
+    dst = np.repeat(np.arange(n), np.diff(indptr))
+    kept = dst * n + indices
+    reverse = np.sort(indices * n + dst)
+    np.testing.assert_array_equal(np.sort(kept), reverse)  # symmetric
+    assert np.isin(kept, edge_keys(graph)).all()  # a subset of the graph's edges
+    assert abs(indices.size / graph.num_edges - 0.4) < 0.02
+    again = _C.sparsify_symmetric(graph.indptr, graph.indices, 0.4, 11)
+    np.testing.assert_array_equal(again[1], indices)  # deterministic for a seed
+    other = _C.sparsify_symmetric(graph.indptr, graph.indices, 0.4, 12)
+    assert not np.array_equal(other[1], indices)
+    full = _C.sparsify_symmetric(graph.indptr, graph.indices, 1.0, 11)
+    np.testing.assert_array_equal(full[1], graph.indices)
+    with pytest.raises(ValueError, match="keep_fraction"):
+        _C.sparsify_symmetric(graph.indptr, graph.indices, 0.0, 1)
+
+
+def test_memory_budget_sparsifies_metis_input(tmp_path, cora_dir):
+    from partition.assign import METIS_BYTES_PER_ENTRY, metis_edge_fraction
+
+    graph = load_dataset(f"planetoid:{cora_dir}")
+    graph_bytes = sum(a.nbytes for a in (graph.indptr, graph.indices, graph.features, graph.labels))
+    full_need = graph_bytes + graph.num_edges * METIS_BYTES_PER_ENTRY
+    assert metis_edge_fraction(graph, full_need) == 1.0
+    budget = graph_bytes + 0.5 * graph.num_edges * (METIS_BYTES_PER_ENTRY + 8)
+    assert metis_edge_fraction(graph, budget) == pytest.approx(0.5)
+    with pytest.raises(InputError, match="--memory-budget"):
+        metis_edge_fraction(graph, graph_bytes)
+
+    meta = partition_graph(graph, 4, tmp_path / "half", memory_budget_gib=budget / 2**30)
+    assert meta["partitioner"]["metis_edge_fraction"] == pytest.approx(0.5, abs=1e-3)
+    check_partition(graph, tmp_path / "half", 4)  # the format invariants are unaffected
+    full = partition_graph(graph, 4, tmp_path / "full", memory_budget_gib=64.0)
+    assert full["partitioner"]["metis_edge_fraction"] == 1.0
+    # The sparsified METIS still finds a cut far below a random partition's 75 %.
+    assert meta["edge_cut"] < 0.35 * graph.num_edges
+    assert full["edge_cut"] <= meta["edge_cut"] * 1.5

@@ -1,0 +1,39 @@
+"""GNN layers and models over message-flow-graph blocks (:class:`distmb.sampling.Block`).
+
+- :mod:`distmb.nn.aggregate`: aggregation primitives (the seam for fused kernels).
+- :mod:`distmb.nn.sage`, :mod:`distmb.nn.gat`: the layers of equations 1 and 2.
+- :mod:`distmb.nn.models`: multi-layer models and :func:`build_model`.
+"""
+
+from __future__ import annotations
+
+from distmb.nn.aggregate import (
+    AGGREGATORS,
+    add_self_loops,
+    aggregate,
+    edge_dst,
+    edge_softmax,
+    in_degrees,
+    weighted_aggregate,
+)
+from distmb.nn.gat import GATConv
+from distmb.nn.models import GAT, MODELS, BlockModel, GraphSAGE, HaloInputs, build_model
+from distmb.nn.sage import SAGEConv
+
+__all__ = [
+    "AGGREGATORS",
+    "MODELS",
+    "GAT",
+    "BlockModel",
+    "GATConv",
+    "GraphSAGE",
+    "HaloInputs",
+    "SAGEConv",
+    "add_self_loops",
+    "aggregate",
+    "build_model",
+    "edge_dst",
+    "edge_softmax",
+    "in_degrees",
+    "weighted_aggregate",
+]

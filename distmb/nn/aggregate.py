@@ -1,0 +1,199 @@
+"""Aggregation over a :class:`~distmb.sampling.Block` (the AGG of equations 1 and 2).
+
+These are small pure functions with one contract each; they are the seam where fused C++
+kernels replace the PyTorch implementations one by one. Every function takes the block's CSR
+(``indptr`` int64[n_dst + 1] over destinations, ``indices`` int64[E] source positions) and
+dense float tensors, returns a new tensor and supports autograd w.r.t. its float inputs.
+
+- :func:`aggregate`: unweighted neighbour reduction (``"mean"``, ``"sum"``, ``"gcn"``).
+- :func:`edge_softmax`: softmax of per-edge scores over each destination's edges.
+- :func:`weighted_aggregate`: per-head weighted sum of source rows over each destination's
+  edges.
+- :func:`add_self_loops`: the block with one extra ``(v, v)`` edge per destination.
+
+Implementation (CPU, PyTorch ops): :func:`aggregate` multiplies a CSR sparse matrix (values
+``1``, ``1/deg`` or ``1/(deg+1)``) with the dense sources, and its backward multiplies the
+transposed CSR matrix (built by a stable sort of ``indices``) with the output gradient. On
+mini-batch-sized blocks this measured 2-5x faster forward and about 1.5-2x faster forward +
+backward than gather + ``index_add_``, ``torch.segment_reduce`` and PyTorch's own sparse
+autograd. :func:`weighted_aggregate` gathers with ``index_select`` (whose
+backward is ``index_add``; ``x[indices]``'s is a slower accumulating ``index_put``), scales and
+``index_add``-s: its weights need gradients, which a per-head CSR product did not give faster.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch import Tensor
+
+from distmb.sampling import Block
+
+#: Aggregator names accepted by :func:`aggregate`.
+AGGREGATORS = ("mean", "sum", "gcn")
+
+with warnings.catch_warnings():
+    # PyTorch warns once per process that sparse CSR tensors are "beta"; consume that
+    # warning here, where it carries no information, instead of in the first training step.
+    warnings.simplefilter("ignore", UserWarning)
+    torch.sparse_csr_tensor(
+        torch.zeros(2, dtype=torch.int64),
+        torch.zeros(0, dtype=torch.int64),
+        torch.zeros(0),
+        (1, 1),
+        check_invariants=False,
+    )
+
+
+def edge_dst(block: Block) -> Tensor:
+    """int64[E]: destination position of every edge of ``block`` (its CSR expanded)."""
+    return block.dst_of_edges()
+
+
+def in_degrees(block: Block) -> Tensor:
+    """int64[n_dst]: number of edges of every destination."""
+    return block.indptr[1:] - block.indptr[:-1]
+
+
+def _csr(indptr: Tensor, indices: Tensor, values: Tensor, shape: tuple[int, int]) -> Tensor:
+    return torch.sparse_csr_tensor(indptr, indices, values, shape, check_invariants=False)
+
+
+class _CSRMatMul(torch.autograd.Function):
+    """``A @ x`` for a constant CSR matrix ``A`` [n_dst, n_src] and dense x [n_src, F].
+
+    The backward computes ``A^T @ grad`` with the transposed CSR matrix; there is no gradient
+    w.r.t. the values of ``A``.
+    """
+
+    @staticmethod
+    def forward(ctx, indptr: Tensor, indices: Tensor, values: Tensor, x: Tensor) -> Tensor:
+        n_dst, n_src = indptr.numel() - 1, x.shape[0]
+        ctx.save_for_backward(indptr, indices, values)
+        ctx.n_src = n_src
+        return _csr(indptr, indices, values, (n_dst, n_src)) @ x
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out: Tensor) -> tuple[None, None, None, Tensor | None]:
+        if not ctx.needs_input_grad[3]:
+            return None, None, None, None
+        indptr, indices, values = ctx.saved_tensors
+        n_dst, n_src = indptr.numel() - 1, ctx.n_src
+        order = torch.sort(indices, stable=True).indices
+        t_indptr = torch.zeros(n_src + 1, dtype=torch.int64)
+        torch.cumsum(torch.bincount(indices, minlength=n_src), 0, out=t_indptr[1:])
+        counts = indptr[1:] - indptr[:-1]
+        dst = torch.repeat_interleave(torch.arange(n_dst, dtype=torch.int64), counts)
+        a_t = _csr(t_indptr, dst[order], values[order], (n_src, n_dst))
+        return None, None, None, a_t @ grad_out.contiguous()
+
+
+def _check_sources(block: Block, x_src: Tensor, name: str = "x_src") -> None:
+    if x_src.shape[0] != block.n_src:
+        raise ValueError(
+            f"{name} has {x_src.shape[0]} rows but the block has n_src={block.n_src} sources"
+        )
+
+
+def aggregate(block: Block, x_src: Tensor, kind: str) -> Tensor:
+    """Reduce the source rows over each destination's edges.
+
+    Args:
+        block: the message-flow graph (``n_dst`` destinations, the prefix of the sources).
+        x_src: float[n_src, *F] source rows (e.g. [n_src, D] or [n_src, H, D]).
+        kind: ``"mean"`` (sum / in-degree, 0 for a destination without edges), ``"sum"`` or
+            ``"gcn"`` (DGL SAGEConv's: (sum of neighbours + own row) / (in-degree + 1), the
+            own row being ``x_src[v]`` for destination ``v``).
+
+    Returns:
+        float[n_dst, *F], the dtype of ``x_src``.
+
+    Raises:
+        ValueError: for an unknown ``kind`` or ``x_src`` with other than ``n_src`` rows.
+    """
+    if kind not in AGGREGATORS:
+        raise ValueError(f"unknown aggregator {kind!r}; expected one of {AGGREGATORS}")
+    _check_sources(block, x_src)
+    feat_shape = x_src.shape[1:]
+    x2d = x_src.reshape(block.n_src, -1)
+    deg = in_degrees(block)
+    if kind == "sum":
+        values = torch.ones(block.num_edges, dtype=x_src.dtype)
+    else:
+        denom = deg.clamp(min=1) if kind == "mean" else deg + 1
+        values = torch.repeat_interleave(1.0 / denom.to(x_src.dtype), deg)
+    out = _CSRMatMul.apply(block.indptr, block.indices, values, x2d)
+    if kind == "gcn":
+        out = out + x2d[: block.n_dst] / (deg + 1).to(x_src.dtype).unsqueeze(1)
+    return out.reshape(block.n_dst, *feat_shape)
+
+
+def edge_softmax(block: Block, scores: Tensor) -> Tensor:
+    """Softmax of edge scores over the edges of each destination.
+
+    Numerically stable: the per-destination maximum (a constant for the gradient) is
+    subtracted before ``exp``.
+
+    Args:
+        block: the message-flow graph.
+        scores: float[E, H] (any trailing shape [E, *] works), one score per edge and head.
+
+    Returns:
+        float[E, H]: for each destination and head, non-negative weights summing to 1 over its
+        edges (destinations without edges have no entries).
+    """
+    if scores.shape[0] != block.num_edges:
+        raise ValueError(
+            f"scores has {scores.shape[0]} rows but the block has {block.num_edges} edges"
+        )
+    with torch.no_grad():
+        seg_max = torch.segment_reduce(
+            scores.detach(), "max", offsets=block.indptr, axis=0, unsafe=True
+        )
+    dst = edge_dst(block)
+    exp = torch.exp(scores - seg_max[dst])
+    denom = torch.zeros((block.n_dst, *scores.shape[1:]), dtype=scores.dtype).index_add(0, dst, exp)
+    return exp / denom[dst]
+
+
+def weighted_aggregate(block: Block, weights: Tensor, x_src: Tensor) -> Tensor:
+    """Per-head weighted sum over each destination's edges: ``out[v, h] = sum_e w[e, h] x[u_e, h]``.
+
+    Args:
+        block: the message-flow graph.
+        weights: float[E, H], one weight per edge and head (e.g. :func:`edge_softmax`).
+        x_src: float[n_src, H, D] source rows per head.
+
+    Returns:
+        float[n_dst, H, D]; 0 for a destination without edges.
+    """
+    _check_sources(block, x_src)
+    if x_src.dim() != 3 or tuple(weights.shape) != (block.num_edges, x_src.shape[1]):
+        raise ValueError(
+            f"expected weights [E, H] and x_src [n_src, H, D]; got {tuple(weights.shape)} "
+            f"and {tuple(x_src.shape)}"
+        )
+    messages = x_src.index_select(0, block.indices) * weights.unsqueeze(-1)
+    out = torch.zeros((block.n_dst, *x_src.shape[1:]), dtype=x_src.dtype)
+    return out.index_add(0, edge_dst(block), messages)
+
+
+def add_self_loops(block: Block) -> Block:
+    """The block with one extra edge ``(v, v)`` per destination (last in its edge list).
+
+    Destination ``v`` is source ``v`` (the prefix), so the edge reads the destination's own
+    row. Existing self edges are kept (a destination may then have two).
+
+    Returns:
+        A new :class:`Block` with ``num_edges + n_dst`` edges; sizes and ``src_ids`` unchanged.
+    """
+    n_dst = block.n_dst
+    deg = in_degrees(block)
+    indptr = torch.zeros(n_dst + 1, dtype=torch.int64)
+    torch.cumsum(deg + 1, 0, out=indptr[1:])
+    indices = torch.empty(block.num_edges + n_dst, dtype=torch.int64)
+    indices[torch.arange(block.num_edges, dtype=torch.int64) + edge_dst(block)] = block.indices
+    indices[indptr[1:] - 1] = torch.arange(n_dst, dtype=torch.int64)
+    return Block(n_dst, block.n_src, block.n_halo, indptr, indices, block.src_ids)

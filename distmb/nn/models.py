@@ -1,0 +1,237 @@
+"""Multi-layer GraphSAGE and GAT models over a list of blocks.
+
+Common interface (:class:`BlockModel`):
+
+- ``forward(blocks, x, halo_inputs=None)``: layer ``l`` consumes ``blocks[l]``. Layer ``l``'s
+  output has ``blocks[l].n_dst`` rows, the computed (solid) sources of ``blocks[l + 1]``; if
+  ``blocks[l + 1]`` has halo leaves, their input rows come from ``halo_inputs(l + 1, block)``
+  (the historical embedding cache) and are appended below. ``x`` holds all sources of
+  ``blocks[0]`` (halos included).
+- ``layers``, ``num_layers``, ``layer_dims()`` (each layer's input width) and
+  ``forward_layer(l, block, x_src)`` (one layer, for layer-wise full-neighbour inference).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from distmb.nn.gat import GATConv
+from distmb.nn.sage import SAGEConv
+from distmb.sampling import Block
+
+#: ``halo_inputs(l, block) -> float[block.n_halo, layer_dims()[l]]``: input rows of the halo
+#: leaves of ``block`` (the block of layer ``l >= 1``).
+HaloInputs = Callable[[int, Block], Tensor]
+
+#: Model names accepted by :func:`build_model`.
+MODELS = ("sage", "gat")
+
+
+class BlockModel(nn.Module):
+    """A stack of block layers; subclasses fill :attr:`layers` and :attr:`_dims`."""
+
+    layers: nn.ModuleList
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList()
+        self._dims: list[int] = []
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    def layer_dims(self) -> list[int]:
+        """Input width of every layer (``[in_dim, ...]``, one entry per layer)."""
+        return list(self._dims)
+
+    def forward_layer(self, l: int, block: Block, x_src: Tensor) -> Tensor:
+        """Apply layer ``l``: ``x_src`` float[block.n_src, layer_dims()[l]] ->
+        float[block.n_dst, width of layer l's output]."""
+        return self.layers[l](block, x_src)
+
+    def forward(
+        self,
+        blocks: Sequence[Block],
+        x: Tensor,
+        halo_inputs: HaloInputs | None = None,
+    ) -> Tensor:
+        """Args:
+            blocks: ``num_layers`` consistent blocks (``blocks[l + 1].n_computed ==
+                blocks[l].n_dst``).
+            x: float[blocks[0].n_src, in_dim], the input rows of all sources of ``blocks[0]``.
+            halo_inputs: supplies the halo rows of ``blocks[l]``, ``l >= 1``; required when
+                any of those blocks has ``n_halo > 0``.
+
+        Returns:
+            float[blocks[-1].n_dst, num_classes] (logits).
+
+        Raises:
+            ValueError: wrong number of blocks, inconsistent row counts, or halos without
+                ``halo_inputs``.
+        """
+        if len(blocks) != self.num_layers:
+            raise ValueError(f"expected {self.num_layers} blocks, got {len(blocks)}")
+        if x.shape[0] != blocks[0].n_src:
+            raise ValueError(
+                f"x has {x.shape[0]} rows but blocks[0] has n_src={blocks[0].n_src} sources"
+            )
+        h = x
+        for l, block in enumerate(blocks):
+            if l > 0:
+                h = self._layer_input(l, block, h, halo_inputs)
+            h = self.forward_layer(l, block, h)
+        return h
+
+    def _layer_input(
+        self, l: int, block: Block, h: Tensor, halo_inputs: HaloInputs | None
+    ) -> Tensor:
+        """Input of layer ``l >= 1``: the previous output, then the halo rows if any."""
+        if h.shape[0] != block.n_computed:
+            raise ValueError(
+                f"layer {l - 1} produced {h.shape[0]} rows but blocks[{l}] has "
+                f"{block.n_computed} computed sources (n_src={block.n_src}, "
+                f"n_halo={block.n_halo})"
+            )
+        if block.n_halo == 0:
+            return h
+        if halo_inputs is None:
+            raise ValueError(
+                f"blocks[{l}] has {block.n_halo} halo sources but no halo_inputs was given"
+            )
+        halo = halo_inputs(l, block)
+        expected = (block.n_halo, self._dims[l])
+        if tuple(halo.shape) != expected:
+            raise ValueError(
+                f"halo_inputs({l}, block) returned shape {tuple(halo.shape)}, expected {expected}"
+            )
+        return torch.cat([h, halo.to(h.dtype)], 0)
+
+
+class GraphSAGE(BlockModel):
+    """GraphSAGE (equation 1): ``num_layers`` :class:`SAGEConv` layers,
+    ``in_dim -> hidden -> ... -> num_classes``; ReLU and dropout after every layer but the
+    last.
+
+    Args:
+        in_dim: input feature width.
+        hidden: hidden width.
+        num_classes: output width.
+        num_layers: number of layers (>= 1).
+        dropout: dropout probability after each hidden layer.
+        aggr: aggregator of every layer (:data:`~distmb.nn.aggregate.AGGREGATORS`).
+    """
+
+    def __init__(
+        self,
+        in_dim: int,
+        hidden: int,
+        num_classes: int,
+        num_layers: int = 3,
+        dropout: float = 0.5,
+        aggr: str = "mean",
+    ) -> None:
+        super().__init__()
+        _check_num_layers(num_layers)
+        self._dims = [in_dim] + [hidden] * (num_layers - 1)
+        out_dims = self._dims[1:] + [num_classes]
+        for l, (d_in, d_out) in enumerate(zip(self._dims, out_dims, strict=True)):
+            last = l == num_layers - 1
+            self.layers.append(
+                SAGEConv(d_in, d_out, aggr=aggr, activation=not last, dropout=dropout)
+            )
+
+
+class GAT(BlockModel):
+    """GAT (equation 2): ``num_layers`` :class:`GATConv` layers.
+
+    Widths follow DGL's GAT example: hidden layers have ``heads`` heads of width ``hidden``,
+    concatenated, so the next layer's input is ``hidden * heads``; the last layer has
+    ``heads`` heads of width ``num_classes``, averaged, with no ReLU and no dropout. Hidden
+    layers apply ReLU inside (on ``z``) and dropout on their output.
+
+    Args:
+        in_dim: input feature width.
+        hidden: width per head of the hidden layers.
+        num_classes: output width.
+        num_layers: number of layers (>= 1).
+        heads: attention heads of every layer.
+        dropout: dropout probability on each hidden layer's output.
+        attn_dropout: dropout probability on the attention coefficients.
+        self_loops: every destination also attends to itself (see :class:`GATConv`).
+    """
+
+    def __init__(
+        self,
+        in_dim: int,
+        hidden: int,
+        num_classes: int,
+        num_layers: int = 3,
+        heads: int = 4,
+        dropout: float = 0.5,
+        attn_dropout: float = 0.0,
+        self_loops: bool = False,
+    ) -> None:
+        super().__init__()
+        _check_num_layers(num_layers)
+        self._dims = [in_dim] + [hidden * heads] * (num_layers - 1)
+        for l, d_in in enumerate(self._dims):
+            last = l == num_layers - 1
+            self.layers.append(
+                GATConv(
+                    d_in,
+                    num_classes if last else hidden,
+                    heads,
+                    activation=not last,
+                    dropout=dropout,
+                    concat=not last,
+                    attn_dropout=attn_dropout,
+                    self_loops=self_loops,
+                )
+            )
+
+
+def _check_num_layers(num_layers: int) -> None:
+    if num_layers < 1:
+        raise ValueError(f"num_layers must be >= 1, got {num_layers}")
+
+
+def build_model(
+    name: str,
+    in_dim: int,
+    hidden: int,
+    num_classes: int,
+    num_layers: int = 3,
+    heads: int = 4,
+    dropout: float = 0.5,
+    aggr: str = "mean",
+    gat_self_loops: bool = True,
+) -> BlockModel:
+    """A model by name: ``"sage"`` (:class:`GraphSAGE` with aggregator ``aggr``; ``heads``
+    unused) or ``"gat"`` (:class:`GAT`; ``aggr`` unused).
+
+    GAT attends over each destination's sampled neighbours and itself by default
+    (``gat_self_loops``): the paper's Table 2 runs GAT with the "gcn" aggregator, which
+    includes the vertex itself, as DGL's GAT examples do by adding self-loops.
+
+    Raises:
+        ValueError: for an unknown ``name``.
+    """
+    if name == "sage":
+        return GraphSAGE(
+            in_dim, hidden, num_classes, num_layers=num_layers, dropout=dropout, aggr=aggr
+        )
+    if name == "gat":
+        return GAT(
+            in_dim,
+            hidden,
+            num_classes,
+            num_layers=num_layers,
+            heads=heads,
+            dropout=dropout,
+            self_loops=gat_self_loops,
+        )
+    raise ValueError(f"unknown model {name!r}; expected one of {MODELS}")

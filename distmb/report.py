@@ -1,0 +1,101 @@
+"""``python -m distmb.report FILE...``: plots of ``--results`` JSONL files.
+
+For every ``FILE`` it writes ``FILE.png`` beside it: loss and accuracy curves per epoch, and
+the stacked epoch-time breakdown (MBC / FWD / BWD / ARed / OPT, plus evaluation).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from distmb.errors import InputError, exit_on_user_error
+from distmb.timers import PHASE_LABELS, PHASES
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """The per-epoch records of a JSONL results file (lines without ``epoch`` skipped)."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read ({exc.strerror})") from None
+    records = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"{path}:{number}: not a JSON object ({exc.msg})") from None
+        if isinstance(record, dict) and "epoch" in record:
+            records.append(record)
+    if not records:
+        raise InputError(f"{path}: no per-epoch records (is it a --results file?)")
+    return records
+
+
+def plot(records: list[dict[str, Any]], out: Path, title: str) -> None:
+    """Draw the three panels into ``out`` (PNG, written atomically)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    x = list(range(len(records)))
+    epochs = [r["epoch"] for r in records]
+    fig, (ax_loss, ax_acc, ax_time) = plt.subplots(1, 3, figsize=(15, 4))
+    ax_loss.plot(x, [r["loss"] for r in records], "o-", ms=3)
+    ax_loss.set_ylabel("training loss")
+    for key, label in (
+        ("train_acc", "train (mini-batch)"),
+        ("val_acc", "val"),
+        ("test_acc", "test"),
+    ):
+        pts = [(i, 100 * r[key]) for i, r in enumerate(records) if key in r]
+        if pts:
+            ax_acc.plot(*zip(*pts, strict=True), "o-", ms=3, label=label)
+    ax_acc.set_ylabel("accuracy (%)")
+    ax_acc.legend()
+    bottom = [0.0] * len(records)
+    for phase in (*PHASES, "eval_time"):
+        values = [float(r.get(phase, 0.0)) for r in records]
+        ax_time.bar(x, values, bottom=bottom, label=PHASE_LABELS.get(phase, "eval"))
+        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    ax_time.set_ylabel("seconds per epoch")
+    ax_time.legend(fontsize=8)
+    for ax in (ax_loss, ax_acc, ax_time):
+        ax.set_xlabel("epoch")
+        ax.set_xticks(x[:: max(1, len(x) // 10)], [str(e) for e in epochs[:: max(1, len(x) // 10)]])
+        ax.grid(alpha=0.3)
+    fig.suptitle(title)
+    fig.tight_layout()
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}.png")
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    os.replace(tmp, out)
+
+
+@exit_on_user_error("distmb.report")
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m distmb.report",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("files", nargs="+", type=Path, help="--results JSONL files")
+    args = p.parse_args(argv)
+    for path in args.files:
+        records = read_records(path)
+        out = path.with_name(path.name + ".png")
+        name = records[-1].get("model", "")
+        plot(records, out, f"{path.name}: {name} on {records[-1].get('dataset', '?')}")
+        print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

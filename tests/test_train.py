@@ -1,0 +1,251 @@
+"""python -m distmb.train: flags, resume, divergence, checkpoints, report, accuracy."""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+import numpy as np
+import pytest
+import torch
+
+from distmb.checkpoint import CHECKPOINT_FILE
+from distmb.data import load_dataset
+from distmb.data.local import LocalGraph
+from distmb.report import main as report_main
+from distmb.train import main as train_main
+from distmb.trainer import TrainConfig, Trainer
+
+#: A small, fast configuration of the built-in generator for behavioural tests.
+SMALL = "synthetic:nodes=3000,avg_degree=8,feat_dim=16,classes=4"
+FAST = [
+    "--layers",
+    "2",
+    "--fanout",
+    "4,4",
+    "--hidden",
+    "16",
+    "--batch-size",
+    "100",
+    "--no-progress",
+    "--eval-every",
+    "1",
+]
+
+
+def run(argv: list[str], capsys) -> tuple[int, str, str]:
+    try:
+        code = train_main(argv)
+    except SystemExit as exc:
+        code = exc.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--layers", "2", "--fanout", "5,10,15"], "lists 3 values but --layers is 2"),
+        (["--fanout", "5,x,15"], "comma-separated integers"),
+        (["--fanout", "5,0,15"], "must be >= 1"),
+        (["--hidden", "0"], "--hidden must be >= 1"),
+        (["--batch-size", "-5"], "--batch-size must be >= 1"),
+        (["--lr", "0"], "--lr must be > 0"),
+        (["--dropout", "1.0"], "--dropout must be in [0, 1)"),
+        (["--aggr", "max"], "--aggr must be one of"),
+        (["--resume"], "--resume needs --checkpoint-dir"),
+        (["--dataset", "synthetic:nodes=500,train_fraction=0"], "no training vertices"),
+    ],
+)
+def test_bad_flags(capsys, argv, message):
+    code, _, err = run(argv + ["--epochs", "1"], capsys)
+    assert code == 2
+    assert message in err and "Traceback" not in err
+
+
+def test_unknown_model(capsys):
+    code, _, err = run(["--model", "gcnii"], capsys)
+    assert code == 2 and "invalid choice: 'gcnii'" in err
+
+
+def test_train_prints_epochs_and_writes_results(tmp_path, capsys):
+    results = tmp_path / "run.jsonl"
+    code, out, _ = run(
+        ["--dataset", SMALL, *FAST, "--epochs", "2", "--results", str(results)], capsys
+    )
+    assert code == 0
+    lines = [line for line in out.splitlines() if line.startswith("epoch")]
+    assert len(lines) == 2 and all("MBC" in line and "ARed" in line for line in lines)
+    records = [json.loads(line) for line in results.read_text().splitlines()]
+    assert [r["epoch"] for r in records] == [0, 1]
+    for r in records:
+        assert {
+            "loss",
+            "train_acc",
+            "val_acc",
+            "test_acc",
+            "mbc",
+            "fwd",
+            "bwd",
+            "ared",
+            "samples_per_s",
+        } <= set(r)
+        assert r["epoch_time"] >= r["mbc"] + r["fwd"] + r["bwd"]
+    assert report_main([str(results)]) == 0
+    png = tmp_path / "run.jsonl.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_report_rejects_bad_file(tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"epoch": 0, "loss": 1}\n{not json\n')
+    with pytest.raises(SystemExit) as exc:
+        report_main([str(bad)])
+    assert exc.value.code == 2 and "bad.jsonl:2: not a JSON object" in capsys.readouterr().err
+
+
+def _losses(tmp_path, name: str, argv: list[str], capsys) -> list[float]:
+    results = tmp_path / f"{name}.jsonl"
+    code, _, err = run([*argv, "--results", str(results)], capsys)
+    assert code == 0, err
+    return [json.loads(line)["loss"] for line in results.read_text().splitlines()]
+
+
+@pytest.mark.parametrize("model", ["sage", "gat"])
+def test_resume_equals_straight_run(tmp_path, capsys, model):
+    base = ["--dataset", SMALL, *FAST, "--model", model, "--heads", "2"]
+    straight = _losses(tmp_path, "straight", [*base, "--epochs", "4"], capsys)
+    ckpt = ["--checkpoint-dir", str(tmp_path / "ckpt")]
+    first = _losses(tmp_path, "first", [*base, "--epochs", "2", *ckpt], capsys)
+    second = _losses(tmp_path, "second", [*base, "--epochs", "4", *ckpt, "--resume"], capsys)
+    assert first + second == straight  # bit-identical losses
+
+
+def test_resume_refuses_other_dataset_or_model(tmp_path, capsys):
+    ckpt = ["--checkpoint-dir", str(tmp_path / "ckpt")]
+    assert run(["--dataset", SMALL, *FAST, "--epochs", "1", *ckpt], capsys)[0] == 0
+    other = SMALL.replace("nodes=3000", "nodes=3001")
+    code, _, err = run(["--dataset", other, *FAST, "--epochs", "2", *ckpt, "--resume"], capsys)
+    assert code == 2 and "trained on another dataset" in err
+    code, _, err = run(
+        ["--dataset", SMALL, *FAST, "--model", "gat", "--epochs", "2", *ckpt, "--resume"], capsys
+    )
+    assert code == 2 and "--model 'sage'" in err
+    (tmp_path / "ckpt" / CHECKPOINT_FILE).write_bytes(b"garbage")
+    code, _, err = run(["--dataset", SMALL, *FAST, "--epochs", "2", *ckpt, "--resume"], capsys)
+    assert code == 2 and "not a readable checkpoint" in err
+
+
+def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, capsys, monkeypatch):
+    import distmb.trainer as trainer_module
+
+    real_loss = trainer_module.F.cross_entropy
+    calls = {"n": 0}
+
+    def loss_turning_nan(logits, target):
+        calls["n"] += 1  # 3 batches per epoch: call 5 is epoch 1, iteration 1
+        loss = real_loss(logits, target)
+        return loss * float("nan") if calls["n"] == 5 else loss
+
+    monkeypatch.setattr(trainer_module.F, "cross_entropy", loss_turning_nan)
+    ckpt = ["--checkpoint-dir", str(tmp_path / "ckpt")]
+    code, out, err = run(["--dataset", SMALL, *FAST, "--epochs", "3", *ckpt], capsys)
+    assert code == 3
+    assert "loss is nan at epoch 1, iteration 1" in err and "last good checkpoint" in err
+    assert "epoch   0" in out and "epoch   1" not in out
+    state = torch.load(tmp_path / "ckpt" / CHECKPOINT_FILE, weights_only=True)
+    assert state["epoch"] == 0
+    assert all(torch.isfinite(t).all() for t in state["model"].values())
+
+
+def _median_test_acc(spec: str, config: TrainConfig, seeds=(0, 1, 2)) -> float:
+    local = LocalGraph.from_graph(load_dataset(spec))
+    accs = []
+    for seed in seeds:
+        config.seed = seed
+        history = Trainer(local, config, log=lambda _: None).fit()
+        accs.append(history[-1]["test_acc"])
+    return statistics.median(accs)
+
+
+#: Documented Cora hyper-parameters (README, "Accuracy"): 2 layers, full-neighbour-ish
+#: fan-out, small batches because Cora has only 140 training vertices.
+CORA_SAGE = dict(
+    model="sage",
+    layers=2,
+    hidden=64,
+    fanout=(10, 10),
+    batch_size=20,
+    lr=0.01,
+    weight_decay=5e-4,
+    dropout=0.5,
+    epochs=30,
+    progress=False,
+    eval_every=30,
+)
+CORA_GAT = dict(
+    model="gat",
+    layers=2,
+    hidden=16,
+    heads=4,
+    fanout=(10, 10),
+    batch_size=20,
+    lr=0.01,
+    weight_decay=5e-4,
+    dropout=0.5,
+    epochs=30,
+    progress=False,
+    eval_every=30,
+)
+
+
+@pytest.mark.slow
+def test_cora_accuracy_sage(cora_dir):
+    acc = _median_test_acc(f"planetoid:{cora_dir}", TrainConfig(**CORA_SAGE))
+    assert acc >= 0.78, acc
+
+
+@pytest.mark.slow
+def test_cora_accuracy_gat(cora_dir):
+    acc = _median_test_acc(f"planetoid:{cora_dir}", TrainConfig(**CORA_GAT))
+    assert acc >= 0.77, acc
+
+
+def _mlp_test_acc(graph, seed: int = 0, epochs: int = 200) -> float:
+    """Reference: a 2-layer MLP on raw features, full-batch Adam."""
+    torch.manual_seed(seed)
+    x = torch.from_numpy(graph.features)
+    y = torch.from_numpy(graph.labels)
+    mlp = torch.nn.Sequential(
+        torch.nn.Linear(x.shape[1], 256),
+        torch.nn.ReLU(),
+        torch.nn.Dropout(0.5),
+        torch.nn.Linear(256, graph.num_classes),
+    )
+    opt = torch.optim.Adam(mlp.parameters(), lr=0.003)
+    train = torch.from_numpy(graph.train_idx)
+    for _ in range(epochs):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(mlp(x[train]), y[train]).backward()
+        opt.step()
+    mlp.eval()
+    test = torch.from_numpy(graph.test_idx)
+    return float((mlp(x[test]).argmax(1) == y[test]).float().mean())
+
+
+@pytest.mark.slow
+def test_synthetic_gnn_beats_mlp():
+    graph = load_dataset("synthetic")
+    mlp = _mlp_test_acc(graph)
+    config = TrainConfig(
+        layers=2,
+        fanout=(10, 15),
+        hidden=128,
+        batch_size=250,
+        epochs=15,
+        progress=False,
+        eval_every=15,
+    )
+    gnn = Trainer(LocalGraph.from_graph(graph), config, log=lambda _: None).fit()[-1]["test_acc"]
+    assert gnn >= mlp + 0.10, (gnn, mlp)
+    assert np.isfinite(gnn)
