@@ -70,6 +70,8 @@ def run_one(nodes: int, parts: int, avg_degree: int, feat_dim: int, workdir: Pat
         "write_s": round(at("wrote") - t_assigned, 2),  # extract parts, checksums, rename
         "partition_s": round(at("wrote") - t_assign, 2),  # everything after loading
     }
+    sample = re.search(r"uniform (\d+) % sample of the edges", proc.stderr)
+    record["metis_edge_percent"] = int(sample.group(1)) if sample else 100
     rss = re.search(r"MAXRSS_KB=(\d+)", proc.stderr)
     if rss:
         record["peak_rss_gib"] = round(int(rss.group(1)) / 2**20, 2)

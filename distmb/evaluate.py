@@ -27,14 +27,14 @@ def layerwise_inference(
     """
     was_training = model.training
     model.eval()
-    h = torch.from_numpy(np.ascontiguousarray(local.features))
+    h: np.ndarray | torch.Tensor = local.features  # may be a read-only memory map
     try:
         for layer in range(model.num_layers):
             out: torch.Tensor | None = None
             for start in range(0, local.n_solid, batch_size):
                 dst = torch.arange(start, min(start + batch_size, local.n_solid))
                 block = sampler.full_block(dst)
-                y = model.forward_layer(layer, block, h[block.src_ids])
+                y = model.forward_layer(layer, block, gather_rows(h, block.src_ids))
                 if out is None:
                     out = torch.empty((local.n_solid, y.shape[1]), dtype=y.dtype)
                 out[start : start + dst.numel()] = y
@@ -43,6 +43,14 @@ def layerwise_inference(
     finally:
         model.train(was_training)
     return h
+
+
+def gather_rows(table: np.ndarray | torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Rows ``ids`` of a tensor, or of a (possibly read-only, memory-mapped) numpy array,
+    as a new float tensor."""
+    if isinstance(table, np.ndarray):
+        return torch.from_numpy(np.take(table, ids.numpy(), axis=0))
+    return table[ids]
 
 
 def accuracy(logits: torch.Tensor, labels: np.ndarray, idx: np.ndarray) -> float:

@@ -20,7 +20,7 @@ from tqdm import tqdm
 from distmb.checkpoint import load_checkpoint, save_checkpoint
 from distmb.data.local import LocalGraph
 from distmb.errors import DistmbError
-from distmb.evaluate import accuracy, layerwise_inference
+from distmb.evaluate import accuracy, gather_rows, layerwise_inference
 from distmb.nn import build_model
 from distmb.sampling import NeighborSampler
 from distmb.timers import PhaseTimer
@@ -154,7 +154,7 @@ class Trainer:
         for it, seeds in enumerate(batches):
             with self.timer("mbc"):
                 blocks = self.sampler.sample(seeds, epoch, it)
-                x = torch.from_numpy(np.take(features, blocks[0].src_ids.numpy(), axis=0))
+                x = gather_rows(features, blocks[0].src_ids)
                 y = torch.from_numpy(labels[seeds])
             with self.timer("fwd"):
                 logits = self.model(blocks, x)

@@ -249,3 +249,18 @@ def test_synthetic_gnn_beats_mlp():
     gnn = Trainer(LocalGraph.from_graph(graph), config, log=lambda _: None).fit()[-1]["test_acc"]
     assert gnn >= mlp + 0.10, (gnn, mlp)
     assert np.isfinite(gnn)
+
+
+def test_part_dir_single_part_equals_dataset(tmp_path, capsys):
+    from partition import partition_graph
+
+    graph = load_dataset(SMALL)
+    partition_graph(graph, 1, tmp_path / "p1")
+    from_dataset = _losses(tmp_path, "ds", ["--dataset", SMALL, *FAST, "--epochs", "2"], capsys)
+    from_parts = _losses(
+        tmp_path, "pd", ["--part-dir", str(tmp_path / "p1"), *FAST, "--epochs", "2"], capsys
+    )
+    assert from_parts == from_dataset
+    partition_graph(graph, 2, tmp_path / "p2")
+    code, _, err = run(["--part-dir", str(tmp_path / "p2"), *FAST, "--epochs", "1"], capsys)
+    assert code == 2 and "has 2 parts" in err and "mpirun -np 2" in err
