@@ -23,6 +23,9 @@ $(STAMP): setup.cfg setup.py pyproject.toml $(wildcard csrc/*.cpp csrc/*.h)
 
 demo: $(STAMP)
 	$(BIN)/distmb-partition --dataset synthetic --parts 2 --out $(DEMO_DIR)/synthetic-p2 --overwrite
+	@rm -f $(DEMO_DIR)/train.jsonl
+	$(BIN)/python -m distmb.train --results $(DEMO_DIR)/train.jsonl
+	$(BIN)/python -m distmb.report $(DEMO_DIR)/train.jsonl
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

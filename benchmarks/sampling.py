@@ -1,11 +1,13 @@
 """Neighbour-sampling time per mini-batch on a synthetic power-law graph.
 
 Samples ``--batches`` mini-batches of ``--batch-size`` random training seeds with fan-outs
-``--fanouts`` (input -> output layer) after ``--warmup`` unmeasured ones, for every thread
-count in ``--threads``, and reports the median, p10 and p90 milliseconds per batch and the
-mean per-layer block sizes (a brute-force-free sanity check: destinations of block ``l-1`` =
-solid sources of block ``l``, every row at most its fan-out). Writes
-``results/sampling.json`` and ``results/sampling.png``.
+``--fanouts`` (input -> output layer) after ``--warmup`` unmeasured ones, each batch once per
+thread count in ``--threads`` (interleaved, so that other processes on a shared machine
+disturb every thread count alike), and reports the median, p10 and p90 milliseconds per
+batch and the mean per-layer block sizes. The warm-up batches are checked without a
+reference sampler: destinations of block ``l-1`` = solid sources of block ``l``, rows at
+most their fan-out, the same blocks for every thread count. Writes ``results/sampling.json``
+and ``results/sampling.png``.
 
     python benchmarks/sampling.py                       # 200k vertices, degree 30, 5,10,15
     python benchmarks/sampling.py --nodes 50000 --threads 1
@@ -51,44 +53,68 @@ def check_blocks(blocks: list[Block], seeds: np.ndarray, fanouts: list[int]) -> 
             assert torch.equal(below.dst_ids, block.src_ids[: block.n_computed])
 
 
-def run_threads(
-    sampler: NeighborSampler,
-    train_idx: np.ndarray,
-    threads: int,
-    batch_size: int,
-    batches: int,
-    warmup: int,
-    seed: int,
-) -> dict:
-    """Time ``batches`` mini-batches on ``threads`` OpenMP threads; return the statistics."""
-    _C.set_num_threads(threads)
-    rng = np.random.default_rng(seed)
-    times_ms: list[float] = []
-    sizes = np.zeros((sampler.num_layers, 4))  # n_dst, n_src, n_halo, edges per layer
-    for it in range(warmup + batches):
-        seeds = np.sort(rng.choice(train_idx, size=batch_size, replace=False))
-        t0 = time.perf_counter()
-        blocks = sampler.sample(seeds, epoch=0, iteration=it)
-        elapsed = (time.perf_counter() - t0) * 1e3
-        if it < warmup:
-            check_blocks(blocks, seeds, sampler.fanouts)
-            continue
-        times_ms.append(elapsed)
-        sizes += [[b.n_dst, b.n_src, b.n_halo, b.num_edges] for b in blocks]
-    sizes /= batches
+def same_blocks(a: list[Block], b: list[Block]) -> bool:
+    return all(
+        x.n_halo == y.n_halo
+        and torch.equal(x.indptr, y.indptr)
+        and torch.equal(x.indices, y.indices)
+        and torch.equal(x.src_ids, y.src_ids)
+        for x, y in zip(a, b, strict=True)
+    )
+
+
+def stats(times_ms: list[float]) -> dict:
     t = np.asarray(times_ms)
     return {
-        "threads": threads,
         "median_ms": round(float(np.median(t)), 3),
         f"p{LOW_PCT}_ms": round(float(np.percentile(t, LOW_PCT)), 3),
         f"p{HIGH_PCT}_ms": round(float(np.percentile(t, HIGH_PCT)), 3),
         "min_ms": round(float(t.min()), 3),
-        "batches": batches,
-        "mean_block_sizes": [
-            {"layer": layer, "n_dst": s[0], "n_src": s[1], "n_halo": s[2], "edges": s[3]}
-            for layer, s in enumerate(np.round(sizes, 1).tolist())
-        ],
     }
+
+
+def run(
+    sampler: NeighborSampler,
+    train_idx: np.ndarray,
+    thread_counts: list[int],
+    batch_size: int,
+    batches: int,
+    warmup: int,
+    seed: int,
+) -> list[dict]:
+    """Time every mini-batch once per thread count, interleaved (each batch's seeds on every
+    thread count back to back, the order alternating), so that load from other processes
+    hits all thread counts alike. Warm-up batches check the blocks and that every thread
+    count gives the same blocks."""
+    rng = np.random.default_rng(seed)
+    times_ms: dict[int, list[float]] = {t: [] for t in thread_counts}
+    sizes = np.zeros((sampler.num_layers, 4))  # n_dst, n_src, n_halo, edges per layer
+    for it in range(warmup + batches):
+        seeds = np.sort(rng.choice(train_idx, size=batch_size, replace=False))
+        order = thread_counts if it % 2 == 0 else thread_counts[::-1]
+        outputs = []
+        for threads in order:
+            _C.set_num_threads(threads)
+            t0 = time.perf_counter()
+            blocks = sampler.sample(seeds, epoch=0, iteration=it)
+            elapsed = (time.perf_counter() - t0) * 1e3
+            outputs.append(blocks)
+            if it >= warmup:
+                times_ms[threads].append(elapsed)
+        if it < warmup:
+            check_blocks(outputs[0], seeds, sampler.fanouts)
+            assert all(same_blocks(outputs[0], o) for o in outputs[1:]), "thread-dependent"
+        else:
+            sizes += [[b.n_dst, b.n_src, b.n_halo, b.num_edges] for b in outputs[0]]
+    sizes /= batches
+    block_sizes = [
+        {"layer": layer, "n_dst": s[0], "n_src": s[1], "n_halo": s[2], "edges": s[3]}
+        for layer, s in enumerate(np.round(sizes, 1).tolist())
+    ]
+    return [
+        {"threads": t, **stats(times_ms[t]), "batches": batches, "mean_block_sizes": block_sizes}
+        for t in thread_counts
+    ]
 
 
 def plot(result: dict, path: Path) -> None:
@@ -150,17 +176,18 @@ def main() -> None:
     n = graph.num_nodes
     sampler = NeighborSampler(graph.indptr, graph.indices, n, n, args.fanouts, args.seed)
     train_idx = np.asarray(graph.train_idx)
+    load_before = os.getloadavg()[0]
     previous_threads = _C.get_num_threads()
-    records = []
     try:
-        for threads in args.threads:
-            rec = run_threads(
-                sampler, train_idx, threads, args.batch_size, args.batches, args.warmup, args.seed
-            )
-            print(json.dumps(rec), flush=True)
-            records.append(rec)
+        records = run(
+            sampler, train_idx, args.threads, args.batch_size, args.batches, args.warmup, args.seed
+        )
     finally:
         _C.set_num_threads(previous_threads)
+    for rec in records:
+        print(json.dumps({k: v for k, v in rec.items() if k != "mean_block_sizes"}), flush=True)
+    for size in records[0]["mean_block_sizes"]:
+        print(f"  block {size['layer']}: {size}", flush=True)
     deg = np.diff(graph.indptr)
     result = {
         "benchmark": "sampling",
@@ -168,6 +195,8 @@ def main() -> None:
             "cpus": os.cpu_count(),
             "platform": platform.platform(),
             "python": platform.python_version(),
+            # Other processes on the machine skew the multi-thread timings most.
+            "loadavg_1min_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         },
         "graph": {
             "spec": f"synthetic:nodes={args.nodes},avg_degree={args.avg_degree}",
@@ -179,6 +208,7 @@ def main() -> None:
         },
         "fanouts": args.fanouts,
         "batch_size": args.batch_size,
+        "warmup_batches": args.warmup,
         "target_ms_2_threads": TARGET_MS,
         "records": records,
     }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -75,8 +76,9 @@ struct SampledBlock {
 // distinct in-neighbours, uniformly over subsets, listed in CSR order. Draws come from a
 // counter-based hash of (seed, epoch, iteration, layer, destination VID_p), so the output is
 // independent of the thread count. Throws std::invalid_argument for an empty or invalid
-// fanouts list and for seeds that are halo, out of range or repeated. Calls on one object
-// are serialised by a mutex (the scratch table is shared).
+// fanouts list and for seeds that are halo, out of range or repeated, std::length_error for
+// a block with 2^31 - 1 or more destinations + edges (the scratch entries are 32-bit).
+// Calls on one object are serialised by a mutex (the scratch table is shared).
 class NeighborSamplerCore {
  public:
   NeighborSamplerCore(const int64_t* indptr, const int32_t* indices32, const int64_t* indices64,
@@ -110,5 +112,228 @@ class NeighborSamplerCore {
   std::vector<RowRef> rows_;      // CSR rows of the current layer's destinations, reused
   std::mutex mutex_;
 };
+
+// ---- hec.cpp: historical embedding cache (DistGNN-MB section 3.2) ---------------------
+
+// Slot that HecCore::search returns for an absent or expired tag (distmb.hec.HEC_MISS).
+constexpr int64_t kHecMiss = -1;
+// Life-span meaning "lines never expire" (distmb.hec.LIFESPAN_UNBOUNDED).
+constexpr int64_t kLifespanUnbounded = -1;
+
+struct HecCounters {
+  int64_t lookups = 0;               // tags searched (search and lookup)
+  int64_t hits = 0;                  // of those, found and unexpired
+  int64_t stores = 0;                // rows stored
+  int64_t evictions = 0;             // unexpired lines of another tag replaced (capacity)
+  int64_t expired_replacements = 0;  // expired lines of another tag replaced
+};
+
+// HecCore: capacity lines of dim float32, tagged by VID_o (>= 0), with a clock counting
+// training iterations; a line's age is clock - (clock when it was last stored).
+// - search(tags[n]) -> slots[n]: the line holding the tag if its age <= lifespan (always when
+//   lifespan == kLifespanUnbounded), else kHecMiss. Parallel, read-only on the lines.
+// - load(slots[n]) -> out[n, dim]: parallel gather; every slot must hold a tag (a hit of a
+//   search since the last store/clear), else std::invalid_argument.
+// - lookup(tags[n]) -> hit[n], rows[n_hits, dim] in tag order: search + load under one lock.
+// - store(tags[m], rows[m, dim]): as if the rows were stored one at a time in order: a line
+//   with the same tag is overwritten (also when expired); else a free line is taken (lowest
+//   slot first); else the oldest line is replaced, ties between lines of equal age going to
+//   the one written first. Stored lines get age 0, so a repeated tag keeps its last row.
+//   Slot decisions are serial, row copies parallel: the state is independent of the thread
+//   count. Throws std::invalid_argument (cache unchanged) for a negative tag.
+// - advance(): every age + 1, O(1). clear(): drops every line (clock and counters kept).
+// Every public call takes the object's mutex, so calls from several threads are serialised.
+class HecCore {
+ public:
+  HecCore(int64_t capacity, int64_t dim, int64_t lifespan);
+
+  int64_t search(const int64_t* tags, int64_t n, int64_t* slots);  // returns the hits
+  void load(const int64_t* slots, int64_t n, float* out) const;
+  std::unique_ptr<float[]> lookup(const int64_t* tags, int64_t n, bool* hit, int64_t& n_hits);
+  void store(const int64_t* tags, int64_t m, const float* rows);
+  void advance();
+  void clear();
+  void reset_counters();
+  HecCounters counters() const;
+
+  int64_t capacity() const { return capacity_; }
+  int64_t dim() const { return dim_; }
+  int64_t lifespan() const { return lifespan_; }
+  int64_t clock() const;
+  int64_t occupied() const;    // lines holding a tag, expired or not
+  int64_t live_lines() const;  // lines that would hit now, O(occupied)
+  // tags[s] and ages[s] of the lines s in [0, occupied) (for tests and diagnostics).
+  void snapshot(std::vector<int64_t>& tags, std::vector<int64_t>& ages) const;
+
+ private:
+  struct Entry {
+    int64_t key;   // tag, or empty
+    int64_t slot;
+  };
+  struct FreeFloats {
+    void operator()(float* p) const;
+  };
+
+  bool live(int64_t s) const {
+    return lifespan_ == kLifespanUnbounded || clock_ - written_at_[s] <= lifespan_;
+  }
+  int64_t find(int64_t tag) const;
+  void insert(int64_t tag, int64_t slot);
+  void erase(int64_t tag);
+  void unlink(int64_t s);
+  void push_back(int64_t s);
+  void reset_lines();
+  int64_t search_unlocked(const int64_t* tags, int64_t n, int64_t* slots) const;
+  void gather(const int64_t* slots, int64_t n, float* out) const;
+
+  int64_t capacity_, dim_, lifespan_;
+  int64_t clock_ = 0;
+  int64_t used_ = 0;                     // lines [0, used_) hold a tag
+  int64_t head_ = -1, tail_ = -1;        // oldest / newest used line (write order)
+  std::unique_ptr<float, FreeFloats> data_;  // [capacity * dim], uninitialised until stored
+  std::vector<int64_t> tags_, written_at_, prev_, next_;
+  std::vector<int64_t> dest_row_;        // store(): last row of the call written to a line
+  std::vector<Entry> table_;             // open addressing, power-of-two size
+  uint64_t mask_ = 0;
+  HecCounters counters_;
+  mutable std::mutex mutex_;
+};
+
+// ---- end of hec.cpp section -------------------------------------------------------------
+
+// ---- aggregate.cpp: fused AGG kernels (DistGNN-MB section 3.3, "Broadcast Support") ----
+//
+// Common contract: a block is a CSR over n_dst destinations, indptr[n_dst + 1] (indptr[0] = 0)
+// and indices[E] source rows in [0, n_src); feature matrices are float32, row-major and
+// contiguous; outputs are caller-allocated and fully written (no need to zero them). Forward
+// kernels throw std::out_of_range for a decreasing indptr or a source outside [0, n_src).
+// Results do not depend on the OpenMP thread count.
+
+// Unweighted aggregators of distmb.nn.aggregate.aggregate.
+enum class AggKind : int { kSum = 0, kMean = 1, kGcn = 2 };
+
+// Transposed CSR of a block (sources -> edges): edges[indptr[u] .. indptr[u+1]) are the ids of
+// the edges whose source is u, ascending, and dst[k] is the destination of edges[k].
+struct BlockTranspose {
+  std::vector<int64_t> indptr;  // [n_src + 1]
+  std::vector<int64_t> edges;   // [E]
+  std::vector<int64_t> dst;     // [E]
+};
+
+// transpose_block: parallel counting sort of the edges by source (validates the CSR).
+void transpose_block(const int64_t* indptr, const int64_t* indices, int64_t n_dst, int64_t n_src,
+                     BlockTranspose& out);
+
+// aggregate_forward: out[v] = s_v * (sum_{e of v} x[indices[e]] (+ x[v] for gcn)), x [n_src,
+// dim], out [n_dst, dim]; s_v = 1 (sum), 1/deg or 0 without edges (mean), 1/(deg+1) (gcn).
+void aggregate_forward(const int64_t* indptr, const int64_t* indices, int64_t n_dst,
+                       int64_t n_src, const float* x, int64_t dim, AggKind kind, float* out);
+
+// aggregate_backward: grad_x [n_src, dim] of aggregate_forward given grad_out [n_dst, dim],
+// gathered over the transposed CSR (t_indptr, t_dst of transpose_block).
+void aggregate_backward(const int64_t* indptr, int64_t n_dst, const int64_t* t_indptr,
+                        const int64_t* t_dst, int64_t n_src, const float* grad_out, int64_t dim,
+                        AggKind kind, float* grad_x);
+
+// edge_softmax_forward: alpha[E, H] = softmax of scores[E, H] over each destination's edges,
+// per head (the maximum is subtracted first). edge_softmax_backward: grad_scores[E, H] =
+// alpha * (grad_alpha - sum_{edges of v} alpha * grad_alpha).
+void edge_softmax_forward(const int64_t* indptr, int64_t n_dst, const float* scores,
+                          int64_t heads, float* alpha);
+void edge_softmax_backward(const int64_t* indptr, int64_t n_dst, const float* alpha,
+                           const float* grad_alpha, int64_t heads, float* grad_scores);
+
+// gat_attention_forward: alpha[E, H] = edge softmax of LeakyReLU(el[u_e, h] + er[v, h]) with
+// el [n_src, H], er [n_dst, H]. gat_attention_backward: grad_el [n_src, H] (via the transposed
+// CSR t_indptr / t_edges) and grad_er [n_dst, H] from grad_alpha [E, H]; either may be null.
+void gat_attention_forward(const int64_t* indptr, const int64_t* indices, int64_t n_dst,
+                           int64_t n_src, const float* el, const float* er, int64_t heads,
+                           float negative_slope, float* alpha);
+void gat_attention_backward(const int64_t* indptr, const int64_t* indices, int64_t n_dst,
+                            const int64_t* t_indptr, const int64_t* t_edges, int64_t n_src,
+                            const float* el, const float* er, const float* alpha,
+                            const float* grad_alpha, int64_t heads, float negative_slope,
+                            float* grad_el, float* grad_er);
+
+// weighted_aggregate_forward: out[v, h, :] = sum_{e of v} weights[e, h] * x[indices[e], h, :]
+// with weights [E, H], x [n_src, H, dim], out [n_dst, H, dim]; each weight is broadcast over
+// the dim SIMD lanes of its head.
+void weighted_aggregate_forward(const int64_t* indptr, const int64_t* indices, int64_t n_dst,
+                                int64_t n_src, const float* weights, const float* x,
+                                int64_t heads, int64_t dim, float* out);
+
+// weighted_aggregate_backward: one pass over the sources of the transposed CSR computes
+// grad_x[u, h, :] = sum_{e = (u -> v)} weights[e, h] * grad_out[v, h, :] and
+// grad_w[e, h] = <grad_out[v, h, :], x[u, h, :]> (each output null when not wanted).
+void weighted_aggregate_backward(const int64_t* t_indptr, const int64_t* t_edges,
+                                 const int64_t* t_dst, int64_t n_src, int64_t n_edges,
+                                 const float* weights, const float* x, const float* grad_out,
+                                 int64_t heads, int64_t dim, float* grad_x, float* grad_w);
+
+// stream_copy: dst[0..n) = src[0..n), OpenMP static split: the machine's copy bandwidth
+// reference for benchmarks/kernels.py.
+void stream_copy(const float* src, int64_t n, float* dst);
+
+// ---- end of aggregate.cpp section -------------------------------------------------------
+
+// ---- update.cpp: fused UPDATE kernels (DistGNN-MB section 3.3, "Operator Fusion") -----
+//
+// Common contract: float32 row-major buffers; n rows; a weight W is [k][c] (nn.Linear layout)
+// and a source X_s is [n][c_s]; outputs are written, never read. Gate bits are uint8
+// [n][ceil(k / 8)], column j -> bit j % 8 of byte j / 8, padding bits 0.
+
+// Most sources (X_s, W_s) one UPDATE sums.
+constexpr int kMaxUpdateSources = 2;
+
+struct UpdateSource {
+  const float* x;  // [n][c]
+  const float* w;  // [k][c]
+  int64_t c;
+};
+
+struct UpdateGrads {
+  float* grad_x;  // [n][c] or null (not wanted)
+  float* grad_w;  // [k][c] or null
+};
+
+// update_forward: pre = sum_s X_s . W_s^T + addend + bias (addend [n][k] or null, bias [k]);
+// with relu, out = Dropout(ReLU(pre)): a unit is kept where the low/high 32 bits (column parity)
+// of mix64(hash_key(seed, row) ^ (col / 2)) are below round((1 - p_drop) * 2^32), kept units
+// are scaled by 1 / (1 - p_drop), and gate_bits (may be null) records ReLU-active AND kept;
+// without relu, out = pre (p_drop ignored, gate_bits untouched). One pass over the output:
+// register tiles of the products get bias, ReLU, dropout and bits before they are stored.
+void update_forward(int64_t n, int64_t k, const UpdateSource* src, int nsrc,
+                    const float* addend, const float* bias, bool relu, double p_drop,
+                    uint64_t seed, float* out, uint8_t* gate_bits);
+
+// update_backward: grad_pre = grad_out * scale * gate (gate_bits null: grad_pre = grad_out);
+// grad_x_s = grad_pre . W_s, grad_w_s = grad_pre^T . X_s, grad_bias = column sums of
+// grad_pre, grad_addend = grad_pre (each output null when not wanted). One pass over row
+// blocks; the reductions over n use per-thread accumulators and one final reduction.
+void update_backward(int64_t n, int64_t k, const float* grad_out, const uint8_t* gate_bits,
+                     float scale, const UpdateSource* src, int nsrc, const UpdateGrads* grads,
+                     float* grad_bias, float* grad_addend);
+
+// dropout_keep_mask: keep[n][k] (0/1 bytes), the dropout decisions update_forward makes for
+// (seed, p_drop) (all 1 for p_drop = 0); for tests and diagnostics.
+void dropout_keep_mask(uint64_t seed, int64_t n, int64_t k, double p_drop, uint8_t* keep);
+
+// gat_projection_forward: z = act(x . W^T + bias) [n][heads * d] (act = ReLU or identity),
+// el[n][heads] = <attn_l[h], z[h]>, er[n][heads] = <attn_r[h], z[h]> (attn_* [heads][d]),
+// the scores computed per row block while its z rows are in cache.
+void gat_projection_forward(int64_t n, int64_t c, int64_t heads, int64_t d, const float* x,
+                            const float* w, const float* bias, const float* attn_l,
+                            const float* attn_r, bool relu, float* z, float* el, float* er);
+
+// gat_projection_backward: gradients of gat_projection_forward given z and the gradients of
+// z, el and er (all required); grad_x may be null.
+void gat_projection_backward(int64_t n, int64_t c, int64_t heads, int64_t d, const float* x,
+                             const float* w, const float* z, const float* attn_l,
+                             const float* attn_r, bool relu, const float* grad_z,
+                             const float* grad_el, const float* grad_er, float* grad_x,
+                             float* grad_w, float* grad_bias, float* grad_attn_l,
+                             float* grad_attn_r);
+
+// ---- end of update.cpp section ----------------------------------------------------------
 
 }  // namespace distmb

@@ -40,12 +40,11 @@ inline int threads_for(int64_t work, int64_t grain) {
       1, std::min<int64_t>(omp_get_max_threads(), work / grain + 1)));
 }
 
-// Fan-outs up to this size always use Floyd's algorithm (k draws, k^2/2 comparisons).
-constexpr int64_t kFloydMaxK = 64;
-
-// Selection sampling (one draw per neighbour) is used when the fan-out is at least this
-// fraction of the degree: it then costs about as many draws as Floyd and needs no sort.
+// Choice of the without-replacement method for k of deg (see choose_positions): selection
+// sampling costs deg draws, Floyd's algorithm k draws plus k^2/2 comparisons. Selection is
+// used when deg <= kSelectionDegreeRatio * k, or when k > kFloydMaxK and k^2 > 8 deg.
 constexpr int64_t kSelectionDegreeRatio = 2;
+constexpr int64_t kFloydMaxK = 64;
 
 // Floyd's draws are sorted by rank counting up to this fan-out, by std::sort above it.
 constexpr int64_t kRankSortMaxK = 32;
@@ -121,7 +120,7 @@ inline void atomic_min(Slot* p, Slot v) {
 // k distinct positions of [0, deg), uniformly over the C(deg, k) subsets, ascending, into
 // out[0..k). Requires 0 < k < deg. Both methods are exact given exact uniform draws.
 void choose_positions(Stream& rng, int64_t deg, int64_t k, int64_t* out) {
-  if (deg <= kSelectionDegreeRatio * k || (k > kFloydMaxK && k * k > 8 * deg)) {
+  if (deg <= kSelectionDegreeRatio * k || (k > kFloydMaxK && k > 8 * deg / k)) {
     // Selection sampling (Knuth's Algorithm S): keep position t with probability
     // (still needed) / (still available); ascending by construction. Branch-free: the
     // keep/skip decision is a coin toss for the predictor (out[taken] is in bounds while

@@ -124,7 +124,7 @@ class NeighborSampler:
 
     The graph arrays are borrowed, not copied (memory-mapped arrays of a
     :class:`~distmb.data.PartitionStore` are read in place) and validated once here. The
-    sampler keeps an ``int64[n_local]`` scratch table that every call reuses, so create one
+    sampler keeps an ``int32[n_local]`` scratch table that every call reuses, so create one
     sampler per part and keep it. Calls on one sampler from several Python threads are safe
     but serialised; the C++ kernel uses the OpenMP thread count of the calling thread
     (``distmb._C.set_num_threads``). See the module docstring for the block contract.
@@ -204,7 +204,8 @@ class NeighborSampler:
             C++ outputs.
 
         Raises:
-            ValueError: a seed that is a halo vertex, out of range or repeated.
+            ValueError: a seed that is a halo vertex, out of range or repeated; a block of
+                ``2**31 - 1`` or more destinations + edges (the scratch entries are 32-bit).
         """
         return self._run(seeds, self.fanouts, epoch, iteration)
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from distmb.errors import InputError, exit_on_user_error
+from distmb.aep import DEFAULT_HEC_DELAY, DEFAULT_HEC_LIFESPAN, DEFAULT_HEC_NC, DEFAULT_HEC_SIZE
+from distmb.errors import DistmbError, InputError, exit_on_user_error
 
 #: Paper's learning rates (Table 2, single socket) when --lr is not given.
 DEFAULT_LR = {"sage": 0.003, "gat": 0.001}
@@ -77,7 +78,57 @@ def build_parser() -> argparse.ArgumentParser:
         help="append one JSON object per epoch to this file (plot: python -m distmb.report FILE)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    hec = p.add_argument_group("multi-rank (mpirun -np P): historical embedding cache")
+    hec.add_argument(
+        "--hec-size", type=int, default=DEFAULT_HEC_SIZE, help="cache lines per layer (cs)"
+    )
+    hec.add_argument(
+        "--hec-nc",
+        type=int,
+        default=DEFAULT_HEC_NC,
+        help="rows pushed per peer and layer per iteration at most (nc)",
+    )
+    hec.add_argument(
+        "--hec-lifespan",
+        type=int,
+        default=DEFAULT_HEC_LIFESPAN,
+        help="iterations a cached embedding stays usable (ls)",
+    )
+    hec.add_argument(
+        "--hec-delay",
+        type=int,
+        default=DEFAULT_HEC_DELAY,
+        help="iterations between a push and its use (d)",
+    )
+    hec.add_argument(
+        "--no-hec",
+        action="store_true",
+        help="drop halo leaves instead (communication-free lower bound)",
+    )
+    hec.add_argument(
+        "--partition-cache",
+        default=".cache/distmb-parts",
+        help="where --dataset is partitioned for P ranks (rank 0 writes it)",
+    )
     return p
+
+
+def hec_config_from_args(args: argparse.Namespace):
+    """Validate the ``--hec-*`` flags."""
+    from distmb.aep import HecConfig
+
+    for flag in ("hec_size", "hec_nc", "hec_delay"):
+        if getattr(args, flag) < 1:
+            raise InputError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+    if args.hec_lifespan < 0:
+        raise InputError(f"--hec-lifespan must be >= 0, got {args.hec_lifespan}")
+    return HecConfig(
+        enabled=not args.no_hec,
+        size=args.hec_size,
+        nc=args.hec_nc,
+        lifespan=args.hec_lifespan,
+        delay=args.hec_delay,
+    )
 
 
 def parse_fanout(text: str, layers: int) -> tuple[int, ...]:
@@ -172,10 +223,83 @@ def load_local(args: argparse.Namespace, log) -> object:
     return local
 
 
-@exit_on_user_error("distmb.train")
 def main(argv: list[str] | None = None) -> int:
+    """Entry point: multi-rank when started by an MPI launcher, else single rank."""
+    from distmb.distributed import is_mpi_launch
+
+    if is_mpi_launch():
+        return main_distributed(argv)
+    return main_single(argv)
+
+
+def main_distributed(argv: list[str] | None) -> int:
+    """One rank of ``mpirun -np P python -m distmb.train``. Any error on any rank aborts
+    the whole job (``MPI_Abort``), so a dead rank never leaves the others waiting."""
+    import traceback
+
+    from distmb.comm import Communicator
+
+    comm = Communicator()
+    try:
+        run_distributed(build_parser().parse_args(argv), comm)
+    except SystemExit as exc:  # argparse --help / bad flags: every rank exits alike
+        if exc.code not in (0, None):
+            comm.abort(int(exc.code) if isinstance(exc.code, int) else 2)
+        raise
+    except DistmbError as exc:
+        print(f"distmb.train: error: [rank {comm.rank}] {exc}", file=sys.stderr, flush=True)
+        comm.abort(exc.exit_code)
+    except BaseException:
+        print(f"distmb.train: [rank {comm.rank}] failed:", file=sys.stderr, flush=True)
+        traceback.print_exc()
+        sys.stderr.flush()
+        comm.abort(1)
+    return 0
+
+
+def run_distributed(args: argparse.Namespace, comm) -> None:
+    import torch
+
+    from distmb import _C
+    from distmb.distributed import DistributedTrainer, ensure_partition, open_part
+
+    config = config_from_args(args)
+    hec = hec_config_from_args(args)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+        _C.set_num_threads(args.threads)
+
+    def log(line: str) -> None:
+        if comm.rank == 0:
+            print(line, flush=True)
+
+    part_dir = args.part_dir or ensure_partition(
+        comm, args.dataset or "synthetic", args.partition_cache, args.seed, log
+    )
+    store = open_part(comm, part_dir)
+    log(f"{comm.size} ranks on {part_dir}; rank 0: {store}")
+    trainer = DistributedTrainer(comm, store, config, hec, log=log)
+    log(
+        f"training {config.model} ({config.layers} layers, hidden {config.hidden}), fan-out "
+        f"{','.join(map(str, config.fanout))}, batch {config.batch_size} per rank, lr "
+        f"{config.lr}, {config.epochs} epochs, {torch.get_num_threads()} threads per rank; HEC "
+        + (
+            "off"
+            if not hec.enabled
+            else f"cs={hec.size} nc={hec.nc} ls={hec.lifespan} d={hec.delay}"
+        )
+    )
+    history = trainer.fit()
+    last = next((r for r in reversed(history) if "test_acc" in r), None)
+    if last is not None:
+        log(f"final: val {100 * last['val_acc']:.2f}%  test {100 * last['test_acc']:.2f}%")
+
+
+@exit_on_user_error("distmb.train")
+def main_single(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     config = config_from_args(args)
+    hec_config_from_args(args)  # validated even though one rank has no halo
     import torch
 
     from distmb import _C

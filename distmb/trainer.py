@@ -22,7 +22,7 @@ from distmb.data.local import LocalGraph
 from distmb.errors import DistmbError
 from distmb.evaluate import accuracy, gather_rows, layerwise_inference
 from distmb.nn import build_model
-from distmb.sampling import NeighborSampler
+from distmb.sampling import Block, NeighborSampler
 from distmb.timers import PhaseTimer
 
 
@@ -70,6 +70,9 @@ class Trainer:
         log: prints one line (rank 0 only in multi-rank runs).
     """
 
+    #: This rank's index (the distributed trainer sets it before initialising).
+    rank: int = 0
+
     def __init__(
         self,
         local: LocalGraph,
@@ -82,7 +85,7 @@ class Trainer:
         self.cfg = config
         self.grad_sync = grad_sync
         self.log = log
-        torch.manual_seed(config.seed)
+        torch.manual_seed(config.seed)  # identical model initialisation on every rank
         self.model = build_model(
             config.model,
             in_dim=local.feat_dim,
@@ -99,6 +102,7 @@ class Trainer:
         self.sampler = NeighborSampler(
             local.indptr, local.indices, local.n_solid, local.n_local, config.fanout, config.seed
         )
+        torch.manual_seed(dropout_seed(config.seed, self.rank))
         self.timer = PhaseTimer()
         self.start_epoch = 0
         self.history: list[dict[str, Any]] = []
@@ -148,16 +152,16 @@ class Trainer:
             desc=f"epoch {epoch}",
             leave=False,
             file=sys.stderr,
-            disable=not (self.cfg.progress and sys.stderr.isatty()),
+            disable=not (self.cfg.progress and sys.stderr.isatty() and self.rank == 0),
         )
         start = time.perf_counter()
         for it, seeds in enumerate(batches):
             with self.timer("mbc"):
                 blocks = self.sampler.sample(seeds, epoch, it)
-                x = gather_rows(features, blocks[0].src_ids)
+                x = gather_rows(features, blocks[0].src_ids[: blocks[0].n_computed])
                 y = torch.from_numpy(labels[seeds])
             with self.timer("fwd"):
-                logits = self.model(blocks, x)
+                logits = self.forward_batch(blocks, x, epoch, it, len(batches))
                 loss = F.cross_entropy(logits, y)
             loss_value = loss.item()
             if not math.isfinite(loss_value):
@@ -167,8 +171,7 @@ class Trainer:
                     else ""
                 )
                 raise TrainingDiverged(
-                    f"loss is {loss_value} at epoch {epoch}, iteration {it}{kept}; "
-                    "try a lower --lr"
+                    f"loss is {loss_value} at epoch {epoch}, iteration {it}{kept}; try a lower --lr"
                 )
             with self.timer("bwd"):
                 self.optimizer.zero_grad(set_to_none=True)
@@ -194,6 +197,13 @@ class Trainer:
             **self.timer.as_dict(),
             "samples_per_s": round(seen / train_time, 1) if train_time > 0 else 0.0,
         }
+
+    def forward_batch(
+        self, blocks: list[Block], x: torch.Tensor, epoch: int, iteration: int, num_iters: int
+    ) -> torch.Tensor:
+        """Logits of the seeds. ``x`` holds the input features of block 0's computed
+        (solid) sources; on one rank there are no halo sources."""
+        return self.model(blocks, x)
 
     def evaluate(self) -> dict[str, float]:
         """Exact val/test accuracy (layer-wise full-neighbour inference)."""
@@ -223,6 +233,11 @@ class Trainer:
             if cfg.checkpoint_dir:
                 save_checkpoint(cfg.checkpoint_dir, self._state(epoch))
         return self.history
+
+
+def dropout_seed(seed: int, rank: int) -> int:
+    """Seed of the dropout RNG of ``rank`` (ranks draw different masks; reproducible)."""
+    return (seed * 1_000_003 + rank * 7_919 + 1) % (2**63)
 
 
 def format_epoch(r: dict[str, Any]) -> str:

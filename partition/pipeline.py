@@ -145,11 +145,11 @@ def check_partition_args(
         raise InputError(
             f"--out {out}: exists and is not a distmb partition; refusing to replace it"
         )
-    parent = out.resolve().parent
-    if not parent.is_dir():
-        raise InputError(f"--out {out}: parent directory {parent} does not exist")
-    if not os.access(parent, os.W_OK):
-        raise InputError(f"--out {out}: parent directory {parent} is not writable")
+    ancestor = out.resolve().parent
+    while not ancestor.exists():  # missing parents are created when writing
+        ancestor = ancestor.parent
+    if not ancestor.is_dir() or not os.access(ancestor, os.W_OK):
+        raise InputError(f"--out {out}: {ancestor} is not a writable directory")
 
 
 def format_report(meta: dict[str, Any], graph_bytes: int | None = None) -> str:

@@ -245,7 +245,7 @@ def test_cli_end_to_end(tmp_path, capsys):
             "--parts",
             "3",
             "--out",
-            str(tmp_path / "p"),
+            str(tmp_path / "missing" / "parent" / "p"),
             "--quiet",
             "--threads",
             "1",
@@ -255,6 +255,7 @@ def test_cli_end_to_end(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "halo/solid" in out and "edge cut" in out and "peak memory" in out
     assert len(out.strip().splitlines()) == 1 + 3 + 3
+    assert PartitionStore(tmp_path / "missing" / "parent" / "p", 2, verify=True).num_parts == 3
 
 
 # ---- PartitionStore: corrupt, truncated, mismatched partitions ---------------------------

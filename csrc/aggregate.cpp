@@ -1,0 +1,581 @@
+// Fused AGG kernels over a block's CSR (DistGNN-MB section 3.3, "Broadcast Support for AGG"):
+// mean / sum / gcn aggregation, GAT edge softmax (also fused with the attention logits) and the
+// per-head weighted aggregation whose edge weight is broadcast over the D SIMD lanes of its
+// head, each forward and backward; float32 features, int64 CSR.
+//
+// Every pass writes each output row from exactly one thread. Forward passes run over the
+// destinations' CSR; backward passes that produce per-source rows gather over the block's
+// transposed CSR (sources -> edges, built once per block by transpose_block), so no pass adds
+// features atomically. Rows are split into chunks of about equal edges + rows (power-law
+// degrees) that threads take dynamically. Sums run in CSR / transposed-CSR order, so results do
+// not depend on the thread count.
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+#include "common.h"
+#include "kernels.h"
+
+namespace distmb {
+
+namespace {
+
+// ---- scheduling ----------------------------------------------------------------------------
+
+// Minimum bytes a pass moves per OpenMP thread (below it the pass uses fewer threads: a
+// fork/join costs microseconds, far more when the cores are oversubscribed).
+constexpr int64_t kGrainBytes = 256 << 10;
+// Chunks per thread of a dynamically scheduled row pass: enough to even out power-law rows.
+constexpr int64_t kChunksPerThread = 8;
+// A row costs about this many edges' worth of work besides its edges (its output write).
+constexpr int64_t kRowWork = 1;
+
+// Balanced chunks of a pass over the rows of a CSR ptr[0..n_rows]: chunk c is the rows
+// [bounds[c], bounds[c+1]), all chunks about equal in edges + kRowWork * rows; bytes_per_edge
+// sizes the thread count. A malformed (decreasing) ptr still yields valid, ordered bounds.
+struct RowChunks {
+  std::vector<int64_t> bounds;
+  int threads = 1;
+
+  RowChunks(const int64_t* ptr, int64_t n_rows, int64_t bytes_per_edge) {
+    const int64_t edges = n_rows > 0 ? std::max<int64_t>(0, ptr[n_rows] - ptr[0]) : 0;
+    const int64_t work = edges + kRowWork * n_rows;
+    const int64_t bytes = work * std::max<int64_t>(1, bytes_per_edge);
+    threads = static_cast<int>(std::max<int64_t>(
+        1, std::min<int64_t>(omp_get_max_threads(), bytes / kGrainBytes + 1)));
+    const int64_t n_chunks = std::max<int64_t>(
+        1, std::min<int64_t>(n_rows, threads == 1 ? 1 : threads * kChunksPerThread));
+    bounds.assign(n_chunks + 1, n_rows);
+    bounds[0] = 0;
+    for (int64_t c = 1; c < n_chunks; ++c) {
+      // Smallest row r >= bounds[c-1] with ptr[r] - ptr[0] + kRowWork * r >= c * work / n.
+      const int64_t target = work / n_chunks * c + work % n_chunks * c / n_chunks;
+      int64_t lo = bounds[c - 1], hi = n_rows;
+      while (lo < hi) {
+        const int64_t mid = lo + (hi - lo) / 2;
+        if (ptr[mid] - ptr[0] + kRowWork * mid < target) {
+          lo = mid + 1;
+        } else {
+          hi = mid;
+        }
+      }
+      bounds[c] = lo;
+    }
+  }
+
+  int64_t size() const { return static_cast<int64_t>(bounds.size()) - 1; }
+};
+
+// Runs body(row) for every row, chunks taken dynamically by the threads; returns the number of
+// rows for which body returned false (a malformed row).
+template <class Body>
+int64_t for_rows(const RowChunks& chunks, Body body) {
+  int64_t failed = 0;
+  const int64_t n_chunks = chunks.size();
+  const int64_t* bounds = chunks.bounds.data();
+#pragma omp parallel for schedule(dynamic, 1) num_threads(chunks.threads) reduction(+ : failed)
+  for (int64_t c = 0; c < n_chunks; ++c)
+    for (int64_t r = bounds[c]; r < bounds[c + 1]; ++r) failed += body(r) ? 0 : 1;
+  return failed;
+}
+
+[[noreturn]] void throw_bad_csr(int64_t bad_rows, int64_t n_src) {
+  throw std::out_of_range(std::to_string(bad_rows) +
+                          " destination row(s) have a decreasing indptr or a source index "
+                          "outside [0, n_src=" + std::to_string(n_src) + ")");
+}
+
+inline bool in_range(int64_t u, int64_t n) {
+  return static_cast<uint64_t>(u) < static_cast<uint64_t>(n);
+}
+
+// A CSR row with valid source indices (checked before any output of the row is written).
+inline bool valid_row(const int64_t* indptr, const int64_t* indices, int64_t v, int64_t n_src) {
+  const int64_t b = indptr[v], e = indptr[v + 1];
+  if (b > e) return false;
+  bool ok = true;
+  for (int64_t k = b; k < e; ++k) ok &= in_range(indices[k], n_src);
+  return ok;
+}
+
+// ---- gathering rows (SIMD over the feature dimension) ----------------------------------------
+
+// A feature row is processed in tiles of kTile floats accumulated in registers while the
+// neighbour rows stream through; the last partial tile (width < kTile) accumulates on the stack.
+constexpr int64_t kTile = 64;
+// Neighbour rows are software-prefetched this many edges ahead (random rows defeat the
+// hardware prefetcher).
+constexpr int64_t kPrefetchEdges = 4;
+constexpr int64_t kLineFloats = 64 / sizeof(float);
+
+inline void prefetch_floats(const float* p, int64_t n) {
+  for (int64_t f = 0; f < n; f += kLineFloats) __builtin_prefetch(p + f, 0, 3);
+}
+
+// The neighbours of one output row: row u of the source matrix starts at x + u * ld; edge k
+// reads row nbr[k] with the weight w[(w_idx ? w_idx[k] : k) * w_stride] (1 when w is null),
+// which is broadcast over the lanes of the tile.
+struct Neighbours {
+  const float* x;
+  int64_t ld;
+  const int64_t* nbr;
+  int64_t cnt;
+  const float* w = nullptr;
+  const int64_t* w_idx = nullptr;
+  int64_t w_stride = 1;
+
+  float weight(int64_t k) const {
+    return w ? w[(w_idx ? w_idx[k] : k) * w_stride] : 1.0f;
+  }
+};
+
+// o[0..n) = scale * (init_scale * init[0..n) + sum_k weight(k) * row(nbr[k])[f0 .. f0 + n)),
+// init optional. W > 0: a full tile of compile-time width W (held in registers); W == 0: the
+// runtime width n_rt < kTile.
+template <int64_t W>
+inline void gather_tile(const Neighbours& nb, int64_t f0, int64_t n_rt, const float* init,
+                        float init_scale, float scale, float* __restrict o) {
+  const int64_t n = W > 0 ? W : n_rt;
+  float acc[W > 0 ? W : kTile];
+  if (init) {
+#pragma omp simd
+    for (int64_t f = 0; f < n; ++f) acc[f] = init_scale * init[f];
+  } else {
+#pragma omp simd
+    for (int64_t f = 0; f < n; ++f) acc[f] = 0.0f;
+  }
+  const float* x = nb.x + f0;
+  for (int64_t k = 0; k < nb.cnt; ++k) {
+    if (k + kPrefetchEdges < nb.cnt) prefetch_floats(x + nb.nbr[k + kPrefetchEdges] * nb.ld, n);
+    const float* __restrict r = x + nb.nbr[k] * nb.ld;
+    const float w = nb.weight(k);
+#pragma omp simd
+    for (int64_t f = 0; f < n; ++f) acc[f] += w * r[f];
+  }
+#pragma omp simd
+  for (int64_t f = 0; f < n; ++f) o[f] = scale * acc[f];
+}
+
+// One output row o[0..n) (n features of every source row, from column 0 of nb.x).
+inline void gather_row(const Neighbours& nb, int64_t n, const float* init, float init_scale,
+                       float scale, float* o) {
+  int64_t f0 = 0;
+  for (; f0 + kTile <= n; f0 += kTile)
+    gather_tile<kTile>(nb, f0, kTile, init ? init + f0 : nullptr, init_scale, scale, o + f0);
+  if (f0 < n)
+    gather_tile<0>(nb, f0, n - f0, init ? init + f0 : nullptr, init_scale, scale, o + f0);
+}
+
+// Per-destination factor of aggregate: 1 (sum), 1 / deg or 0 (mean), 1 / (deg + 1) (gcn).
+inline float agg_scale(AggKind kind, int64_t deg) {
+  switch (kind) {
+    case AggKind::kMean:
+      return deg > 0 ? 1.0f / static_cast<float>(deg) : 0.0f;
+    case AggKind::kGcn:
+      return 1.0f / static_cast<float>(deg + 1);
+    case AggKind::kSum:
+      break;
+  }
+  return 1.0f;
+}
+
+// One tile of the fused weighted-aggregation backward for source u and one head: over the
+// transposed edges k (edge e_k = edges[k], destination v_k = dst[k]),
+//   gx[f]         = sum_k w[e_k * H] * g[v_k * ld + f]        (grad of x[u, h, f0 .. f0 + n))
+//   gw[e_k * H]  += sum_f g[v_k * ld + f] * xu[f]             (grad of w[e_k, h], this tile)
+// g, w, gw, xu and gx point at head h / column f0 already. kFirst: gw is assigned, not added.
+template <int64_t W, bool kGx, bool kGw>
+inline void weighted_backward_tile(const float* g, int64_t ld, int64_t n_rt, const int64_t* dst,
+                                   const int64_t* edges, int64_t cnt, const float* w,
+                                   int64_t heads, const float* __restrict xu, bool first,
+                                   float* __restrict gx, float* gw) {
+  const int64_t n = W > 0 ? W : n_rt;
+  float acc[W > 0 ? W : kTile];
+#pragma omp simd
+  for (int64_t f = 0; f < n; ++f) acc[f] = 0.0f;
+  for (int64_t k = 0; k < cnt; ++k) {
+    if (k + kPrefetchEdges < cnt) prefetch_floats(g + dst[k + kPrefetchEdges] * ld, n);
+    const float* __restrict r = g + dst[k] * ld;
+    const int64_t e = edges[k] * heads;
+    if constexpr (kGx && kGw) {
+      const float wv = w[e];
+      float d = 0.0f;
+#pragma omp simd reduction(+ : d)
+      for (int64_t f = 0; f < n; ++f) {
+        acc[f] += wv * r[f];
+        d += r[f] * xu[f];
+      }
+      gw[e] = first ? d : gw[e] + d;
+    } else if constexpr (kGx) {
+      const float wv = w[e];
+#pragma omp simd
+      for (int64_t f = 0; f < n; ++f) acc[f] += wv * r[f];
+    } else {
+      float d = 0.0f;
+#pragma omp simd reduction(+ : d)
+      for (int64_t f = 0; f < n; ++f) d += r[f] * xu[f];
+      gw[e] = first ? d : gw[e] + d;
+    }
+  }
+  if constexpr (kGx) {
+#pragma omp simd
+    for (int64_t f = 0; f < n; ++f) gx[f] = acc[f];
+  }
+}
+
+template <bool kGx, bool kGw>
+void weighted_backward_rows(const int64_t* t_indptr, const int64_t* t_edges,
+                            const int64_t* t_dst, int64_t n_src, const float* weights,
+                            const float* x, const float* grad_out, int64_t heads, int64_t dim,
+                            float* grad_x, float* grad_w) {
+  const int64_t hd = heads * dim;
+  const RowChunks srcs(t_indptr, n_src, hd * sizeof(float) * (kGx && kGw ? 2 : 1));
+  for_rows(srcs, [&](int64_t u) {
+    const int64_t b = t_indptr[u], cnt = t_indptr[u + 1] - b;
+    const int64_t* dst = t_dst + b;
+    const int64_t* edges = t_edges + b;
+    for (int64_t h = 0; h < heads; ++h) {
+      const float* g = grad_out + h * dim;
+      const float* w = weights + h;
+      float* gw = kGw ? grad_w + h : nullptr;
+      const float* xu = kGw ? x + u * hd + h * dim : nullptr;
+      float* gx = kGx ? grad_x + u * hd + h * dim : nullptr;
+      int64_t f0 = 0;
+      for (; f0 + kTile <= dim; f0 += kTile)
+        weighted_backward_tile<kTile, kGx, kGw>(g + f0, hd, kTile, dst, edges, cnt, w, heads,
+                                                kGw ? xu + f0 : nullptr, f0 == 0,
+                                                kGx ? gx + f0 : nullptr, gw);
+      if (f0 < dim)
+        weighted_backward_tile<0, kGx, kGw>(g + f0, hd, dim - f0, dst, edges, cnt, w, heads,
+                                            kGw ? xu + f0 : nullptr, f0 == 0,
+                                            kGx ? gx + f0 : nullptr, gw);
+    }
+    return true;
+  });
+}
+
+// ---- exp and softmax ------------------------------------------------------------------------
+
+// exp(x) after Cephes' expf: x = n ln2 + r with |r| <= ln2 / 2, a degree-6 polynomial in r and
+// 2^n from the exponent bits; n is rounded by adding 1.5 * 2^23 (std::floor would not vectorise
+// without -fno-trapping-math). Branch-free, so `omp simd` loops vectorise it; relative error
+// below 1e-7 on [-87, 88]. Inputs are clamped to [-87.3, 88] (exp(-inf) gives ~1e-38, not 0);
+// softmax only passes x <= 0.
+constexpr float kExpMin = -87.3f, kExpMax = 88.0f;
+constexpr float kLog2e = 1.44269504088896341f;
+constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
+constexpr float kRoundMagic = 12582912.0f;  // 1.5 * 2^23: t + magic rounds t to an integer
+
+#pragma omp declare simd notinbranch
+inline float exp_simd(float x) {
+  x = std::min(std::max(x, kExpMin), kExpMax);
+  const float t = x * kLog2e + kRoundMagic;
+  const float n = t - kRoundMagic;
+  const float r = (x - n * kLn2Hi) - n * kLn2Lo;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  // The low mantissa bits of t hold n; 2^n is the float with biased exponent n + 127.
+  const int32_t n_int = __builtin_bit_cast(int32_t, t) - __builtin_bit_cast(int32_t, kRoundMagic);
+  return p * __builtin_bit_cast(float, (n_int + 127) << 23);
+}
+
+// Heads up to this many keep their per-row scratch on the stack.
+constexpr int64_t kStackHeads = 64;
+
+// Per-row scratch of 2 * heads floats.
+struct HeadScratch {
+  float stack[2 * kStackHeads];
+  std::vector<float> heap;
+  float* a;
+  float* b;
+  explicit HeadScratch(int64_t heads) : a(stack) {
+    if (heads > kStackHeads) {
+      heap.resize(2 * heads);
+      a = heap.data();
+    }
+    b = a + heads;
+  }
+};
+
+// Softmax over the cnt >= 1 edges of one destination, per head: s[k * H + h] -> a[k * H + h]
+// (a may alias s). Subtracts the per-head maximum before exp.
+inline void softmax_row(const float* s, int64_t cnt, int64_t heads, float* a, HeadScratch& tmp) {
+  float* mx = tmp.a;
+  float* sum = tmp.b;
+  const int64_t n = cnt * heads;
+  for (int64_t h = 0; h < heads; ++h) mx[h] = s[h];
+  for (int64_t k = 1; k < cnt; ++k)
+    for (int64_t h = 0; h < heads; ++h) mx[h] = std::max(mx[h], s[k * heads + h]);
+  for (int64_t k = 0; k < cnt; ++k)
+    for (int64_t h = 0; h < heads; ++h) a[k * heads + h] = s[k * heads + h] - mx[h];
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) a[i] = exp_simd(a[i]);
+  for (int64_t h = 0; h < heads; ++h) sum[h] = 0.0f;
+  for (int64_t k = 0; k < cnt; ++k)
+    for (int64_t h = 0; h < heads; ++h) sum[h] += a[k * heads + h];
+  for (int64_t h = 0; h < heads; ++h) sum[h] = 1.0f / sum[h];
+  for (int64_t k = 0; k < cnt; ++k)
+    for (int64_t h = 0; h < heads; ++h) a[k * heads + h] *= sum[h];
+}
+
+// Softmax backward over one destination's edges: gs = a * (g - sum_k a_k g_k), per head.
+inline void softmax_backward_row(const float* a, const float* g, int64_t cnt, int64_t heads,
+                                 float* gs, HeadScratch& tmp) {
+  float* dot = tmp.a;
+  for (int64_t h = 0; h < heads; ++h) dot[h] = 0.0f;
+  for (int64_t k = 0; k < cnt; ++k)
+    for (int64_t h = 0; h < heads; ++h) dot[h] += a[k * heads + h] * g[k * heads + h];
+  for (int64_t k = 0; k < cnt; ++k)
+    for (int64_t h = 0; h < heads; ++h)
+      gs[k * heads + h] = a[k * heads + h] * (g[k * heads + h] - dot[h]);
+}
+
+}  // namespace
+
+// ---- transposed CSR -------------------------------------------------------------------------
+
+void transpose_block(const int64_t* indptr, const int64_t* indices, int64_t n_dst, int64_t n_src,
+                     BlockTranspose& out) {
+  const int64_t n_edges = n_dst > 0 ? indptr[n_dst] : 0;
+  out.indptr.assign(n_src + 1, 0);
+  out.edges.resize(n_edges);
+  out.dst.resize(n_edges);
+  int64_t* ptr = out.indptr.data();
+  int64_t* t_edges = out.edges.data();
+  int64_t* t_dst = out.dst.data();
+  const RowChunks rows(indptr, n_dst, 4 * sizeof(int64_t));
+  // One thread counts and scatters in edge order: a stable counting sort. Several threads
+  // count and claim slots with relaxed atomics (integers only), then sort each segment.
+  const bool serial = rows.threads == 1;
+
+  // 1. Edges per source into ptr[u], validating the CSR; exclusive scan -> segment starts.
+  const int64_t bad = for_rows(rows, [&](int64_t v) {
+    if (!valid_row(indptr, indices, v, n_src)) return false;
+    for (int64_t e = indptr[v]; e < indptr[v + 1]; ++e) {
+      if (serial) {
+        ++ptr[indices[e]];
+      } else {
+        __atomic_fetch_add(&ptr[indices[e]], 1, __ATOMIC_RELAXED);
+      }
+    }
+    return true;
+  });
+  if (bad) throw_bad_csr(bad, n_src);
+  exclusive_scan_inplace(ptr, n_src + 1);
+
+  // 2. Scatter (edge, destination) pairs through a cursor per source.
+  std::vector<int64_t> cursor(out.indptr.begin(), out.indptr.end() - 1);
+  int64_t* cur = cursor.data();
+  for_rows(rows, [&](int64_t v) {
+    for (int64_t e = indptr[v]; e < indptr[v + 1]; ++e) {
+      int64_t* c = cur + indices[e];
+      const int64_t p = serial ? (*c)++ : __atomic_fetch_add(c, 1, __ATOMIC_RELAXED);
+      t_edges[p] = e;
+      t_dst[p] = v;
+    }
+    return true;
+  });
+  if (serial) return;
+
+  // 3. Order each segment by edge id. The destination is non-decreasing in the edge id, so
+  //    sorting both arrays independently keeps the pairs together.
+  const RowChunks segs(ptr, n_src, 2 * sizeof(int64_t));
+  for_rows(segs, [&](int64_t u) {
+    if (ptr[u + 1] - ptr[u] > 1) {
+      std::sort(t_edges + ptr[u], t_edges + ptr[u + 1]);
+      std::sort(t_dst + ptr[u], t_dst + ptr[u + 1]);
+    }
+    return true;
+  });
+}
+
+// ---- mean / sum / gcn --------------------------------------------------------------------------
+
+void aggregate_forward(const int64_t* indptr, const int64_t* indices, int64_t n_dst,
+                       int64_t n_src, const float* x, int64_t dim, AggKind kind, float* out) {
+  const RowChunks rows(indptr, n_dst, dim * sizeof(float));
+  const int64_t bad = for_rows(rows, [&](int64_t v) {
+    if (!valid_row(indptr, indices, v, n_src)) return false;
+    const int64_t b = indptr[v], deg = indptr[v + 1] - b;
+    const Neighbours nb{x, dim, indices + b, deg};
+    const float* self = kind == AggKind::kGcn ? x + v * dim : nullptr;
+    gather_row(nb, dim, self, 1.0f, agg_scale(kind, deg), out + v * dim);
+    return true;
+  });
+  if (bad) throw_bad_csr(bad, n_src);
+}
+
+void aggregate_backward(const int64_t* indptr, int64_t n_dst, const int64_t* t_indptr,
+                        const int64_t* t_dst, int64_t n_src, const float* grad_out, int64_t dim,
+                        AggKind kind, float* grad_x) {
+  // grad_x[u] = sum_{edges u -> v} scale[v] * grad_out[v]  (+ scale[u] * grad_out[u], gcn).
+  std::vector<float> scale(n_dst);
+#pragma omp parallel for schedule(static) if (n_dst > kGrainBytes)
+  for (int64_t v = 0; v < n_dst; ++v) scale[v] = agg_scale(kind, indptr[v + 1] - indptr[v]);
+  const RowChunks srcs(t_indptr, n_src, dim * sizeof(float));
+  for_rows(srcs, [&](int64_t u) {
+    const int64_t b = t_indptr[u];
+    Neighbours nb{grad_out, dim, t_dst + b, t_indptr[u + 1] - b};
+    if (kind != AggKind::kSum) {
+      nb.w = scale.data();
+      nb.w_idx = t_dst + b;
+    }
+    const bool self = kind == AggKind::kGcn && u < n_dst;
+    gather_row(nb, dim, self ? grad_out + u * dim : nullptr, self ? scale[u] : 0.0f, 1.0f,
+               grad_x + u * dim);
+    return true;
+  });
+}
+
+// ---- GAT: edge softmax, attention logits, weighted aggregation ---------------------------------
+
+void edge_softmax_forward(const int64_t* indptr, int64_t n_dst, const float* scores,
+                          int64_t heads, float* alpha) {
+  const RowChunks rows(indptr, n_dst, 2 * heads * sizeof(float));
+  const int64_t bad = for_rows(rows, [&](int64_t v) {
+    const int64_t b = indptr[v], cnt = indptr[v + 1] - b;
+    if (cnt < 0) return false;
+    if (cnt > 0) {
+      HeadScratch tmp(heads);
+      softmax_row(scores + b * heads, cnt, heads, alpha + b * heads, tmp);
+    }
+    return true;
+  });
+  if (bad) throw_bad_csr(bad, 0);
+}
+
+void edge_softmax_backward(const int64_t* indptr, int64_t n_dst, const float* alpha,
+                           const float* grad_alpha, int64_t heads, float* grad_scores) {
+  const RowChunks rows(indptr, n_dst, 3 * heads * sizeof(float));
+  const int64_t bad = for_rows(rows, [&](int64_t v) {
+    const int64_t b = indptr[v], cnt = indptr[v + 1] - b;
+    if (cnt < 0) return false;
+    if (cnt > 0) {
+      HeadScratch tmp(heads);
+      softmax_backward_row(alpha + b * heads, grad_alpha + b * heads, cnt, heads,
+                           grad_scores + b * heads, tmp);
+    }
+    return true;
+  });
+  if (bad) throw_bad_csr(bad, 0);
+}
+
+void gat_attention_forward(const int64_t* indptr, const int64_t* indices, int64_t n_dst,
+                           int64_t n_src, const float* el, const float* er, int64_t heads,
+                           float negative_slope, float* alpha) {
+  const RowChunks rows(indptr, n_dst, 3 * heads * sizeof(float));
+  const int64_t bad = for_rows(rows, [&](int64_t v) {
+    if (!valid_row(indptr, indices, v, n_src)) return false;
+    const int64_t b = indptr[v], cnt = indptr[v + 1] - b;
+    float* a = alpha + b * heads;
+    const float* r = er + v * heads;
+    for (int64_t k = 0; k < cnt; ++k) {
+      const float* l = el + indices[b + k] * heads;
+      for (int64_t h = 0; h < heads; ++h) {
+        const float s = l[h] + r[h];
+        a[k * heads + h] = s > 0.0f ? s : negative_slope * s;
+      }
+    }
+    if (cnt > 0) {
+      HeadScratch tmp(heads);
+      softmax_row(a, cnt, heads, a, tmp);
+    }
+    return true;
+  });
+  if (bad) throw_bad_csr(bad, n_src);
+}
+
+void gat_attention_backward(const int64_t* indptr, const int64_t* indices, int64_t n_dst,
+                            const int64_t* t_indptr, const int64_t* t_edges, int64_t n_src,
+                            const float* el, const float* er, const float* alpha,
+                            const float* grad_alpha, int64_t heads, float negative_slope,
+                            float* grad_el, float* grad_er) {
+  // 1. Per destination: the logits' gradient (softmax, then LeakyReLU backward) into a
+  //    per-edge buffer; grad_er[v] is its sum over v's edges.
+  const int64_t n_edges = n_dst > 0 ? indptr[n_dst] : 0;
+  std::vector<float> grad_logit(n_edges * heads);
+  float* gl_all = grad_logit.data();
+  const RowChunks rows(indptr, n_dst, 4 * heads * sizeof(float));
+  for_rows(rows, [&](int64_t v) {
+    const int64_t b = indptr[v], cnt = indptr[v + 1] - b;
+    float* gr = grad_er ? grad_er + v * heads : nullptr;
+    if (gr) std::fill(gr, gr + heads, 0.0f);
+    if (cnt <= 0) return true;
+    HeadScratch tmp(heads);
+    float* gl = gl_all + b * heads;
+    softmax_backward_row(alpha + b * heads, grad_alpha + b * heads, cnt, heads, gl, tmp);
+    const float* r = er + v * heads;
+    for (int64_t k = 0; k < cnt; ++k) {
+      const float* l = el + indices[b + k] * heads;
+      for (int64_t h = 0; h < heads; ++h) {
+        if (l[h] + r[h] <= 0.0f) gl[k * heads + h] *= negative_slope;
+        if (gr) gr[h] += gl[k * heads + h];
+      }
+    }
+    return true;
+  });
+  if (!grad_el) return;
+  // 2. Per source: grad_el[u] = sum of the logit gradients of u's edges (transposed CSR).
+  const RowChunks srcs(t_indptr, n_src, 2 * heads * sizeof(float));
+  for_rows(srcs, [&](int64_t u) {
+    float* o = grad_el + u * heads;
+    std::fill(o, o + heads, 0.0f);
+    for (int64_t k = t_indptr[u]; k < t_indptr[u + 1]; ++k) {
+      const float* gl = gl_all + t_edges[k] * heads;
+      for (int64_t h = 0; h < heads; ++h) o[h] += gl[h];
+    }
+    return true;
+  });
+}
+
+void weighted_aggregate_forward(const int64_t* indptr, const int64_t* indices, int64_t n_dst,
+                                int64_t n_src, const float* weights, const float* x,
+                                int64_t heads, int64_t dim, float* out) {
+  const int64_t hd = heads * dim;
+  const RowChunks rows(indptr, n_dst, hd * sizeof(float));
+  const int64_t bad = for_rows(rows, [&](int64_t v) {
+    if (!valid_row(indptr, indices, v, n_src)) return false;
+    const int64_t b = indptr[v], cnt = indptr[v + 1] - b;
+    // Head h reads x[u, h, :] (row stride H * D) with w[e, h] broadcast over its D lanes.
+    for (int64_t h = 0; h < heads; ++h) {
+      Neighbours nb{x + h * dim, hd, indices + b, cnt};
+      nb.w = weights + b * heads + h;
+      nb.w_stride = heads;
+      gather_row(nb, dim, nullptr, 0.0f, 1.0f, out + v * hd + h * dim);
+    }
+    return true;
+  });
+  if (bad) throw_bad_csr(bad, n_src);
+}
+
+void weighted_aggregate_backward(const int64_t* t_indptr, const int64_t* t_edges,
+                                 const int64_t* t_dst, int64_t n_src, int64_t n_edges,
+                                 const float* weights, const float* x, const float* grad_out,
+                                 int64_t heads, int64_t dim, float* grad_x, float* grad_w) {
+  if (grad_w && dim == 0) std::fill(grad_w, grad_w + n_edges * heads, 0.0f);
+  if (grad_x && grad_w) {
+    weighted_backward_rows<true, true>(t_indptr, t_edges, t_dst, n_src, weights, x, grad_out,
+                                       heads, dim, grad_x, grad_w);
+  } else if (grad_x) {
+    weighted_backward_rows<true, false>(t_indptr, t_edges, t_dst, n_src, weights, x, grad_out,
+                                        heads, dim, grad_x, nullptr);
+  } else if (grad_w) {
+    weighted_backward_rows<false, true>(t_indptr, t_edges, t_dst, n_src, weights, x, grad_out,
+                                        heads, dim, nullptr, grad_w);
+  }
+}
+
+// ---- memory bandwidth reference --------------------------------------------------------------
+
+void stream_copy(const float* src, int64_t n, float* dst) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) dst[i] = src[i];
+}
+
+}  // namespace distmb

@@ -1,0 +1,560 @@
+// Fused UPDATE kernels (DistGNN-MB section 3.3, "Operator Fusion", "Blocking",
+// "Thread-Parallelization"): the dense part of a GraphSAGE / GAT layer in one pass over its
+// output, on float32 row-major buffers.
+//
+// All products run through one register-tiled micro-kernel: a kMR x NR tile of the output
+// (NR = 32 or 16 floats) is accumulated in registers over the whole inner dimension and then
+// handed to an epilogue while it is still in registers. Rows are processed in blocks of
+// kRowBlock per work item (the block's input rows stay in L2 while every column tile reads
+// them); the right-hand operand is packed once per call into zero-padded column panels
+// [inner][NR] that stay in L1.
+//
+// Forward epilogues: bias, optional pre-computed addend, ReLU, dropout (mask bits from a
+// counter-based hash of (seed, row, column)), packed gate bits; GAT adds the per-head
+// attention scores over the block while it is hot. Backward: one pass over row blocks builds
+// the pre-activation gradient tile (gate bits or ReLU state applied, bias / attention-vector
+// gradients accumulated), then the input gradients of that tile and the weight gradients
+// into per-thread accumulators (N split across threads), reduced once at the end.
+//
+// Results do not depend on the thread count except for the float rounding of the reductions
+// over N (weight, bias and attention-vector gradients); the dropout mask never does.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <stdexcept>
+#include <type_traits>
+#include <vector>
+
+#include "kernels.h"
+#include "rng.h"
+
+namespace distmb {
+
+namespace {
+
+constexpr int kMR = 8;              // rows of a register tile
+constexpr int kNR = 32;             // columns of a full register tile (two 16-float vectors)
+constexpr int kNRTail = 16;         // columns of the last tile when fewer than kNR remain
+constexpr int64_t kPad = 16;        // column padding granularity of packed panels
+constexpr int64_t kRowBlock = 64;   // rows per forward work item
+constexpr int64_t kBwdRowBlock = 128;  // rows per backward work item (weight-gradient depth)
+constexpr int kBitsPerByte = 8;
+// Multiplying 8 bytes that are each 0 or 1 by this constant gathers them, in order, into the
+// top byte (byte i -> bit i): the gate-bit packing of 8 columns.
+constexpr uint64_t kPackBitsMagic = 0x0102040810204080ull;
+
+inline int64_t pad_cols(int64_t k) { return (k + kPad - 1) / kPad * kPad; }
+
+// Width of the column tile starting at j0 of a padded width: kNR, or kNRTail at the end.
+inline int tile_width(int64_t j0, int64_t padded) {
+  return padded - j0 >= kNR ? kNR : kNRTail;
+}
+
+inline int64_t bytes_per_row(int64_t k) { return (k + kBitsPerByte - 1) / kBitsPerByte; }
+
+// One summand of a tile product: A(r, l) = a[min(r, mr - 1) * ars + l * als] (rows past the
+// valid mr repeat the last valid row; their results are discarded) and B(l, j) = b[l * ldb + j].
+struct Operand {
+  const float* a;
+  int64_t ars, als;
+  const float* b;
+  int64_t ldb;
+  int64_t len;  // inner dimension L
+};
+
+// acc[r][j] = sum over the operands of sum_{l < L} A(r, l) * B(l, j), r < kMR, j < NR; then
+// epi(acc). The accumulators live in registers (kMR * NR / 16 vectors).
+template <int NR, class Epilogue>
+inline void micro_tile(int mr, const Operand* ops, int nops, Epilogue&& epi) {
+  float acc[kMR][NR];
+  for (int r = 0; r < kMR; ++r)
+#pragma omp simd
+    for (int j = 0; j < NR; ++j) acc[r][j] = 0.0f;
+  for (int s = 0; s < nops; ++s) {
+    const Operand& op = ops[s];
+    const float* arow[kMR];
+    for (int r = 0; r < kMR; ++r) arow[r] = op.a + std::min(r, mr - 1) * op.ars;
+    for (int64_t l = 0; l < op.len; ++l) {
+      const float* b = op.b + l * op.ldb;
+      const int64_t al = l * op.als;
+      for (int r = 0; r < kMR; ++r) {
+        const float av = arow[r][al];
+#pragma omp simd
+        for (int j = 0; j < NR; ++j) acc[r][j] += av * b[j];
+      }
+    }
+  }
+  epi(acc);
+}
+
+// Pack B(l, j) = src[l * sl + j * sj] (l < L, j < J) into panels for micro_tile: the panel of
+// columns [j0, j0 + w) starts at dst + j0 * L and is laid out [L][w]; columns >= J are zero.
+// dst holds L * pad_cols(J) floats.
+void pack_panels(const float* src, int64_t sl, int64_t sj, int64_t L, int64_t J, float* dst) {
+  const int64_t jp = pad_cols(J);
+  for (int64_t j0 = 0; j0 < jp; j0 += tile_width(j0, jp)) {
+    const int w = tile_width(j0, jp);
+    float* panel = dst + j0 * L;
+    for (int64_t l = 0; l < L; ++l)
+      for (int j = 0; j < w; ++j)
+        panel[l * w + j] = j0 + j < J ? src[l * sl + (j0 + j) * sj] : 0.0f;
+  }
+}
+
+// The forward product of a row block: for every kMR x NR tile of rows [i0, i0 + rows) and
+// columns [0, kp), sum the sources' X_s[row] . W_s^T (packed panels) and call
+// epi(acc, row0, mr, j0, width).
+struct FwdSource {
+  const float* x;       // [n][c]
+  const float* panels;  // pack of W^T: [c][kp] in panels
+  int64_t c;
+};
+
+template <class Epilogue>
+void forward_row_block(int64_t i0, int64_t rows, int64_t kp, const FwdSource* src, int nsrc,
+                       Epilogue&& epi) {
+  for (int64_t j0 = 0; j0 < kp; j0 += tile_width(j0, kp)) {
+    const int w = tile_width(j0, kp);
+    for (int64_t r0 = 0; r0 < rows; r0 += kMR) {
+      const int mr = static_cast<int>(std::min<int64_t>(kMR, rows - r0));
+      Operand ops[2];
+      for (int s = 0; s < nsrc; ++s)
+        ops[s] = {src[s].x + (i0 + r0) * src[s].c, src[s].c, 1, src[s].panels + j0 * src[s].c,
+                  w, src[s].c};
+      if (w == kNR)
+        micro_tile<kNR>(mr, ops, nsrc,
+                        [&](const float(&acc)[kMR][kNR]) { epi(acc, i0 + r0, mr, j0); });
+      else
+        micro_tile<kNRTail>(mr, ops, nsrc,
+                            [&](const float(&acc)[kMR][kNRTail]) { epi(acc, i0 + r0, mr, j0); });
+    }
+  }
+}
+
+int num_work_threads(int64_t work_items) {
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(omp_get_max_threads(),
+                                                                   work_items)));
+}
+
+// Pack the sources' W^T for the forward product (W is [k][c], B(l = c, j = k) = W[j][l]).
+std::vector<std::vector<float>> pack_forward(const UpdateSource* src, int nsrc, int64_t k) {
+  std::vector<std::vector<float>> packed(nsrc);
+  for (int s = 0; s < nsrc; ++s) {
+    packed[s].resize(src[s].c * pad_cols(k));
+    pack_panels(src[s].w, 1, src[s].c, src[s].c, k, packed[s].data());
+  }
+  return packed;
+}
+
+// Dropout decision of (row, col): the low or high 32 bits of mix64(row_key ^ (col / 2)) below
+// threshold, row_key = hash_key(seed, row). Keep probability = threshold / 2^32.
+inline uint64_t dropout_row_key(uint64_t seed, int64_t row) {
+  return hash_key(seed, static_cast<uint64_t>(row));
+}
+
+inline bool dropout_keep(uint64_t row_key, int64_t col, uint64_t threshold) {
+  const uint64_t h = mix64(row_key ^ static_cast<uint64_t>(col >> 1));
+  const uint64_t u = (col & 1) ? (h >> 32) : (h & 0xFFFFFFFFull);
+  return u < threshold;
+}
+
+// 32-bit threshold of a keep probability in [0, 1].
+uint64_t keep_threshold(double keep) {
+  return static_cast<uint64_t>(std::llround(keep * 4294967296.0));
+}
+
+// Pack gate[0 .. nbytes * 8) (each 0 or 1) into nbytes bytes, column j -> bit j % 8.
+inline void pack_gate_bits(const uint8_t* gate, int nbytes, uint8_t* dst) {
+  for (int b = 0; b < nbytes; ++b) {
+    uint64_t x;
+    std::memcpy(&x, gate + b * kBitsPerByte, sizeof(x));
+    dst[b] = static_cast<uint8_t>((x * kPackBitsMagic) >> 56);
+  }
+}
+
+// The forward epilogue of update_forward for one register tile (template flags select the
+// variant at compile time so that the tile loop carries no branches).
+template <int NR, bool kRelu, bool kDrop>
+inline void sage_epilogue(const float (&acc)[kMR][NR], int64_t row0, int mr, int64_t j0,
+                          int64_t k, const float* bias_p, const float* addend, uint64_t seed,
+                          uint64_t threshold, float scale, float* out, uint8_t* gate_bits) {
+  const int jv = static_cast<int>(std::min<int64_t>(NR, k - j0));
+  const int64_t kb = bytes_per_row(k);
+  for (int r = 0; r < mr; ++r) {
+    const int64_t row = row0 + r;
+    float v[NR];
+#pragma omp simd
+    for (int j = 0; j < NR; ++j) v[j] = acc[r][j] + bias_p[j0 + j];
+    if (addend != nullptr) {
+      const float* ad = addend + row * k + j0;
+#pragma omp simd
+      for (int j = 0; j < jv; ++j) v[j] += ad[j];
+    }
+    float* o = out + row * k + j0;
+    if (!kRelu) {
+#pragma omp simd
+      for (int j = 0; j < jv; ++j) o[j] = v[j];
+      continue;
+    }
+    alignas(64) uint8_t gate[NR];
+    if (kDrop) {
+      const uint64_t rk = dropout_row_key(seed, row);
+#pragma omp simd
+      for (int j = 0; j < NR; ++j) {
+        const int64_t col = j0 + j;
+        const uint64_t h = mix64(rk ^ static_cast<uint64_t>(col >> 1));
+        const uint64_t u = (col & 1) ? (h >> 32) : (h & 0xFFFFFFFFull);
+        gate[j] = (v[j] > 0.0f) & (u < threshold);
+      }
+    } else {
+#pragma omp simd
+      for (int j = 0; j < NR; ++j) gate[j] = v[j] > 0.0f;
+    }
+    for (int j = jv; j < NR; ++j) gate[j] = 0;
+#pragma omp simd
+    for (int j = 0; j < jv; ++j) o[j] = gate[j] ? v[j] * scale : 0.0f;
+    if (gate_bits != nullptr) {
+      const int nbytes =
+          static_cast<int>(std::min<int64_t>(NR / kBitsPerByte, kb - j0 / kBitsPerByte));
+      pack_gate_bits(gate, nbytes, gate_bits + row * kb + j0 / kBitsPerByte);
+    }
+  }
+}
+
+template <bool kRelu, bool kDrop>
+void update_forward_impl(int64_t n, int64_t k, const UpdateSource* src, int nsrc,
+                         const float* addend, const float* bias, uint64_t seed,
+                         uint64_t threshold, float scale, float* out, uint8_t* gate_bits) {
+  const int64_t kp = pad_cols(k);
+  std::vector<float> bias_p(kp, 0.0f);
+  std::copy(bias, bias + k, bias_p.begin());
+  const auto packed = pack_forward(src, nsrc, k);
+  FwdSource fsrc[2];
+  for (int s = 0; s < nsrc; ++s) fsrc[s] = {src[s].x, packed[s].data(), src[s].c};
+  const int64_t nblocks = (n + kRowBlock - 1) / kRowBlock;
+#pragma omp parallel for schedule(static) num_threads(num_work_threads(nblocks))
+  for (int64_t blk = 0; blk < nblocks; ++blk) {
+    const int64_t i0 = blk * kRowBlock, rows = std::min(kRowBlock, n - i0);
+    forward_row_block(i0, rows, kp, fsrc, nsrc,
+                      [&](const auto& acc, int64_t row0, int mr, int64_t j0) {
+                        sage_epilogue<std::extent<std::remove_reference_t<decltype(acc)>, 1>::value,
+                                      kRelu, kDrop>(acc, row0, mr, j0, k, bias_p.data(), addend,
+                                                    seed, threshold, scale, out, gate_bits);
+                      });
+  }
+}
+
+void check_sources(int64_t k, const UpdateSource* src, int nsrc) {
+  if (k < 1) throw std::invalid_argument("the output width k must be >= 1");
+  if (nsrc < 0 || nsrc > kMaxUpdateSources)
+    throw std::invalid_argument("an UPDATE takes 0 to 2 sources");
+  for (int s = 0; s < nsrc; ++s)
+    if (src[s].c < 1) throw std::invalid_argument("a source width c must be >= 1");
+}
+
+// ---- backward engine ---------------------------------------------------------------------
+
+// Per-thread scratch of the backward pass.
+struct BwdScratch {
+  std::vector<float> gp;  // [kBwdRowBlock][kp]: pre-activation gradient tile, zero-padded
+  std::vector<float> xp;  // [kBwdRowBlock][max cp]: a source's rows, zero-padded
+};
+
+// The shared backward pass. prologue(t, i0, rows, gp) fills gp[rows][kp] with the
+// pre-activation gradient of rows [i0, i0 + rows) (columns >= k zero) and may accumulate
+// thread t's private reductions; then, per source, grad_x = gp . W and grad_w += gp^T . X,
+// and grad_bias += column sums of gp. nt is the number of threads (fixed by the caller so that
+// the prologue's privates can be sized).
+template <class Prologue>
+void backward_engine(int64_t n, int64_t k, const UpdateSource* src, int nsrc,
+                     const UpdateGrads* grads, float* grad_bias, int nt, Prologue&& prologue) {
+  const int64_t kp = pad_cols(k);
+  std::vector<std::vector<float>> wpanels(nsrc), wpriv(nsrc);
+  int64_t max_cp = 0;
+  for (int s = 0; s < nsrc; ++s) {
+    const int64_t cp = pad_cols(src[s].c);
+    max_cp = std::max(max_cp, cp);
+    if (grads[s].grad_x != nullptr) {  // B(l = k, j = c) = W[l][j]
+      wpanels[s].resize(k * cp);
+      pack_panels(src[s].w, src[s].c, 1, k, src[s].c, wpanels[s].data());
+    }
+    if (grads[s].grad_w != nullptr) wpriv[s].assign(static_cast<size_t>(nt) * kp * cp, 0.0f);
+  }
+  std::vector<float> bpriv(static_cast<size_t>(nt) * kp, 0.0f);
+  const int64_t nblocks = (n + kBwdRowBlock - 1) / kBwdRowBlock;
+
+#pragma omp parallel num_threads(nt)
+  {
+    const int t = omp_get_thread_num();
+    BwdScratch scratch;
+    scratch.gp.assign(kBwdRowBlock * kp, 0.0f);
+    scratch.xp.assign(kBwdRowBlock * max_cp, 0.0f);
+    float* gp = scratch.gp.data();
+    float* db = bpriv.data() + static_cast<size_t>(t) * kp;
+#pragma omp for schedule(static)
+    for (int64_t blk = 0; blk < nblocks; ++blk) {
+      const int64_t i0 = blk * kBwdRowBlock, rows = std::min(kBwdRowBlock, n - i0);
+      prologue(t, i0, rows, gp);
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* g = gp + r * kp;
+#pragma omp simd
+        for (int64_t j = 0; j < kp; ++j) db[j] += g[j];
+      }
+      for (int s = 0; s < nsrc; ++s) {
+        const int64_t c = src[s].c, cp = pad_cols(c);
+        // Input gradient: grad_x[rows] = gp . W, tiles over (rows, c).
+        if (float* gx = grads[s].grad_x) {
+          for (int64_t j0 = 0; j0 < cp; j0 += tile_width(j0, cp)) {
+            const int w = tile_width(j0, cp);
+            const int jv = static_cast<int>(std::min<int64_t>(w, c - j0));
+            for (int64_t r0 = 0; r0 < rows; r0 += kMR) {
+              const int mr = static_cast<int>(std::min<int64_t>(kMR, rows - r0));
+              const Operand op{gp + r0 * kp, kp, 1, wpanels[s].data() + j0 * k, w, k};
+              auto store = [&](const auto& acc) {
+                for (int r = 0; r < mr; ++r) {
+                  float* o = gx + (i0 + r0 + r) * c + j0;
+#pragma omp simd
+                  for (int j = 0; j < jv; ++j) o[j] = acc[r][j];
+                }
+              };
+              if (w == kNR)
+                micro_tile<kNR>(mr, &op, 1, store);
+              else
+                micro_tile<kNRTail>(mr, &op, 1, store);
+            }
+          }
+        }
+        // Weight gradient: wpriv[t] += gp^T . X[rows], tiles over (k, c), depth = rows.
+        if (grads[s].grad_w != nullptr) {
+          float* xp = scratch.xp.data();
+          const float* x = src[s].x + i0 * c;
+          for (int64_t r = 0; r < rows; ++r) {
+            std::copy(x + r * c, x + (r + 1) * c, xp + r * cp);
+            std::fill(xp + r * cp + c, xp + (r + 1) * cp, 0.0f);
+          }
+          float* acc_w = wpriv[s].data() + static_cast<size_t>(t) * kp * cp;
+          for (int64_t k0 = 0; k0 < kp; k0 += kMR) {
+            const int mr = static_cast<int>(std::min<int64_t>(kMR, kp - k0));
+            for (int64_t j0 = 0; j0 < cp; j0 += tile_width(j0, cp)) {
+              const int w = tile_width(j0, cp);
+              const Operand op{gp + k0, 1, kp, xp + j0, cp, rows};
+              auto add = [&](const auto& acc) {
+                for (int r = 0; r < mr; ++r) {
+                  float* o = acc_w + (k0 + r) * cp + j0;
+#pragma omp simd
+                  for (int j = 0; j < w; ++j) o[j] += acc[r][j];
+                }
+              };
+              if (w == kNR)
+                micro_tile<kNR>(mr, &op, 1, add);
+              else
+                micro_tile<kNRTail>(mr, &op, 1, add);
+            }
+          }
+        }
+      }
+    }
+  }
+
+  // One reduction of the per-thread accumulators (fixed thread order).
+  for (int s = 0; s < nsrc; ++s) {
+    float* gw = grads[s].grad_w;
+    if (gw == nullptr) continue;
+    const int64_t c = src[s].c, cp = pad_cols(c);
+    const float* priv = wpriv[s].data();
+#pragma omp parallel for schedule(static) num_threads(num_work_threads(k / kMR + 1))
+    for (int64_t kk = 0; kk < k; ++kk)
+      for (int64_t j = 0; j < c; ++j) {
+        float sum = 0.0f;
+        for (int tt = 0; tt < nt; ++tt) sum += priv[(static_cast<size_t>(tt) * kp + kk) * cp + j];
+        gw[kk * c + j] = sum;
+      }
+  }
+  if (grad_bias != nullptr)
+    for (int64_t j = 0; j < k; ++j) {
+      float sum = 0.0f;
+      for (int tt = 0; tt < nt; ++tt) sum += bpriv[static_cast<size_t>(tt) * kp + j];
+      grad_bias[j] = sum;
+    }
+}
+
+int backward_threads(int64_t n) {
+  return num_work_threads((n + kBwdRowBlock - 1) / kBwdRowBlock);
+}
+
+}  // namespace
+
+// ---- GraphSAGE UPDATE ----------------------------------------------------------------------
+
+void update_forward(int64_t n, int64_t k, const UpdateSource* src, int nsrc,
+                    const float* addend, const float* bias, bool relu, double p_drop,
+                    uint64_t seed, float* out, uint8_t* gate_bits) {
+  check_sources(k, src, nsrc);
+  if (!(p_drop >= 0.0 && p_drop <= 1.0))
+    throw std::invalid_argument("the dropout probability must be in [0, 1]");
+  if (n <= 0) return;
+  const bool drop = relu && p_drop > 0.0;
+  const uint64_t threshold = keep_threshold(1.0 - p_drop);
+  const float scale = p_drop < 1.0 ? static_cast<float>(1.0 / (1.0 - p_drop)) : 0.0f;
+  if (!relu)
+    update_forward_impl<false, false>(n, k, src, nsrc, addend, bias, seed, threshold, 1.0f, out,
+                                      nullptr);
+  else if (drop)
+    update_forward_impl<true, true>(n, k, src, nsrc, addend, bias, seed, threshold, scale, out,
+                                    gate_bits);
+  else
+    update_forward_impl<true, false>(n, k, src, nsrc, addend, bias, seed, threshold, 1.0f, out,
+                                     gate_bits);
+}
+
+void update_backward(int64_t n, int64_t k, const float* grad_out, const uint8_t* gate_bits,
+                     float scale, const UpdateSource* src, int nsrc, const UpdateGrads* grads,
+                     float* grad_bias, float* grad_addend) {
+  check_sources(k, src, nsrc);
+  const int64_t kb = bytes_per_row(k);
+  const int nt = backward_threads(n);
+  backward_engine(n, k, src, nsrc, grads, grad_bias, nt,
+                  [&](int, int64_t i0, int64_t rows, float* gp) {
+                    const int64_t kp = pad_cols(k);
+                    for (int64_t r = 0; r < rows; ++r) {
+                      const int64_t row = i0 + r;
+                      const float* g = grad_out + row * k;
+                      float* d = gp + r * kp;
+                      if (gate_bits == nullptr) {
+                        std::copy(g, g + k, d);
+                      } else {
+                        // 16 columns per step: their two gate bytes as one 16-bit word.
+                        const uint8_t* bits = gate_bits + row * kb;
+                        for (int64_t j0 = 0; j0 < k; j0 += 16) {
+                          const int64_t b0 = j0 / kBitsPerByte;
+                          const uint32_t word =
+                              bits[b0] | (b0 + 1 < kb ? static_cast<uint32_t>(bits[b0 + 1]) << 8
+                                                      : 0u);
+                          const int jv = static_cast<int>(std::min<int64_t>(16, k - j0));
+#pragma omp simd
+                          for (int j = 0; j < jv; ++j)
+                            d[j0 + j] = ((word >> j) & 1u) ? g[j0 + j] * scale : 0.0f;
+                        }
+                      }
+                      std::fill(d + k, d + kp, 0.0f);
+                      if (grad_addend != nullptr) std::copy(d, d + k, grad_addend + row * k);
+                    }
+                  });
+}
+
+void dropout_keep_mask(uint64_t seed, int64_t n, int64_t k, double p_drop, uint8_t* keep) {
+  if (!(p_drop >= 0.0 && p_drop <= 1.0))
+    throw std::invalid_argument("the dropout probability must be in [0, 1]");
+  const uint64_t threshold = keep_threshold(1.0 - p_drop);
+#pragma omp parallel for schedule(static)
+  for (int64_t row = 0; row < n; ++row) {
+    const uint64_t rk = dropout_row_key(seed, row);
+    for (int64_t col = 0; col < k; ++col)
+      keep[row * k + col] = p_drop > 0.0 ? dropout_keep(rk, col, threshold) : 1;
+  }
+}
+
+// ---- GAT projection --------------------------------------------------------------------------
+
+void gat_projection_forward(int64_t n, int64_t c, int64_t heads, int64_t d, const float* x,
+                            const float* w, const float* bias, const float* attn_l,
+                            const float* attn_r, bool relu, float* z, float* el, float* er) {
+  const int64_t k = heads * d;
+  const UpdateSource src{x, w, c};
+  check_sources(k, &src, 1);
+  if (n <= 0) return;
+  const int64_t kp = pad_cols(k);
+  std::vector<float> bias_p(kp, 0.0f);
+  std::copy(bias, bias + k, bias_p.begin());
+  const auto packed = pack_forward(&src, 1, k);
+  const FwdSource fsrc{x, packed[0].data(), c};
+  const int64_t nblocks = (n + kRowBlock - 1) / kRowBlock;
+#pragma omp parallel for schedule(static) num_threads(num_work_threads(nblocks))
+  for (int64_t blk = 0; blk < nblocks; ++blk) {
+    const int64_t i0 = blk * kRowBlock, rows = std::min(kRowBlock, n - i0);
+    forward_row_block(i0, rows, kp, &fsrc, 1,
+                      [&](const auto& acc, int64_t row0, int mr, int64_t j0) {
+                        constexpr int NR =
+                            std::extent<std::remove_reference_t<decltype(acc)>, 1>::value;
+                        const int jv = static_cast<int>(std::min<int64_t>(NR, k - j0));
+                        for (int r = 0; r < mr; ++r) {
+                          float* o = z + (row0 + r) * k + j0;
+#pragma omp simd
+                          for (int j = 0; j < jv; ++j) {
+                            const float v = acc[r][j] + bias_p[j0 + j];
+                            o[j] = relu ? std::max(v, 0.0f) : v;
+                          }
+                        }
+                      });
+    // Attention scores of the block while its z rows are in cache.
+    for (int64_t row = i0; row < i0 + rows; ++row) {
+      const float* zr = z + row * k;
+      for (int64_t h = 0; h < heads; ++h) {
+        float sl = 0.0f, sr = 0.0f;
+        const float* zh = zr + h * d;
+        const float* al = attn_l + h * d;
+        const float* ar = attn_r + h * d;
+#pragma omp simd reduction(+ : sl, sr)
+        for (int64_t j = 0; j < d; ++j) {
+          sl += zh[j] * al[j];
+          sr += zh[j] * ar[j];
+        }
+        el[row * heads + h] = sl;
+        er[row * heads + h] = sr;
+      }
+    }
+  }
+}
+
+void gat_projection_backward(int64_t n, int64_t c, int64_t heads, int64_t d, const float* x,
+                             const float* w, const float* z, const float* attn_l,
+                             const float* attn_r, bool relu, const float* grad_z,
+                             const float* grad_el, const float* grad_er, float* grad_x,
+                             float* grad_w, float* grad_bias, float* grad_attn_l,
+                             float* grad_attn_r) {
+  const int64_t k = heads * d, kp = pad_cols(k);
+  const UpdateSource src{x, w, c};
+  check_sources(k, &src, 1);
+  const UpdateGrads grads{grad_x, grad_w};
+  const int nt = backward_threads(n);
+  // Per-thread gradients of attn_l and attn_r: [nt][kp] each.
+  std::vector<float> al_priv(static_cast<size_t>(nt) * kp, 0.0f), ar_priv(al_priv);
+  backward_engine(n, k, &src, 1, &grads, grad_bias, nt,
+                  [&](int t, int64_t i0, int64_t rows, float* gp) {
+                    float* gal = al_priv.data() + static_cast<size_t>(t) * kp;
+                    float* gar = ar_priv.data() + static_cast<size_t>(t) * kp;
+                    for (int64_t r = 0; r < rows; ++r) {
+                      const int64_t row = i0 + r;
+                      const float* zr = z + row * k;
+                      const float* gz = grad_z + row * k;
+                      float* dst = gp + r * kp;
+                      for (int64_t h = 0; h < heads; ++h) {
+                        const float gl = grad_el[row * heads + h];
+                        const float gr = grad_er[row * heads + h];
+                        const int64_t o = h * d;
+#pragma omp simd
+                        for (int64_t j = o; j < o + d; ++j) {
+                          const float dz = gz[j] + gl * attn_l[j] + gr * attn_r[j];
+                          gal[j] += gl * zr[j];
+                          gar[j] += gr * zr[j];
+                          dst[j] = (!relu || zr[j] > 0.0f) ? dz : 0.0f;
+                        }
+                      }
+                      std::fill(dst + k, dst + kp, 0.0f);
+                    }
+                  });
+  for (int64_t j = 0; j < k; ++j) {
+    float sl = 0.0f, sr = 0.0f;
+    for (int tt = 0; tt < nt; ++tt) {
+      sl += al_priv[static_cast<size_t>(tt) * kp + j];
+      sr += ar_priv[static_cast<size_t>(tt) * kp + j];
+    }
+    grad_attn_l[j] = sl;
+    grad_attn_r[j] = sr;
+  }
+}
+
+}  // namespace distmb

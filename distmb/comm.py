@@ -1,0 +1,231 @@
+"""Communication between ranks (mpi4py on numpy buffers).
+
+Every collective is a method call visible at its call site, and every rank calls the same
+collectives in the same order (the trainer guarantees equal iteration counts).
+
+- :meth:`Communicator.allreduce_gradients`: one ``Allreduce`` over a flat buffer of all
+  gradients, then averaged.
+- :class:`EmbeddingPush`: the non-blocking all-to-all-v of (``VID_o``, embedding rows) of
+  the Asynchronous Embedding Push, with a queue of depth ``d`` and reusable buffers.
+- :meth:`Communicator.halo_exchange`: the synchronous exchange of exact evaluation.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+#: Growth factor of reusable communication buffers when a message does not fit.
+BUFFER_GROWTH = 1.5
+
+
+def _mpi():
+    from mpi4py import MPI
+
+    return MPI
+
+
+class Communicator:
+    """The ranks of ``MPI.COMM_WORLD`` (or a given communicator)."""
+
+    def __init__(self, comm=None) -> None:
+        MPI = _mpi()
+        self.comm = comm if comm is not None else MPI.COMM_WORLD
+        self.rank: int = self.comm.Get_rank()
+        self.size: int = self.comm.Get_size()
+        self._grad_buffer: torch.Tensor | None = None
+
+    # -- small collectives -----------------------------------------------------------------
+    def allreduce_max(self, value: float) -> float:
+        return self.comm.allreduce(value, op=_mpi().MAX)
+
+    def allreduce_min(self, value: float) -> float:
+        return self.comm.allreduce(value, op=_mpi().MIN)
+
+    def allreduce_sum(self, values: np.ndarray) -> np.ndarray:
+        """Element-wise sum over ranks of a float64 or int64 array."""
+        out = np.empty_like(values)
+        self.comm.Allreduce(np.ascontiguousarray(values), out, op=_mpi().SUM)
+        return out
+
+    def allgather(self, obj):
+        """Python objects from every rank (small metadata only)."""
+        return self.comm.allgather(obj)
+
+    def barrier(self) -> None:
+        self.comm.Barrier()
+
+    def abort(self, code: int) -> None:
+        self.comm.Abort(code)
+
+    # -- gradients -------------------------------------------------------------------------
+    def allreduce_gradients(self, model: torch.nn.Module) -> None:
+        """Average the gradients of ``model`` over ranks in place (one flat ``Allreduce``).
+
+        Parameters without a gradient contribute zeros, so every rank sends the same layout.
+        """
+        params = list(model.parameters())
+        total = sum(p.numel() for p in params)
+        if self._grad_buffer is None or self._grad_buffer.numel() != total:
+            self._grad_buffer = torch.empty(total, dtype=torch.float32)
+        flat = self._grad_buffer
+        offset = 0
+        for p in params:
+            n = p.numel()
+            if p.grad is None:
+                flat[offset : offset + n].zero_()
+            else:
+                flat[offset : offset + n].copy_(p.grad.reshape(-1))
+            offset += n
+        buf = flat.numpy()
+        self.comm.Allreduce(_mpi().IN_PLACE, buf, op=_mpi().SUM)
+        flat.div_(self.size)
+        offset = 0
+        for p in params:
+            n = p.numel()
+            if p.grad is None:
+                p.grad = flat[offset : offset + n].view_as(p).clone()
+            else:
+                p.grad.copy_(flat[offset : offset + n].view_as(p))
+            offset += n
+
+    # -- exact evaluation --------------------------------------------------------------------
+    def halo_exchange(
+        self,
+        rows: np.ndarray,
+        send_ptr: np.ndarray,
+        send_ids: np.ndarray,
+        halo_owner: np.ndarray,
+    ) -> np.ndarray:
+        """Synchronous exchange: every rank sends ``rows[send_list(j)]`` to each peer ``j``
+        and receives the rows of its own halo vertices.
+
+        Args:
+            rows: float32[n_solid, D], this rank's values for its solid vertices.
+            send_ptr, send_ids: this part's send lists (``PartitionStore``).
+            halo_owner: int32[n_halo], owner of each halo vertex.
+
+        Returns:
+            float32[n_halo, D] in halo order. Part ``i``'s send list towards ``j`` equals
+            ``j``'s halo vertices owned by ``i`` in ``VID_o`` order, so the rows from ``i``
+            fill the positions ``halo_owner == i`` in order.
+        """
+        dim = rows.shape[1]
+        send = np.ascontiguousarray(np.take(rows, np.asarray(send_ids), axis=0), np.float32)
+        send_counts = np.diff(send_ptr).astype(np.int64)
+        order = np.argsort(halo_owner, kind="stable")
+        recv_counts = np.bincount(halo_owner, minlength=self.size).astype(np.int64)
+        recv = np.empty((halo_owner.shape[0], dim), dtype=np.float32)
+        self.comm.Alltoallv(
+            [
+                send,
+                (send_counts * dim, np.concatenate([[0], np.cumsum(send_counts)[:-1]]) * dim),
+                _mpi().FLOAT,
+            ],
+            [
+                recv,
+                (recv_counts * dim, np.concatenate([[0], np.cumsum(recv_counts)[:-1]]) * dim),
+                _mpi().FLOAT,
+            ],
+        )
+        out = np.empty_like(recv)
+        out[order] = recv
+        return out
+
+
+@dataclass
+class _Buffers:
+    """Reusable send/receive storage of one in-flight push."""
+
+    send_ids: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    send_rows: np.ndarray = field(default_factory=lambda: np.empty(0, np.float32))
+    recv_ids: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    recv_rows: np.ndarray = field(default_factory=lambda: np.empty(0, np.float32))
+
+
+def _fit(buf: np.ndarray, n: int) -> np.ndarray:
+    """``buf`` if it holds ``n`` elements, else a larger replacement (grown geometrically)."""
+    if buf.shape[0] >= n:
+        return buf
+    return np.empty(max(n, int(buf.shape[0] * BUFFER_GROWTH)), dtype=buf.dtype)
+
+
+@dataclass
+class PushStats:
+    """Traffic and waiting of one layer's pushes since the last reset."""
+
+    rows_sent: int = 0
+    bytes_sent: int = 0
+    wait_s: float = 0.0
+
+    def reset(self) -> None:
+        self.rows_sent, self.bytes_sent, self.wait_s = 0, 0, 0.0
+
+
+class EmbeddingPush:
+    """Non-blocking all-to-all-v of (VID_o, rows) for one layer, ``delay`` messages deep.
+
+    ``start`` exchanges the per-peer counts (a small blocking ``Alltoall``), then starts
+    ``Ialltoallv`` for ids and rows; ``finish`` waits for the oldest exchange and returns what
+    arrived. ``delay + 1`` buffer sets are reused round-robin, so steady-state iterations
+    allocate nothing.
+    """
+
+    def __init__(self, comm: Communicator, dim: int, delay: int) -> None:
+        self.comm = comm
+        self.dim = dim
+        self.delay = delay
+        self._pool = [_Buffers() for _ in range(delay + 1)]
+        self._next = 0
+        self._inflight: deque[tuple[list, _Buffers, int]] = deque()
+        self.stats = PushStats()
+
+    def __len__(self) -> int:
+        return len(self._inflight)
+
+    def start(self, counts: np.ndarray, ids: np.ndarray, rows: np.ndarray) -> None:
+        """Send ``ids[k]`` (int64 VID_o) and ``rows[k]`` (float32[dim]) grouped by peer:
+        the first ``counts[0]`` entries go to rank 0, the next ``counts[1]`` to rank 1, ..."""
+        MPI = _mpi()
+        size, dim = self.comm.size, self.dim
+        counts = np.ascontiguousarray(counts, dtype=np.int64)
+        recv_counts = np.empty(size, dtype=np.int64)
+        self.comm.comm.Alltoall(counts, recv_counts)
+        buf = self._pool[self._next]
+        self._next = (self._next + 1) % len(self._pool)
+        n_send, n_recv = int(counts.sum()), int(recv_counts.sum())
+        buf.send_ids = _fit(buf.send_ids, n_send)
+        buf.send_rows = _fit(buf.send_rows, n_send * dim)
+        buf.recv_ids = _fit(buf.recv_ids, n_recv)
+        buf.recv_rows = _fit(buf.recv_rows, n_recv * dim)
+        buf.send_ids[:n_send] = ids
+        buf.send_rows[: n_send * dim] = np.asarray(rows, dtype=np.float32).reshape(-1)
+        sdisp = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        rdisp = np.concatenate([[0], np.cumsum(recv_counts)[:-1]])
+        requests = [
+            self.comm.comm.Ialltoallv(
+                [buf.send_ids, (counts, sdisp), MPI.INT64_T],
+                [buf.recv_ids, (recv_counts, rdisp), MPI.INT64_T],
+            ),
+            self.comm.comm.Ialltoallv(
+                [buf.send_rows, (counts * dim, sdisp * dim), MPI.FLOAT],
+                [buf.recv_rows, (recv_counts * dim, rdisp * dim), MPI.FLOAT],
+            ),
+        ]
+        self._inflight.append((requests, buf, n_recv))
+        self.stats.rows_sent += n_send
+        self.stats.bytes_sent += n_send * (8 + 4 * dim)
+
+    def finish(self) -> tuple[np.ndarray, np.ndarray]:
+        """Wait for the oldest exchange; returns (ids int64[n], rows float32[n, dim]) views
+        into reused buffers (valid until the buffer set is reused, ``delay + 1`` pushes
+        later)."""
+        requests, buf, n_recv = self._inflight.popleft()
+        start = time.perf_counter()
+        _mpi().Request.Waitall(requests)
+        self.stats.wait_s += time.perf_counter() - start
+        return buf.recv_ids[:n_recv], buf.recv_rows[: n_recv * self.dim].reshape(n_recv, self.dim)

@@ -1,0 +1,298 @@
+"""Multi-rank training: one rank per part, data-parallel model, HEC + AEP for halo rows.
+
+Data path per iteration (every rank, same order of collectives):
+sample (local part) -> gather solid features -> AEP.prepare (finish delayed pushes, store in
+HEC, load halo leaves) -> forward layer by layer (AEP.push of each layer's input) -> loss ->
+backward -> gradient all-reduce -> optimizer step -> HEC ages advance.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from distmb.aep import AsyncEmbeddingPush, HecConfig
+from distmb.checkpoint import load_checkpoint, save_checkpoint
+from distmb.comm import Communicator
+from distmb.data.local import LocalGraph
+from distmb.data.store import PartitionStore
+from distmb.errors import InputError, PartitionError
+from distmb.evaluate import gather_rows
+from distmb.sampling import Block
+from distmb.trainer import TrainConfig, Trainer, append_jsonl, format_epoch
+
+
+class DistributedTrainer(Trainer):
+    """:class:`Trainer` for one rank of ``comm``, training on part ``comm.rank``."""
+
+    def __init__(
+        self,
+        comm: Communicator,
+        store: PartitionStore,
+        config: TrainConfig,
+        hec: HecConfig,
+        *,
+        log=print,
+    ) -> None:
+        self.comm = comm
+        self.rank = comm.rank
+        self.store = store
+        self.hec_config = hec
+        local = LocalGraph.from_store(store)
+        super().__init__(local, config, grad_sync=comm.allreduce_gradients, log=log)
+        self.aep = AsyncEmbeddingPush(comm, store, self.model.layer_dims(), hec, config.seed)
+
+    # -- iterations --------------------------------------------------------------------------
+    def epoch_batches(self, epoch: int) -> list[np.ndarray]:
+        """The same number M of batches on every rank (``Allreduce MAX``); a rank with fewer
+        training vertices continues through its shuffled set from the start."""
+        own = super().epoch_batches(epoch)
+        num_iters = int(self.comm.allreduce_max(len(own)))
+        if len(own) == num_iters:
+            return own
+        order = np.concatenate(own)
+        size = min(self.cfg.batch_size, order.size)
+        extra = [
+            order[(i * self.cfg.batch_size + np.arange(size)) % order.size]
+            for i in range(len(own), num_iters)
+        ]
+        return own + extra
+
+    def forward_batch(
+        self, blocks: list[Block], x: torch.Tensor, epoch: int, iteration: int, num_iters: int
+    ) -> torch.Tensor:
+        self.aep.epoch = epoch
+        blocks, halo_rows = self.aep.prepare(blocks, iteration, num_iters)
+        h = x
+        for layer, block in enumerate(blocks):
+            self.aep.push(layer, block, h, iteration, num_iters)
+            x_src = torch.cat([h, halo_rows[layer]]) if block.n_halo else h
+            h = self.model.forward_layer(layer, block, x_src)
+        self.aep.end_iteration()
+        return h
+
+    # -- exact evaluation --------------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Layer-wise full-neighbour inference over every part, with one synchronous halo
+        exchange per layer; accuracies are summed over ranks."""
+        start = time.perf_counter()
+        store, model = self.store, self.model
+        was_training = model.training
+        model.eval()
+        h_solid: np.ndarray | torch.Tensor = store.features
+        for layer in range(model.num_layers):
+            if layer == 0 and store.halo_features is not None:
+                halo = np.asarray(store.halo_features)
+            else:
+                rows = h_solid if isinstance(h_solid, np.ndarray) else h_solid.numpy()
+                halo = self.comm.halo_exchange(
+                    rows, store.send_ptr, store.send_ids, np.asarray(store.halo_owner)
+                )
+            table = _concat_rows(h_solid, halo)
+            out = None
+            bs = self.cfg.eval_batch_size
+            for lo in range(0, store.n_solid, bs):
+                dst = torch.arange(lo, min(lo + bs, store.n_solid))
+                block = self.sampler.full_block(dst)
+                y = model.forward_layer(layer, block, gather_rows(table, block.src_ids))
+                if out is None:
+                    out = torch.empty((store.n_solid, y.shape[1]))
+                out[lo : lo + dst.numel()] = y
+            h_solid = out
+        model.train(was_training)
+        pred = h_solid.argmax(dim=1).numpy()
+        labels = self.local.labels
+        counts = np.array(
+            [
+                (pred[self.local.val_idx] == labels[self.local.val_idx]).sum(),
+                self.local.val_idx.size,
+                (pred[self.local.test_idx] == labels[self.local.test_idx]).sum(),
+                self.local.test_idx.size,
+            ],
+            dtype=np.int64,
+        )
+        total = self.comm.allreduce_sum(counts)
+        return {
+            "val_acc": float(total[0] / total[1]) if total[1] else float("nan"),
+            "test_acc": float(total[2] / total[3]) if total[3] else float("nan"),
+            "eval_time": round(time.perf_counter() - start, 4),
+        }
+
+    # -- epochs, statistics, checkpoints -----------------------------------------------------
+    def fit(self) -> list[dict[str, Any]]:
+        cfg = self.cfg
+        for epoch in range(self.start_epoch, cfg.epochs):
+            self.aep.reset_stats()
+            record = self.train_epoch(epoch)
+            record.update(self._global_stats(record))
+            if (epoch + 1) % cfg.eval_every == 0 or epoch == cfg.epochs - 1:
+                record.update(self.evaluate())
+            self.history.append(record)
+            if self.rank == 0:
+                self.log(format_epoch(record) + format_hec(record))
+                if cfg.results:
+                    append_jsonl(
+                        cfg.results,
+                        {
+                            **record,
+                            "model": cfg.model,
+                            "ranks": self.comm.size,
+                            "dataset": self.local.identity["graph_name"],
+                        },
+                    )
+            if cfg.checkpoint_dir:
+                self._save(epoch)
+        return self.history
+
+    def _global_stats(self, record: dict[str, Any]) -> dict[str, Any]:
+        """Cross-rank view of the epoch: loss averaged, phases at their maximum, load
+        imbalance, HEC hit rates and traffic summed."""
+        stats = self.aep.stats()
+        local = np.array(
+            [
+                record["loss"],
+                record["train_acc"],
+                *stats["lookups"],
+                *stats["hits"],
+                *stats["rows_pushed"],
+                *stats["bytes_pushed"],
+            ],
+            dtype=np.float64,
+        )
+        total = self.comm.allreduce_sum(local)
+        n_layers = len(stats["lookups"])
+        lookups = total[2 : 2 + n_layers]
+        hits = total[2 + n_layers : 2 + 2 * n_layers]
+        rows = total[2 + 2 * n_layers : 2 + 3 * n_layers]
+        nbytes = total[2 + 3 * n_layers :]
+        out = {
+            "loss": float(total[0] / self.comm.size),
+            "train_acc": float(total[1] / self.comm.size),
+            "hec_hit_rate": [
+                float(h / lk) if lk else None for h, lk in zip(hits, lookups, strict=True)
+            ],
+            "rows_pushed": [int(r) for r in rows],
+            "bytes_pushed": int(nbytes.sum()),
+            "comm_wait": round(self.comm.allreduce_max(sum(stats["comm_wait"])), 4),
+            "imbalance": round(
+                self.comm.allreduce_max(record["epoch_time"])
+                / max(self.comm.allreduce_min(record["epoch_time"]), 1e-9),
+                3,
+            ),
+        }
+        for phase in ("epoch_time", "mbc", "fwd", "bwd", "ared", "opt"):
+            out[phase] = round(self.comm.allreduce_max(record[phase]), 4)
+        return out
+
+    def _save(self, epoch: int) -> None:
+        states = self.comm.allgather(torch.get_rng_state())
+        if self.rank == 0:
+            state = self._state(epoch)
+            state["torch_rng_per_rank"] = states
+            state["ranks"] = self.comm.size
+            save_checkpoint(self.cfg.checkpoint_dir, state)
+        self.comm.barrier()  # nobody runs ahead of a checkpoint that is still being written
+
+    def _resume(self) -> None:
+        if not self.cfg.checkpoint_dir:
+            raise InputError("--resume needs --checkpoint-dir")
+        state = load_checkpoint(
+            self.cfg.checkpoint_dir, identity=self.local.identity, args=self.cfg.as_dict()
+        )
+        if state.get("ranks", 1) != self.comm.size:
+            raise InputError(
+                f"--resume: the checkpoint in {self.cfg.checkpoint_dir} was written by "
+                f"{state.get('ranks', 1)} ranks, this run has {self.comm.size}"
+            )
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        rng = state.get("torch_rng_per_rank", [state["torch_rng"]])
+        torch.set_rng_state(rng[self.rank])
+        self.start_epoch = int(state["epoch"]) + 1
+        if self.rank == 0:
+            self.log(f"resumed from {self.cfg.checkpoint_dir} after epoch {state['epoch']}")
+
+
+def format_hec(r: dict[str, Any]) -> str:
+    """The multi-rank part of the epoch line: HEC hit rates, traffic, wait, imbalance."""
+    rates = "/".join("-" if h is None else f"{100 * h:.0f}%" for h in r["hec_hit_rate"])
+    return (
+        f"  |  HEC hit {rates}  pushed {r['bytes_pushed'] / 2**20:.1f} MiB  "
+        f"wait {r['comm_wait']:.2f}s  imbalance {r['imbalance']:.2f}"
+    )
+
+
+def _concat_rows(solid: np.ndarray | torch.Tensor, halo: np.ndarray) -> np.ndarray | torch.Tensor:
+    if isinstance(solid, np.ndarray):
+        return np.concatenate([np.asarray(solid), halo]) if halo.size else solid
+    return torch.cat([solid, torch.from_numpy(halo)]) if halo.size else solid
+
+
+def open_part(comm: Communicator, part_dir: str) -> PartitionStore:
+    """Open part ``rank`` of ``part_dir`` on every rank, after checking on every rank that
+    the partition has one part per rank and that all ranks see the same graph."""
+    store = PartitionStore(part_dir, comm.rank)  # raises on every rank alike if P differs
+    if store.num_parts != comm.size:
+        raise PartitionError(
+            f"--part-dir {part_dir} has {store.num_parts} parts but {comm.size} ranks run; "
+            f"use mpirun -np {store.num_parts}"
+        )
+    mine = (store.meta["graph_sha256"], store.num_parts, store.meta["partitioner"].get("seed"))
+    everyone = comm.allgather(mine)
+    odd = [r for r, other in enumerate(everyone) if other != everyone[0]]
+    if odd:
+        raise PartitionError(
+            f"--part-dir {part_dir}: rank(s) {odd} opened a partition of another graph or "
+            f"partitioning than rank 0 (graph sha256 {everyone[0][0][:12]}...)"
+        )
+    train_counts = comm.allgather(int(store.counts["n_train"]))
+    empty = [r for r, n in enumerate(train_counts) if n == 0]
+    if empty:
+        raise PartitionError(
+            f"--part-dir {part_dir}: part(s) {empty} have no training vertices; use fewer ranks"
+        )
+    return store
+
+
+def partition_cache_dir(cache_root: str, spec: str, parts: int, seed: int) -> Path:
+    """Where ``--dataset SPEC`` is partitioned for ``parts`` ranks."""
+    key = hashlib.sha256(f"{spec}|{parts}|{seed}".encode()).hexdigest()[:16]
+    name = "".join(c if c.isalnum() else "-" for c in spec.split(":")[0])
+    return Path(cache_root) / f"{name}-p{parts}-{key}"
+
+
+def ensure_partition(comm: Communicator, spec: str, cache_root: str, seed: int, log) -> str:
+    """Rank 0 partitions ``spec`` into the cache (unless already there); the others wait.
+    An error on rank 0 is re-raised on every rank, so nobody waits forever."""
+    out = partition_cache_dir(cache_root, spec, comm.size, seed)
+    error = None
+    if comm.rank == 0 and not (out / "partition.json").is_file():
+        try:
+            from distmb.data import load_dataset
+            from partition import partition_graph
+
+            graph = load_dataset(spec, seed=seed)
+            log(f"partitioning {graph.summary()} into {comm.size} parts at {out}")
+            partition_graph(
+                graph, comm.size, out, seed=seed, replicate_halo_features=True, overwrite=True
+            )
+        except Exception as exc:  # noqa: BLE001 - forwarded to every rank below
+            error = f"{type(exc).__name__}: {exc}"
+    error = comm.comm.bcast(error, root=0)
+    if error is not None:
+        raise InputError(f"--dataset {spec}: partitioning on rank 0 failed: {error}")
+    return str(out)
+
+
+def is_mpi_launch() -> bool:
+    """Whether this process was started by an MPI launcher (mpirun, mpiexec, srun)."""
+    import os
+
+    markers = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS")
+    return any(m in os.environ for m in markers)
