@@ -53,6 +53,16 @@ def check_blocks(blocks: list[Block], seeds: np.ndarray, fanouts: list[int]) -> 
             assert torch.equal(below.dst_ids, block.src_ids[: block.n_computed])
 
 
+def cpu_pressure() -> float | None:
+    """Linux PSI: % of the last 10 s in which some runnable task waited for a CPU."""
+    try:
+        line = Path("/proc/pressure/cpu").read_text().splitlines()[0]
+    except (OSError, IndexError):
+        return None
+    fields = dict(item.split("=") for item in line.split()[1:])
+    return float(fields["avg10"])
+
+
 def same_blocks(a: list[Block], b: list[Block]) -> bool:
     return all(
         x.n_halo == y.n_halo
@@ -176,7 +186,7 @@ def main() -> None:
     n = graph.num_nodes
     sampler = NeighborSampler(graph.indptr, graph.indices, n, n, args.fanouts, args.seed)
     train_idx = np.asarray(graph.train_idx)
-    load_before = os.getloadavg()[0]
+    load_before, pressure_before = os.getloadavg()[0], cpu_pressure()
     previous_threads = _C.get_num_threads()
     try:
         records = run(
@@ -197,6 +207,7 @@ def main() -> None:
             "python": platform.python_version(),
             # Other processes on the machine skew the multi-thread timings most.
             "loadavg_1min_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+            "cpu_pressure_avg10_before_after": [pressure_before, cpu_pressure()],
         },
         "graph": {
             "spec": f"synthetic:nodes={args.nodes},avg_degree={args.avg_degree}",

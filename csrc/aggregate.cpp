@@ -11,6 +11,7 @@
 // not depend on the thread count.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
@@ -80,91 +81,127 @@ int64_t for_rows(const RowChunks& chunks, Body body) {
   return failed;
 }
 
+// n_src < 0: the kernel reads no source indices.
 [[noreturn]] void throw_bad_csr(int64_t bad_rows, int64_t n_src) {
-  throw std::out_of_range(std::to_string(bad_rows) +
-                          " destination row(s) have a decreasing indptr or a source index "
-                          "outside [0, n_src=" + std::to_string(n_src) + ")");
+  std::string what = std::to_string(bad_rows) +
+                     " destination row(s) have a decreasing indptr or an edge range outside "
+                     "[0, len(indices))";
+  if (n_src >= 0) what += " or a source index outside [0, n_src=" + std::to_string(n_src) + ")";
+  throw std::out_of_range(what);
 }
 
 inline bool in_range(int64_t u, int64_t n) {
   return static_cast<uint64_t>(u) < static_cast<uint64_t>(n);
 }
 
-// A CSR row with valid source indices (checked before any output of the row is written).
-inline bool valid_row(const int64_t* indptr, const int64_t* indices, int64_t v, int64_t n_src) {
+// Row v's edge range lies in [0, n_edges) and is not reversed (checked before it is read).
+inline bool valid_range(const int64_t* indptr, int64_t v, int64_t n_edges) {
+  return 0 <= indptr[v] && indptr[v] <= indptr[v + 1] && indptr[v + 1] <= n_edges;
+}
+
+// A valid CSR row whose sources lie in [0, n_src) (checked before the row is written).
+inline bool valid_row(const int64_t* indptr, const int64_t* indices, int64_t v, int64_t n_edges,
+                      int64_t n_src) {
+  if (!valid_range(indptr, v, n_edges)) return false;
   const int64_t b = indptr[v], e = indptr[v + 1];
-  if (b > e) return false;
   bool ok = true;
   for (int64_t k = b; k < e; ++k) ok &= in_range(indices[k], n_src);
   return ok;
 }
 
 // ---- gathering rows (SIMD over the feature dimension) ----------------------------------------
+//
+// An output row is accumulated in place (it stays in L1 while its neighbour rows stream
+// through once each, every row read front to back). A row of H heads x D features takes one
+// weight per (edge, head), broadcast over the head's D SIMD lanes: the paper's "broadcast
+// support" (H = 1 and weight 1 for plain sums).
 
-// A feature row is processed in tiles of kTile floats accumulated in registers while the
-// neighbour rows stream through; the last partial tile (width < kTile) accumulates on the stack.
-constexpr int64_t kTile = 64;
-// Neighbour rows are software-prefetched this many edges ahead (random rows defeat the
-// hardware prefetcher).
-constexpr int64_t kPrefetchEdges = 4;
 constexpr int64_t kLineFloats = 64 / sizeof(float);
+// Random neighbour rows defeat the hardware prefetcher: every row is software-prefetched
+// about this many bytes of rows ahead, running on past the output row's own neighbours into
+// the next rows' (their index lists follow in the CSR).
+constexpr int64_t kPrefetchBytes = 6 << 10;
+constexpr int64_t kPrefetchMinRows = 2, kPrefetchMaxRows = 32;
 
-inline void prefetch_floats(const float* p, int64_t n) {
+int64_t g_pf_override = 0;
+extern int g_variant;
+inline void refresh_pf() {
+  const char* s = std::getenv("DISTMB_PF");
+  g_pf_override = s ? std::atoll(s) : 0;
+  const char* v = std::getenv("DISTMB_VAR");
+  g_variant = v ? std::atoi(v) : 0;
+}
+int g_variant = 0;
+
+// Rows to prefetch ahead for rows of row_floats floats.
+inline int64_t prefetch_rows(int64_t row_floats) {
+  if (g_pf_override > 0) return g_pf_override;
+  const int64_t bytes = std::max<int64_t>(1, row_floats * static_cast<int64_t>(sizeof(float)));
+  return std::clamp(kPrefetchBytes / bytes, kPrefetchMinRows, kPrefetchMaxRows);
+}
+
+inline void prefetch_row(const float* p, int64_t n) {
   for (int64_t f = 0; f < n; f += kLineFloats) __builtin_prefetch(p + f, 0, 3);
+  __builtin_prefetch(p + n - 1, 0, 3);  // a row need not start on a line boundary
 }
 
 // The neighbours of one output row: row u of the source matrix starts at x + u * ld; edge k
-// reads row nbr[k] with the weight w[(w_idx ? w_idx[k] : k) * w_stride] (1 when w is null),
-// which is broadcast over the lanes of the tile.
+// reads row nbr[k] with, for head h, the weight w[(w_idx ? w_idx[k] : k) * w_stride + h]
+// (1 when w is null). Prefetching looks at nbr[k] for k < pf_cnt (>= cnt: the entries after
+// this row's), `ahead` entries ahead, and fetches the first pf_len floats of those rows.
 struct Neighbours {
   const float* x;
   int64_t ld;
   const int64_t* nbr;
   int64_t cnt;
+  int64_t pf_cnt = 0;
+  int64_t pf_len = 0;
+  int64_t ahead = 0;
   const float* w = nullptr;
   const int64_t* w_idx = nullptr;
   int64_t w_stride = 1;
 
-  float weight(int64_t k) const {
-    return w ? w[(w_idx ? w_idx[k] : k) * w_stride] : 1.0f;
+  float weight(int64_t k, int64_t h) const {
+    return w ? w[(w_idx ? w_idx[k] : k) * w_stride + h] : 1.0f;
+  }
+  void prefetch(int64_t k) const {
+    if (k + ahead < pf_cnt) prefetch_row(x + nbr[k + ahead] * ld, pf_len);
   }
 };
 
-// o[0..n) = scale * (init_scale * init[0..n) + sum_k weight(k) * row(nbr[k])[f0 .. f0 + n)),
-// init optional. W > 0: a full tile of compile-time width W (held in registers); W == 0: the
-// runtime width n_rt < kTile.
-template <int64_t W>
-inline void gather_tile(const Neighbours& nb, int64_t f0, int64_t n_rt, const float* init,
-                        float init_scale, float scale, float* __restrict o) {
-  const int64_t n = W > 0 ? W : n_rt;
-  float acc[W > 0 ? W : kTile];
+// o[h * D + d] = scale * (init_scale * init[h * D + d] + sum_k weight(k, h) * row_k[h * D + d])
+// for h < heads, d < dim (init optional; o must not alias the source rows).
+inline void gather_row(const Neighbours& nb, int64_t heads, int64_t dim, const float* init,
+                       float init_scale, float scale, float* __restrict o) {
+  const int64_t n = heads * dim;
   if (init) {
 #pragma omp simd
-    for (int64_t f = 0; f < n; ++f) acc[f] = init_scale * init[f];
+    for (int64_t f = 0; f < n; ++f) o[f] = init_scale * init[f];
   } else {
 #pragma omp simd
-    for (int64_t f = 0; f < n; ++f) acc[f] = 0.0f;
+    for (int64_t f = 0; f < n; ++f) o[f] = 0.0f;
   }
-  const float* x = nb.x + f0;
   for (int64_t k = 0; k < nb.cnt; ++k) {
-    if (k + kPrefetchEdges < nb.cnt) prefetch_floats(x + nb.nbr[k + kPrefetchEdges] * nb.ld, n);
-    const float* __restrict r = x + nb.nbr[k] * nb.ld;
-    const float w = nb.weight(k);
+    nb.prefetch(k);
+    const float* __restrict r = nb.x + nb.nbr[k] * nb.ld;
+    if (heads == 1) {
+      const float w = nb.weight(k, 0);
 #pragma omp simd
-    for (int64_t f = 0; f < n; ++f) acc[f] += w * r[f];
+      for (int64_t f = 0; f < n; ++f) o[f] += w * r[f];
+    } else {
+      for (int64_t h = 0; h < heads; ++h) {
+        const float w = nb.weight(k, h);  // broadcast over the head's D lanes
+        float* __restrict oh = o + h * dim;
+        const float* __restrict rh = r + h * dim;
+#pragma omp simd
+        for (int64_t d = 0; d < dim; ++d) oh[d] += w * rh[d];
+      }
+    }
   }
+  if (scale != 1.0f) {
 #pragma omp simd
-  for (int64_t f = 0; f < n; ++f) o[f] = scale * acc[f];
-}
-
-// One output row o[0..n) (n features of every source row, from column 0 of nb.x).
-inline void gather_row(const Neighbours& nb, int64_t n, const float* init, float init_scale,
-                       float scale, float* o) {
-  int64_t f0 = 0;
-  for (; f0 + kTile <= n; f0 += kTile)
-    gather_tile<kTile>(nb, f0, kTile, init ? init + f0 : nullptr, init_scale, scale, o + f0);
-  if (f0 < n)
-    gather_tile<0>(nb, f0, n - f0, init ? init + f0 : nullptr, init_scale, scale, o + f0);
+    for (int64_t f = 0; f < n; ++f) o[f] *= scale;
+  }
 }
 
 // Per-destination factor of aggregate: 1 (sum), 1 / deg or 0 (mean), 1 / (deg + 1) (gcn).
@@ -180,47 +217,49 @@ inline float agg_scale(AggKind kind, int64_t deg) {
   return 1.0f;
 }
 
-// One tile of the fused weighted-aggregation backward for source u and one head: over the
-// transposed edges k (edge e_k = edges[k], destination v_k = dst[k]),
-//   gx[f]         = sum_k w[e_k * H] * g[v_k * ld + f]        (grad of x[u, h, f0 .. f0 + n))
-//   gw[e_k * H]  += sum_f g[v_k * ld + f] * xu[f]             (grad of w[e_k, h], this tile)
-// g, w, gw, xu and gx point at head h / column f0 already. kFirst: gw is assigned, not added.
-template <int64_t W, bool kGx, bool kGw>
-inline void weighted_backward_tile(const float* g, int64_t ld, int64_t n_rt, const int64_t* dst,
-                                   const int64_t* edges, int64_t cnt, const float* w,
-                                   int64_t heads, const float* __restrict xu, bool first,
-                                   float* __restrict gx, float* gw) {
-  const int64_t n = W > 0 ? W : n_rt;
-  float acc[W > 0 ? W : kTile];
-#pragma omp simd
-  for (int64_t f = 0; f < n; ++f) acc[f] = 0.0f;
-  for (int64_t k = 0; k < cnt; ++k) {
-    if (k + kPrefetchEdges < cnt) prefetch_floats(g + dst[k + kPrefetchEdges] * ld, n);
-    const float* __restrict r = g + dst[k] * ld;
-    const int64_t e = edges[k] * heads;
-    if constexpr (kGx && kGw) {
-      const float wv = w[e];
-      float d = 0.0f;
-#pragma omp simd reduction(+ : d)
-      for (int64_t f = 0; f < n; ++f) {
-        acc[f] += wv * r[f];
-        d += r[f] * xu[f];
-      }
-      gw[e] = first ? d : gw[e] + d;
-    } else if constexpr (kGx) {
-      const float wv = w[e];
-#pragma omp simd
-      for (int64_t f = 0; f < n; ++f) acc[f] += wv * r[f];
-    } else {
-      float d = 0.0f;
-#pragma omp simd reduction(+ : d)
-      for (int64_t f = 0; f < n; ++f) d += r[f] * xu[f];
-      gw[e] = first ? d : gw[e] + d;
-    }
-  }
+// Weighted-aggregation backward for one source u over its transposed edges k (edge e_k, u ->
+// v_k), one pass over the rows grad_out[v_k] (nb.x = grad_out, nb.nbr = the v_k):
+//   gx[h, :]     = sum_k w[e_k, h] * grad_out[v_k, h, :]      (kGx)
+//   gw[e_k, h]   = <grad_out[v_k, h, :], xu[h, :]>            (kGw)
+template <bool kGx, bool kGw>
+inline void weighted_backward_row(const Neighbours& nb, const int64_t* edges, const float* w,
+                                  int64_t heads, int64_t dim, const float* __restrict xu,
+                                  float* __restrict gx, float* gw) {
+  const int64_t n = heads * dim;
   if constexpr (kGx) {
 #pragma omp simd
-    for (int64_t f = 0; f < n; ++f) gx[f] = acc[f];
+    for (int64_t f = 0; f < n; ++f) gx[f] = 0.0f;
+  }
+  for (int64_t k = 0; k < nb.cnt; ++k) {
+    nb.prefetch(k);
+    const float* __restrict r = nb.x + nb.nbr[k] * nb.ld;
+    const int64_t e = edges[k] * heads;
+    for (int64_t h = 0; h < heads; ++h) {
+      const float* __restrict rh = r + h * dim;
+      if constexpr (kGx && kGw) {
+        const float wv = w[e + h];
+        const float* __restrict xh = xu + h * dim;
+        float* __restrict gh = gx + h * dim;
+        float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+        for (int64_t d = 0; d < dim; ++d) {
+          gh[d] += wv * rh[d];
+          dot += rh[d] * xh[d];
+        }
+        gw[e + h] = dot;
+      } else if constexpr (kGx) {
+        const float wv = w[e + h];
+        float* __restrict gh = gx + h * dim;
+#pragma omp simd
+        for (int64_t d = 0; d < dim; ++d) gh[d] += wv * rh[d];
+      } else {
+        const float* __restrict xh = xu + h * dim;
+        float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+        for (int64_t d = 0; d < dim; ++d) dot += rh[d] * xh[d];
+        gw[e + h] = dot;
+      }
+    }
   }
 }
 
@@ -230,27 +269,17 @@ void weighted_backward_rows(const int64_t* t_indptr, const int64_t* t_edges,
                             const float* x, const float* grad_out, int64_t heads, int64_t dim,
                             float* grad_x, float* grad_w) {
   const int64_t hd = heads * dim;
+  const int64_t n_edges = t_indptr[n_src];
   const RowChunks srcs(t_indptr, n_src, hd * sizeof(float) * (kGx && kGw ? 2 : 1));
   for_rows(srcs, [&](int64_t u) {
-    const int64_t b = t_indptr[u], cnt = t_indptr[u + 1] - b;
-    const int64_t* dst = t_dst + b;
-    const int64_t* edges = t_edges + b;
-    for (int64_t h = 0; h < heads; ++h) {
-      const float* g = grad_out + h * dim;
-      const float* w = weights + h;
-      float* gw = kGw ? grad_w + h : nullptr;
-      const float* xu = kGw ? x + u * hd + h * dim : nullptr;
-      float* gx = kGx ? grad_x + u * hd + h * dim : nullptr;
-      int64_t f0 = 0;
-      for (; f0 + kTile <= dim; f0 += kTile)
-        weighted_backward_tile<kTile, kGx, kGw>(g + f0, hd, kTile, dst, edges, cnt, w, heads,
-                                                kGw ? xu + f0 : nullptr, f0 == 0,
-                                                kGx ? gx + f0 : nullptr, gw);
-      if (f0 < dim)
-        weighted_backward_tile<0, kGx, kGw>(g + f0, hd, dim - f0, dst, edges, cnt, w, heads,
-                                            kGw ? xu + f0 : nullptr, f0 == 0,
-                                            kGx ? gx + f0 : nullptr, gw);
-    }
+    const int64_t b = t_indptr[u];
+    Neighbours nb{grad_out, hd, t_dst + b, t_indptr[u + 1] - b};
+    nb.pf_cnt = n_edges - b;
+    nb.pf_len = hd;
+    nb.ahead = prefetch_rows(hd);
+    weighted_backward_row<kGx, kGw>(nb, t_edges + b, weights, heads, dim,
+                                    kGw ? x + u * hd : nullptr,
+                                    kGx ? grad_x + u * hd : nullptr, grad_w);
     return true;
   });
 }
@@ -356,7 +385,7 @@ void transpose_block(const int64_t* indptr, const int64_t* indices, int64_t n_ds
 
   // 1. Edges per source into ptr[u], validating the CSR; exclusive scan -> segment starts.
   const int64_t bad = for_rows(rows, [&](int64_t v) {
-    if (!valid_row(indptr, indices, v, n_src)) return false;
+    if (!valid_row(indptr, indices, v, n_edges, n_src)) return false;
     for (int64_t e = indptr[v]; e < indptr[v + 1]; ++e) {
       if (serial) {
         ++ptr[indices[e]];
@@ -399,13 +428,19 @@ void transpose_block(const int64_t* indptr, const int64_t* indices, int64_t n_ds
 
 void aggregate_forward(const int64_t* indptr, const int64_t* indices, int64_t n_dst,
                        int64_t n_src, const float* x, int64_t dim, AggKind kind, float* out) {
+  refresh_pf();
+  const int64_t n_edges = n_dst > 0 ? indptr[n_dst] : 0;
+  const int64_t ahead = prefetch_rows(dim);
   const RowChunks rows(indptr, n_dst, dim * sizeof(float));
   const int64_t bad = for_rows(rows, [&](int64_t v) {
-    if (!valid_row(indptr, indices, v, n_src)) return false;
+    if (!valid_row(indptr, indices, v, n_edges, n_src)) return false;
     const int64_t b = indptr[v], deg = indptr[v + 1] - b;
-    const Neighbours nb{x, dim, indices + b, deg};
+    Neighbours nb{x, dim, indices + b, deg};
+    nb.pf_cnt = n_edges - b;
+    nb.pf_len = dim;
+    nb.ahead = ahead;
     const float* self = kind == AggKind::kGcn ? x + v * dim : nullptr;
-    gather_row(nb, dim, self, 1.0f, agg_scale(kind, deg), out + v * dim);
+    gather_row(nb, 1, dim, self, 1.0f, agg_scale(kind, deg), out + v * dim);
     return true;
   });
   if (bad) throw_bad_csr(bad, n_src);
@@ -414,20 +449,25 @@ void aggregate_forward(const int64_t* indptr, const int64_t* indices, int64_t n_
 void aggregate_backward(const int64_t* indptr, int64_t n_dst, const int64_t* t_indptr,
                         const int64_t* t_dst, int64_t n_src, const float* grad_out, int64_t dim,
                         AggKind kind, float* grad_x) {
+  refresh_pf();
   // grad_x[u] = sum_{edges u -> v} scale[v] * grad_out[v]  (+ scale[u] * grad_out[u], gcn).
   std::vector<float> scale(n_dst);
-#pragma omp parallel for schedule(static) if (n_dst > kGrainBytes)
+#pragma omp parallel for schedule(static) if (n_dst * 3 * sizeof(float) > kGrainBytes)
   for (int64_t v = 0; v < n_dst; ++v) scale[v] = agg_scale(kind, indptr[v + 1] - indptr[v]);
+  const int64_t ahead = prefetch_rows(dim);
   const RowChunks srcs(t_indptr, n_src, dim * sizeof(float));
   for_rows(srcs, [&](int64_t u) {
     const int64_t b = t_indptr[u];
     Neighbours nb{grad_out, dim, t_dst + b, t_indptr[u + 1] - b};
+    nb.pf_cnt = t_indptr[n_src] - b;
+    nb.pf_len = dim;
+    nb.ahead = ahead;
     if (kind != AggKind::kSum) {
       nb.w = scale.data();
       nb.w_idx = t_dst + b;
     }
     const bool self = kind == AggKind::kGcn && u < n_dst;
-    gather_row(nb, dim, self ? grad_out + u * dim : nullptr, self ? scale[u] : 0.0f, 1.0f,
+    gather_row(nb, 1, dim, self ? grad_out + u * dim : nullptr, self ? scale[u] : 0.0f, 1.0f,
                grad_x + u * dim);
     return true;
   });
@@ -437,25 +477,27 @@ void aggregate_backward(const int64_t* indptr, int64_t n_dst, const int64_t* t_i
 
 void edge_softmax_forward(const int64_t* indptr, int64_t n_dst, const float* scores,
                           int64_t heads, float* alpha) {
+  const int64_t n_edges = n_dst > 0 ? indptr[n_dst] : 0;
   const RowChunks rows(indptr, n_dst, 2 * heads * sizeof(float));
   const int64_t bad = for_rows(rows, [&](int64_t v) {
+    if (!valid_range(indptr, v, n_edges)) return false;
     const int64_t b = indptr[v], cnt = indptr[v + 1] - b;
-    if (cnt < 0) return false;
     if (cnt > 0) {
       HeadScratch tmp(heads);
       softmax_row(scores + b * heads, cnt, heads, alpha + b * heads, tmp);
     }
     return true;
   });
-  if (bad) throw_bad_csr(bad, 0);
+  if (bad) throw_bad_csr(bad, -1);
 }
 
 void edge_softmax_backward(const int64_t* indptr, int64_t n_dst, const float* alpha,
                            const float* grad_alpha, int64_t heads, float* grad_scores) {
+  const int64_t n_edges = n_dst > 0 ? indptr[n_dst] : 0;
   const RowChunks rows(indptr, n_dst, 3 * heads * sizeof(float));
   const int64_t bad = for_rows(rows, [&](int64_t v) {
+    if (!valid_range(indptr, v, n_edges)) return false;
     const int64_t b = indptr[v], cnt = indptr[v + 1] - b;
-    if (cnt < 0) return false;
     if (cnt > 0) {
       HeadScratch tmp(heads);
       softmax_backward_row(alpha + b * heads, grad_alpha + b * heads, cnt, heads,
@@ -463,15 +505,16 @@ void edge_softmax_backward(const int64_t* indptr, int64_t n_dst, const float* al
     }
     return true;
   });
-  if (bad) throw_bad_csr(bad, 0);
+  if (bad) throw_bad_csr(bad, -1);
 }
 
 void gat_attention_forward(const int64_t* indptr, const int64_t* indices, int64_t n_dst,
                            int64_t n_src, const float* el, const float* er, int64_t heads,
                            float negative_slope, float* alpha) {
+  const int64_t n_edges = n_dst > 0 ? indptr[n_dst] : 0;
   const RowChunks rows(indptr, n_dst, 3 * heads * sizeof(float));
   const int64_t bad = for_rows(rows, [&](int64_t v) {
-    if (!valid_row(indptr, indices, v, n_src)) return false;
+    if (!valid_row(indptr, indices, v, n_edges, n_src)) return false;
     const int64_t b = indptr[v], cnt = indptr[v + 1] - b;
     float* a = alpha + b * heads;
     const float* r = er + v * heads;
@@ -537,18 +580,21 @@ void gat_attention_backward(const int64_t* indptr, const int64_t* indices, int64
 void weighted_aggregate_forward(const int64_t* indptr, const int64_t* indices, int64_t n_dst,
                                 int64_t n_src, const float* weights, const float* x,
                                 int64_t heads, int64_t dim, float* out) {
+  refresh_pf();
   const int64_t hd = heads * dim;
+  const int64_t n_edges = n_dst > 0 ? indptr[n_dst] : 0;
+  const int64_t ahead = prefetch_rows(hd);
   const RowChunks rows(indptr, n_dst, hd * sizeof(float));
   const int64_t bad = for_rows(rows, [&](int64_t v) {
-    if (!valid_row(indptr, indices, v, n_src)) return false;
-    const int64_t b = indptr[v], cnt = indptr[v + 1] - b;
-    // Head h reads x[u, h, :] (row stride H * D) with w[e, h] broadcast over its D lanes.
-    for (int64_t h = 0; h < heads; ++h) {
-      Neighbours nb{x + h * dim, hd, indices + b, cnt};
-      nb.w = weights + b * heads + h;
-      nb.w_stride = heads;
-      gather_row(nb, dim, nullptr, 0.0f, 1.0f, out + v * hd + h * dim);
-    }
+    if (!valid_row(indptr, indices, v, n_edges, n_src)) return false;
+    const int64_t b = indptr[v];
+    Neighbours nb{x, hd, indices + b, indptr[v + 1] - b};
+    nb.pf_cnt = n_edges - b;
+    nb.pf_len = hd;
+    nb.ahead = ahead;
+    nb.w = weights + b * heads;  // edge k, head h: weights[(b + k) * H + h]
+    nb.w_stride = heads;
+    gather_row(nb, heads, dim, nullptr, 0.0f, 1.0f, out + v * hd);
     return true;
   });
   if (bad) throw_bad_csr(bad, n_src);
@@ -558,6 +604,7 @@ void weighted_aggregate_backward(const int64_t* t_indptr, const int64_t* t_edges
                                  const int64_t* t_dst, int64_t n_src, int64_t n_edges,
                                  const float* weights, const float* x, const float* grad_out,
                                  int64_t heads, int64_t dim, float* grad_x, float* grad_w) {
+  refresh_pf();
   if (grad_w && dim == 0) std::fill(grad_w, grad_w + n_edges * heads, 0.0f);
   if (grad_x && grad_w) {
     weighted_backward_rows<true, true>(t_indptr, t_edges, t_dst, n_src, weights, x, grad_out,

@@ -206,6 +206,19 @@ py::tuple py_hec_lookup(HecCore& self, const carray<int64_t>& tags) {
                                                 raw, free_when_done));
 }
 
+py::array_t<bool> py_hec_lookup_into(HecCore& self, const carray<int64_t>& tags, py::array out) {
+  require_1d(tags, "tags");
+  if (!out.writeable()) throw py::value_error("out must be writeable");
+  float* dst = const_cast<float*>(hec_rows(out, tags.size(), self.dim(), "out"));
+  py::array_t<bool> hit(tags.size());
+  bool* hit_ptr = hit.mutable_data();
+  {
+    py::gil_scoped_release nogil;
+    self.lookup_into(tags.data(), tags.size(), hit_ptr, dst);
+  }
+  return hit;
+}
+
 void py_hec_store(HecCore& self, const carray<int64_t>& tags, const py::array& rows) {
   require_1d(tags, "tags");
   const float* src = hec_rows(rows, tags.size(), self.dim(), "rows");
@@ -246,6 +259,9 @@ void register_hec(py::module_& m) {
            "Gather the lines slots int64[n] into out float32[n, dim] (C-contiguous).")
       .def("lookup", &py_hec_lookup, py::arg("tags"),
            "tags int64[n] -> (hit bool[n], rows float32[n_hits, dim]) under one lock.")
+      .def("lookup_into", &py_hec_lookup_into, py::arg("tags"), py::arg("out"),
+           "tags int64[n] -> hit bool[n]; out float32[n, dim] gets the line of each hit and "
+           "zeros for each miss.")
       .def("store", &py_hec_store, py::arg("tags"), py::arg("rows"),
            "Store rows float32[m, dim] (C-contiguous) under tags int64[m]; last row wins.")
       .def("advance", &HecCore::advance, py::call_guard<py::gil_scoped_release>(),

@@ -4,18 +4,20 @@
 // Layout (all arrays indexed by slot, one entry per cache line):
 //   data_        float[capacity * dim], allocated once and never zero-filled (pages are
 //                touched on first store, so a 1M-line cache costs memory only as it fills);
-//   tags_        VID_o held by the line (lines [0, used_) hold a tag, the rest are free);
-//   written_at_  value of the clock when the line was last stored; age = clock_ - written_at_
-//                (advance() is O(1): it only increments clock_);
-//   prev_/next_  an intrusive doubly-linked list of the used lines in write order, head_ the
-//                least recently written: ages are non-decreasing from tail to head, so the
-//                oldest line is head_ and the expired lines form a prefix of the list;
+//   lines_       32 bytes per line: the VID_o it holds (lines [0, used_) hold a tag, the rest
+//                are free); written_at, the clock when it was last stored, so that
+//                age = clock_ - written_at and advance() is O(1); prev/next, an intrusive
+//                doubly-linked list of the used lines in write order, head_ the least recently
+//                written: ages are non-decreasing from tail to head, so the oldest line is
+//                head_ and the expired lines form a prefix of the list;
 //   table_       open-addressing hash map VID_o -> slot (linear probing, >= 2x capacity,
 //                backward-shift deletion, so there are no tombstones and probe sequences stay
 //                short however many evictions happen).
-// Search and load only read these arrays and run in parallel; store decides slots serially
-// (the decisions form a chain: a row may evict the line a previous row just wrote) and then
-// copies the rows in parallel, each destination line written by exactly one row.
+// Search and load only read these arrays and run in parallel. Store first probes the hash map
+// for every row in parallel (read-only), then decides slots serially in row order (the
+// decisions form a chain: a row may evict the line a previous row just wrote), prefetching
+// the lines the next rows will touch, and finally copies the rows in parallel, each
+// destination line written by exactly one row.
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -93,10 +95,7 @@ HecCore::HecCore(int64_t capacity, int64_t dim, int64_t lifespan)
   // pages are only backed when first written.
   data_.reset(static_cast<float*>(std::aligned_alloc(kLineAlign, bytes)));
   if (!data_) throw std::bad_alloc();
-  tags_.resize(capacity);
-  written_at_.resize(capacity);
-  prev_.resize(capacity);
-  next_.resize(capacity);
+  lines_.resize(capacity);
   dest_row_.resize(capacity);
   const int64_t table_size = table_size_for(capacity);
   mask_ = static_cast<uint64_t>(table_size - 1);
@@ -141,7 +140,7 @@ void HecCore::erase(int64_t tag) {  // tag must be present
     if (table_[j].key == kEmptyKey) break;
     const uint64_t home = mix64(static_cast<uint64_t>(table_[j].key)) & mask_;
     const bool stays = i <= j ? (i < home && home <= j) : (i < home || home <= j);
-    if (stays || true) break;
+    if (stays) continue;
     table_[i] = table_[j];
     i = j;
   }
@@ -151,15 +150,15 @@ void HecCore::erase(int64_t tag) {  // tag must be present
 // ---- write-order list ----------------------------------------------------------------------
 
 void HecCore::unlink(int64_t s) {
-  const int64_t p = prev_[s], n = next_[s];
-  (p == kNil ? head_ : next_[p]) = n;
-  (n == kNil ? tail_ : prev_[n]) = p;
+  const int64_t p = lines_[s].prev, n = lines_[s].next;
+  (p == kNil ? head_ : lines_[p].next) = n;
+  (n == kNil ? tail_ : lines_[n].prev) = p;
 }
 
 void HecCore::push_back(int64_t s) {
-  prev_[s] = tail_;
-  next_[s] = kNil;
-  (tail_ == kNil ? head_ : next_[tail_]) = s;
+  lines_[s].prev = tail_;
+  lines_[s].next = kNil;
+  (tail_ == kNil ? head_ : lines_[tail_].next) = s;
   tail_ = s;
 }
 
@@ -226,20 +225,52 @@ std::unique_ptr<float[]> HecCore::lookup(const int64_t* tags, int64_t n, bool* h
   return rows;
 }
 
+int64_t HecCore::lookup_into(const int64_t* tags, int64_t n, bool* hit, float* out) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<int64_t> slots(n);
+  const int64_t hits = search_unlocked(tags, n, slots.data());
+  counters_.lookups += n;
+  counters_.hits += hits;
+  const size_t row_bytes = static_cast<size_t>(dim_) * sizeof(float);
+#pragma omp parallel for schedule(static) num_threads(threads_for(n * dim_, kGrainFloats))
+  for (int64_t i = 0; i < n; ++i) {
+    hit[i] = slots[i] != kHecMiss;
+    if (hit[i])
+      std::memcpy(out + i * dim_, data_.get() + slots[i] * dim_, row_bytes);
+    else
+      std::memset(out + i * dim_, 0, row_bytes);
+  }
+  return hits;
+}
+
 void HecCore::store(const int64_t* tags, int64_t m, const float* rows) {
   std::lock_guard<std::mutex> lock(mutex_);
   require_tags(tags, m);  // before any change: a rejected store leaves the cache as it was
 
-  // 1. Slot decisions, serially and in row order (the contract is "as if the rows were
-  //    stored one at a time"): same tag -> that line; else a free line; else the oldest line
-  //    (expired or not). dest_row_[s] ends as the last row written to line s in this call.
+  // 1. Hash probes of every row in parallel, before anything changes: slot_of[i] first holds
+  //    the line that held tags[i] when the call started (or kHecMiss).
   std::vector<int64_t> slot_of(m);
+#pragma omp parallel for schedule(static) num_threads(threads_for(m, kGrainTags))
+  for (int64_t i = 0; i < m; ++i) slot_of[i] = find(tags[i]);
+
+  // 2. Slot decisions, serially and in row order (the contract is "as if the rows were
+  //    stored one at a time"): same tag -> that line; else a free line; else the oldest line
+  //    (expired or not). That first probe is still right when its line still holds tags[i]; when it
+  //    does not, or when it is a miss, an earlier row of this call may have evicted or
+  //    inserted the tag, so the map is probed again (its entry is cached by step 1).
+  //    slot_of[i] becomes row i's line; dest_row_[s] ends as the last row of the call
+  //    written to line s.
   for (int64_t i = 0; i < m; ++i) {
-    if (i + kPrefetchDistance < m)
-      __builtin_prefetch(
-          &table_[mix64(static_cast<uint64_t>(tags[i + kPrefetchDistance])) & mask_]);
+    if (i + kPrefetchDistance < m) {
+      const int64_t ahead = slot_of[i + kPrefetchDistance];
+      if (ahead != kHecMiss) {
+        __builtin_prefetch(&lines_[ahead]);
+        __builtin_prefetch(&dest_row_[ahead]);
+      }
+    }
     const int64_t tag = tags[i];
-    int64_t s = find(tag);
+    int64_t s = slot_of[i];
+    if (s == kHecMiss || lines_[s].tag != tag) s = find(tag);
     if (s != kHecMiss) {
       unlink(s);  // refresh: overwrite in place, even if expired
     } else {
@@ -251,20 +282,21 @@ void HecCore::store(const int64_t* tags, int64_t m, const float* rows) {
           ++counters_.evictions;
         else
           ++counters_.expired_replacements;
-        erase(tags_[s]);
+        erase(lines_[s].tag);
         unlink(s);
+        if (head_ != kNil) __builtin_prefetch(&lines_[head_]);  // the next victim
       }
-      tags_[s] = tag;
+      lines_[s].tag = tag;
       insert(tag, s);
     }
-    written_at_[s] = clock_;
+    lines_[s].written_at = clock_;
     push_back(s);
     dest_row_[s] = i;
     slot_of[i] = s;
   }
   counters_.stores += m;
 
-  // 2. Row copies in parallel: each line is written by exactly one row, the last one.
+  // 3. Row copies in parallel: each line is written by exactly one row, the last one.
   const size_t row_bytes = static_cast<size_t>(dim_) * sizeof(float);
 #pragma omp parallel for schedule(static) num_threads(threads_for(m * dim_, kGrainFloats))
   for (int64_t i = 0; i < m; ++i) {
@@ -315,9 +347,12 @@ int64_t HecCore::live_lines() const {
 
 void HecCore::snapshot(std::vector<int64_t>& tags, std::vector<int64_t>& ages) const {
   std::lock_guard<std::mutex> lock(mutex_);
-  tags.assign(tags_.begin(), tags_.begin() + used_);
+  tags.resize(used_);
   ages.resize(used_);
-  for (int64_t s = 0; s < used_; ++s) ages[s] = clock_ - written_at_[s];
+  for (int64_t s = 0; s < used_; ++s) {
+    tags[s] = lines_[s].tag;
+    ages[s] = clock_ - lines_[s].written_at;
+  }
 }
 
 }  // namespace distmb

@@ -135,6 +135,8 @@ struct HecCounters {
 // - load(slots[n]) -> out[n, dim]: parallel gather; every slot must hold a tag (a hit of a
 //   search since the last store/clear), else std::invalid_argument.
 // - lookup(tags[n]) -> hit[n], rows[n_hits, dim] in tag order: search + load under one lock.
+// - lookup_into(tags[n], out[n, dim]) -> hit[n]: out[i] = the line of tags[i] on a hit, zeros
+//   on a miss (no allocation: out may be the halo rows of a layer's input).
 // - store(tags[m], rows[m, dim]): as if the rows were stored one at a time in order: a line
 //   with the same tag is overwritten (also when expired); else a free line is taken (lowest
 //   slot first); else the oldest line is replaced, ties between lines of equal age going to
@@ -150,6 +152,7 @@ class HecCore {
   int64_t search(const int64_t* tags, int64_t n, int64_t* slots);  // returns the hits
   void load(const int64_t* slots, int64_t n, float* out) const;
   std::unique_ptr<float[]> lookup(const int64_t* tags, int64_t n, bool* hit, int64_t& n_hits);
+  int64_t lookup_into(const int64_t* tags, int64_t n, bool* hit, float* out);  // returns hits
   void store(const int64_t* tags, int64_t m, const float* rows);
   void advance();
   void clear();
@@ -170,12 +173,18 @@ class HecCore {
     int64_t key;   // tag, or empty
     int64_t slot;
   };
+  // Bookkeeping of one line, 32 bytes so that a line's fields share one cache line.
+  struct alignas(32) Line {
+    int64_t tag;         // VID_o held (valid for slots < used_)
+    int64_t written_at;  // clock when last stored
+    int64_t prev, next;  // write-order list
+  };
   struct FreeFloats {
     void operator()(float* p) const;
   };
 
   bool live(int64_t s) const {
-    return lifespan_ == kLifespanUnbounded || clock_ - written_at_[s] <= lifespan_;
+    return lifespan_ == kLifespanUnbounded || clock_ - lines_[s].written_at <= lifespan_;
   }
   int64_t find(int64_t tag) const;
   void insert(int64_t tag, int64_t slot);
@@ -191,7 +200,7 @@ class HecCore {
   int64_t used_ = 0;                     // lines [0, used_) hold a tag
   int64_t head_ = -1, tail_ = -1;        // oldest / newest used line (write order)
   std::unique_ptr<float, FreeFloats> data_;  // [capacity * dim], uninitialised until stored
-  std::vector<int64_t> tags_, written_at_, prev_, next_;
+  std::vector<Line> lines_;              // [capacity]
   std::vector<int64_t> dest_row_;        // store(): last row of the call written to a line
   std::vector<Entry> table_;             // open addressing, power-of-two size
   uint64_t mask_ = 0;

@@ -42,9 +42,13 @@ constexpr int64_t kPad = 16;        // column padding granularity of packed pane
 constexpr int64_t kRowBlock = 64;   // rows per forward work item
 constexpr int64_t kBwdRowBlock = 128;  // rows per backward work item (weight-gradient depth)
 constexpr int kBitsPerByte = 8;
+constexpr int kUnpack = 16;         // gate bits unpacked per step in the backward pass
 // Multiplying 8 bytes that are each 0 or 1 by this constant gathers them, in order, into the
 // top byte (byte i -> bit i): the gate-bit packing of 8 columns.
 constexpr uint64_t kPackBitsMagic = 0x0102040810204080ull;
+
+static_assert(kPad % kMR == 0 && kNR % kPad == 0 && kNRTail == kPad && kPad % kUnpack == 0,
+              "padded widths must split into whole tiles");
 
 inline int64_t pad_cols(int64_t k) { return (k + kPad - 1) / kPad * kPad; }
 
@@ -55,14 +59,17 @@ inline int tile_width(int64_t j0, int64_t padded) {
 
 inline int64_t bytes_per_row(int64_t k) { return (k + kBitsPerByte - 1) / kBitsPerByte; }
 
-// One summand of a tile product: A(r, l) = a[min(r, mr - 1) * ars + l * als] (rows past the
-// valid mr repeat the last valid row; their results are discarded) and B(l, j) = b[l * ldb + j].
+// One summand of a tile product: B(l, j) = b[l * ldb + j] and either A(r, l) =
+// a[min(r, mr - 1) * ars + l * als] (rows past the valid mr repeat the last valid row; their
+// results are discarded) or, with packed, A(r, l) = a[l * kMR + r] (A packed kMR rows at a time;
+// one base pointer, so the kMR broadcasts need no extra registers).
 struct Operand {
   const float* a;
   int64_t ars, als;
   const float* b;
   int64_t ldb;
   int64_t len;  // inner dimension L
+  bool packed = false;
 };
 
 // acc[r][j] = sum over the operands of sum_{l < L} A(r, l) * B(l, j), r < kMR, j < NR; then
@@ -75,6 +82,17 @@ inline void micro_tile(int mr, const Operand* ops, int nops, Epilogue&& epi) {
     for (int j = 0; j < NR; ++j) acc[r][j] = 0.0f;
   for (int s = 0; s < nops; ++s) {
     const Operand& op = ops[s];
+    if (op.packed) {
+      const float* a = op.a;
+      const float* b = op.b;
+      for (int64_t l = 0; l < op.len; ++l, a += kMR, b += op.ldb)
+        for (int r = 0; r < kMR; ++r) {
+          const float av = a[r];
+#pragma omp simd
+          for (int j = 0; j < NR; ++j) acc[r][j] += av * b[j];
+        }
+      continue;
+    }
     const float* arow[kMR];
     for (int r = 0; r < kMR; ++r) arow[r] = op.a + std::min(r, mr - 1) * op.ars;
     for (int64_t l = 0; l < op.len; ++l) {
@@ -101,6 +119,20 @@ void pack_panels(const float* src, int64_t sl, int64_t sj, int64_t L, int64_t J,
     for (int64_t l = 0; l < L; ++l)
       for (int j = 0; j < w; ++j)
         panel[l * w + j] = j0 + j < J ? src[l * sl + (j0 + j) * sj] : 0.0f;
+  }
+}
+
+// pack_panels for a row-major block x[L][J] (sl = J, sj = 1), copying whole row segments.
+void pack_row_panels(const float* x, int64_t L, int64_t J, float* dst) {
+  const int64_t jp = pad_cols(J);
+  for (int64_t j0 = 0; j0 < jp; j0 += tile_width(j0, jp)) {
+    const int w = tile_width(j0, jp);
+    const int64_t jv = std::min<int64_t>(w, J - j0);
+    float* panel = dst + j0 * L;
+    for (int64_t l = 0; l < L; ++l) {
+      std::copy(x + l * J + j0, x + l * J + j0 + jv, panel + l * w);
+      std::fill(panel + l * w + jv, panel + (l + 1) * w, 0.0f);
+    }
   }
 }
 
@@ -175,6 +207,17 @@ inline void pack_gate_bits(const uint8_t* gate, int nbytes, uint8_t* dst) {
   }
 }
 
+// o[0 .. jv) = v[0 .. jv) (a full-width vector store when jv == NR).
+template <int NR>
+inline void store_cols(const float* v, int jv, float* o) {
+  if (jv == NR) {
+#pragma omp simd
+    for (int j = 0; j < NR; ++j) o[j] = v[j];
+  } else {
+    std::memcpy(o, v, sizeof(float) * jv);
+  }
+}
+
 // The forward epilogue of update_forward for one register tile (template flags select the
 // variant at compile time so that the tile loop carries no branches).
 template <int NR, bool kRelu, bool kDrop>
@@ -195,27 +238,35 @@ inline void sage_epilogue(const float (&acc)[kMR][NR], int64_t row0, int mr, int
     }
     float* o = out + row * k + j0;
     if (!kRelu) {
-#pragma omp simd
-      for (int j = 0; j < jv; ++j) o[j] = v[j];
+      store_cols<NR>(v, jv, o);
       continue;
     }
     alignas(64) uint8_t gate[NR];
     if (kDrop) {
+      // One 64-bit hash per column pair; on little-endian x86 its low / high 32-bit halves
+      // are the uniforms of the even / odd column (j0 is even), as in dropout_keep.
       const uint64_t rk = dropout_row_key(seed, row);
+      const uint32_t threshold32 = static_cast<uint32_t>(threshold);  // < 2^32 with kDrop
+      const uint64_t pair0 = static_cast<uint64_t>(j0 >> 1);
+      alignas(64) uint64_t hash[NR / 2];
 #pragma omp simd
-      for (int j = 0; j < NR; ++j) {
-        const int64_t col = j0 + j;
-        const uint64_t h = mix64(rk ^ static_cast<uint64_t>(col >> 1));
-        const uint64_t u = (col & 1) ? (h >> 32) : (h & 0xFFFFFFFFull);
-        gate[j] = (v[j] > 0.0f) & (u < threshold);
-      }
+      for (int q = 0; q < NR / 2; ++q) hash[q] = mix64(rk ^ (pair0 + q));
+      alignas(64) uint32_t u[NR];
+      std::memcpy(u, hash, sizeof(u));
+#pragma omp simd
+      for (int j = 0; j < NR; ++j) gate[j] = (v[j] > 0.0f) & (u[j] < threshold32);
     } else {
 #pragma omp simd
       for (int j = 0; j < NR; ++j) gate[j] = v[j] > 0.0f;
     }
-    for (int j = jv; j < NR; ++j) gate[j] = 0;
+    // Full-width, branch-free (the gates are random): a select per unit, then the store.
 #pragma omp simd
-    for (int j = 0; j < jv; ++j) o[j] = gate[j] ? v[j] * scale : 0.0f;
+    for (int j = 0; j < NR; ++j) {
+      gate[j] &= static_cast<uint8_t>(j < jv);
+      const float scaled = v[j] * scale;
+      v[j] = gate[j] ? scaled : 0.0f;
+    }
+    store_cols<NR>(v, jv, o);
     if (gate_bits != nullptr) {
       const int nbytes =
           static_cast<int>(std::min<int64_t>(NR / kBitsPerByte, kb - j0 / kBitsPerByte));
@@ -261,6 +312,7 @@ void check_sources(int64_t k, const UpdateSource* src, int nsrc) {
 struct BwdScratch {
   std::vector<float> gp;  // [kBwdRowBlock][kp]: pre-activation gradient tile, zero-padded
   std::vector<float> xp;  // [kBwdRowBlock][max cp]: a source's rows, zero-padded
+  std::vector<float> gpk;  // gp repacked as [kp / kMR][rows][kMR] (weight-gradient operand)
 };
 
 // The shared backward pass. prologue(t, i0, rows, gp) fills gp[rows][kp] with the
@@ -292,6 +344,10 @@ void backward_engine(int64_t n, int64_t k, const UpdateSource* src, int nsrc,
     BwdScratch scratch;
     scratch.gp.assign(kBwdRowBlock * kp, 0.0f);
     scratch.xp.assign(kBwdRowBlock * max_cp, 0.0f);
+    bool need_gpk = false;
+    for (int s = 0; s < nsrc; ++s) need_gpk = need_gpk || grads[s].grad_w != nullptr;
+    if (need_gpk) scratch.gpk.assign(kBwdRowBlock * kp, 0.0f);
+    float* gpk = scratch.gpk.data();
     float* gp = scratch.gp.data();
     float* db = bpriv.data() + static_cast<size_t>(t) * kp;
 #pragma omp for schedule(static)
@@ -303,6 +359,13 @@ void backward_engine(int64_t n, int64_t k, const UpdateSource* src, int nsrc,
 #pragma omp simd
         for (int64_t j = 0; j < kp; ++j) db[j] += g[j];
       }
+      // The weight-gradient products broadcast gp column-wise: repack kMR columns at a time
+      // so that those reads are contiguous.
+      if (need_gpk)
+        for (int64_t k0 = 0; k0 < kp; k0 += kMR)
+          for (int64_t r = 0; r < rows; ++r)
+#pragma omp simd
+            for (int j = 0; j < kMR; ++j) gpk[k0 * rows + r * kMR + j] = gp[r * kp + k0 + j];
       for (int s = 0; s < nsrc; ++s) {
         const int64_t c = src[s].c, cp = pad_cols(c);
         // Input gradient: grad_x[rows] = gp . W, tiles over (rows, c).
@@ -327,31 +390,29 @@ void backward_engine(int64_t n, int64_t k, const UpdateSource* src, int nsrc,
             }
           }
         }
-        // Weight gradient: wpriv[t] += gp^T . X[rows], tiles over (k, c), depth = rows.
+        // Weight gradient: wpriv[t] += gp^T . X[rows], tiles over (c, k), depth = rows. X's
+        // rows are packed into column panels [rows][w] (one stays in L1 while the k panels of
+        // gpk stream past it).
         if (grads[s].grad_w != nullptr) {
           float* xp = scratch.xp.data();
-          const float* x = src[s].x + i0 * c;
-          for (int64_t r = 0; r < rows; ++r) {
-            std::copy(x + r * c, x + (r + 1) * c, xp + r * cp);
-            std::fill(xp + r * cp + c, xp + (r + 1) * cp, 0.0f);
-          }
+          pack_row_panels(src[s].x + i0 * c, rows, c, xp);
           float* acc_w = wpriv[s].data() + static_cast<size_t>(t) * kp * cp;
-          for (int64_t k0 = 0; k0 < kp; k0 += kMR) {
-            const int mr = static_cast<int>(std::min<int64_t>(kMR, kp - k0));
-            for (int64_t j0 = 0; j0 < cp; j0 += tile_width(j0, cp)) {
-              const int w = tile_width(j0, cp);
-              const Operand op{gp + k0, 1, kp, xp + j0, cp, rows};
+          for (int64_t j0 = 0; j0 < cp; j0 += tile_width(j0, cp)) {
+            const int w = tile_width(j0, cp);
+            for (int64_t k0 = 0; k0 < kp; k0 += kMR) {
+              const Operand op{gpk + k0 * rows, 0, 0, xp + j0 * rows, w, rows, true};
               auto add = [&](const auto& acc) {
-                for (int r = 0; r < mr; ++r) {
+                constexpr int NR = std::extent<std::remove_reference_t<decltype(acc)>, 1>::value;
+                for (int r = 0; r < kMR; ++r) {
                   float* o = acc_w + (k0 + r) * cp + j0;
 #pragma omp simd
-                  for (int j = 0; j < w; ++j) o[j] += acc[r][j];
+                  for (int j = 0; j < NR; ++j) o[j] += acc[r][j];
                 }
               };
               if (w == kNR)
-                micro_tile<kNR>(mr, &op, 1, add);
+                micro_tile<kNR>(kMR, &op, 1, add);
               else
-                micro_tile<kNRTail>(mr, &op, 1, add);
+                micro_tile<kNRTail>(kMR, &op, 1, add);
             }
           }
         }
@@ -396,8 +457,9 @@ void update_forward(int64_t n, int64_t k, const UpdateSource* src, int nsrc,
   if (!(p_drop >= 0.0 && p_drop <= 1.0))
     throw std::invalid_argument("the dropout probability must be in [0, 1]");
   if (n <= 0) return;
-  const bool drop = relu && p_drop > 0.0;
   const uint64_t threshold = keep_threshold(1.0 - p_drop);
+  // A keep threshold of 2^32 (p_drop below 2^-33) keeps every unit: no hashing needed.
+  const bool drop = relu && p_drop > 0.0 && threshold < (uint64_t{1} << 32);
   const float scale = p_drop < 1.0 ? static_cast<float>(1.0 / (1.0 - p_drop)) : 0.0f;
   if (!relu)
     update_forward_impl<false, false>(n, k, src, nsrc, addend, bias, seed, threshold, 1.0f, out,
@@ -406,7 +468,7 @@ void update_forward(int64_t n, int64_t k, const UpdateSource* src, int nsrc,
     update_forward_impl<true, true>(n, k, src, nsrc, addend, bias, seed, threshold, scale, out,
                                     gate_bits);
   else
-    update_forward_impl<true, false>(n, k, src, nsrc, addend, bias, seed, threshold, 1.0f, out,
+    update_forward_impl<true, false>(n, k, src, nsrc, addend, bias, seed, threshold, scale, out,
                                      gate_bits);
 }
 
@@ -426,17 +488,27 @@ void update_backward(int64_t n, int64_t k, const float* grad_out, const uint8_t*
                       if (gate_bits == nullptr) {
                         std::copy(g, g + k, d);
                       } else {
-                        // 16 columns per step: their two gate bytes as one 16-bit word.
+                        // 16 columns per step from their two gate bytes as one 16-bit word,
+                        // full-width and branch-free (a branch per random bit mispredicts);
+                        // the last partial step reads a zero-padded copy of grad_out (gp
+                        // rows have kp >= 16 * steps columns).
                         const uint8_t* bits = gate_bits + row * kb;
-                        for (int64_t j0 = 0; j0 < k; j0 += 16) {
+                        for (int64_t j0 = 0; j0 < k; j0 += kUnpack) {
                           const int64_t b0 = j0 / kBitsPerByte;
                           const uint32_t word =
                               bits[b0] | (b0 + 1 < kb ? static_cast<uint32_t>(bits[b0 + 1]) << 8
                                                       : 0u);
-                          const int jv = static_cast<int>(std::min<int64_t>(16, k - j0));
+                          float tail[kUnpack] = {};
+                          const float* src = g + j0;
+                          if (k - j0 < kUnpack) {
+                            std::copy(g + j0, g + k, tail);
+                            src = tail;
+                          }
 #pragma omp simd
-                          for (int j = 0; j < jv; ++j)
-                            d[j0 + j] = ((word >> j) & 1u) ? g[j0 + j] * scale : 0.0f;
+                          for (int j = 0; j < kUnpack; ++j) {
+                            const float scaled = src[j] * scale;
+                            d[j0 + j] = ((word >> j) & 1u) ? scaled : 0.0f;
+                          }
                         }
                       }
                       std::fill(d + k, d + kp, 0.0f);

@@ -20,7 +20,7 @@ from distmb.aep import AsyncEmbeddingPush, HecConfig
 from distmb.checkpoint import load_checkpoint, save_checkpoint
 from distmb.comm import Communicator
 from distmb.data.local import LocalGraph
-from distmb.data.store import PartitionStore
+from distmb.data.store import PartitionStore, read_meta
 from distmb.errors import InputError, PartitionError
 from distmb.evaluate import gather_rows
 from distmb.sampling import Block
@@ -237,12 +237,13 @@ def _concat_rows(solid: np.ndarray | torch.Tensor, halo: np.ndarray) -> np.ndarr
 def open_part(comm: Communicator, part_dir: str) -> PartitionStore:
     """Open part ``rank`` of ``part_dir`` on every rank, after checking on every rank that
     the partition has one part per rank and that all ranks see the same graph."""
-    store = PartitionStore(part_dir, comm.rank)  # raises on every rank alike if P differs
-    if store.num_parts != comm.size:
+    num_parts = int(read_meta(part_dir)["num_parts"])  # every rank reads the same file
+    if num_parts != comm.size:
         raise PartitionError(
-            f"--part-dir {part_dir} has {store.num_parts} parts but {comm.size} ranks run; "
-            f"use mpirun -np {store.num_parts}"
+            f"--part-dir {part_dir} has {num_parts} parts but {comm.size} ranks run; "
+            f"use mpirun -np {num_parts}"
         )
+    store = PartitionStore(part_dir, comm.rank)
     mine = (store.meta["graph_sha256"], store.num_parts, store.meta["partitioner"].get("seed"))
     everyone = comm.allgather(mine)
     odd = [r for r, other in enumerate(everyone) if other != everyone[0]]

@@ -57,6 +57,7 @@ def accuracy(logits: torch.Tensor, labels: np.ndarray, idx: np.ndarray) -> float
     """Share of ``idx`` whose arg-max class equals the label (nan for an empty split)."""
     if idx.size == 0:
         return float("nan")
-    index = torch.from_numpy(np.asarray(idx, dtype=np.int64))
+    index = torch.from_numpy(np.array(idx, dtype=np.int64))  # small; the source may be read-only
     pred = logits[index].argmax(dim=1)
-    return float((pred == torch.from_numpy(np.asarray(labels)[idx])).float().mean())
+    correct = int((pred == torch.from_numpy(np.asarray(labels)[idx])).sum())
+    return correct / idx.size

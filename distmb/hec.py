@@ -25,14 +25,18 @@ Contract (``../shared/DESIGN.md``, "Historical Embedding Cache"; made precise he
   serially (a row may replace the line that an earlier row of the same call wrote) and
   copies the rows in parallel, each line written once.
 - Memory: the line buffer (``capacity * dim * 4`` bytes) is allocated once and not
-  zero-filled, so its pages are only backed as lines get stored; bookkeeping adds about
-  72 bytes per line (tags, write times, write-order list, and a hash map ``VID_o -> slot``
-  with open addressing at load factor <= 1/2).
+  zero-filled, so its pages are only backed as lines get stored; bookkeeping adds 40 bytes
+  per line (tag, write time, write-order list, store scratch) plus 32-64 bytes of hash map
+  ``VID_o -> slot`` (open addressing, a power-of-two table of at least twice the capacity).
 - All calls on one cache are serialised by a lock (a communication thread may store while
-  the training thread looks up); :meth:`~HistoricalEmbeddingCache.lookup` is atomic.
+  the training thread looks up); :meth:`~HistoricalEmbeddingCache.lookup` and
+  :meth:`~HistoricalEmbeddingCache.lookup_into` are atomic. ``lookup_into`` gathers straight
+  into the caller's buffer (the halo rows of a layer's input) and allocates nothing.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -46,11 +50,13 @@ LIFESPAN_UNBOUNDED: int = int(_C.LIFESPAN_UNBOUNDED)
 #: Keys of :meth:`HistoricalEmbeddingCache.counters`, in order.
 COUNTER_KEYS: tuple[str, ...] = ("lookups", "hits", "stores", "evictions", "expired_replacements")
 
-#: What the methods accept: a numpy array, a CPU tensor, or (for tags and slots) a sequence.
-Array = np.ndarray | torch.Tensor
+#: Tags and slots: a numpy array, a CPU tensor or a sequence of integers.
+IndexLike = np.ndarray | torch.Tensor | Sequence[int]
+#: Rows: a float32 numpy array or CPU tensor.
+RowsLike = np.ndarray | torch.Tensor
 
 
-def _as_numpy(values: Array, name: str) -> np.ndarray:
+def _as_numpy(values: IndexLike, name: str) -> np.ndarray:
     if isinstance(values, torch.Tensor):
         if values.device.type != "cpu":
             raise ValueError(f"{name} must be on the CPU (got device {values.device})")
@@ -58,7 +64,7 @@ def _as_numpy(values: Array, name: str) -> np.ndarray:
     return np.asarray(values)
 
 
-def _index_array(values: Array, name: str) -> np.ndarray:
+def _index_array(values: IndexLike, name: str) -> np.ndarray:
     """``values`` as a 1-D C-contiguous int64 array (no copy when it already is one)."""
     arr = _as_numpy(values, name)
     if arr.ndim != 1:
@@ -130,6 +136,11 @@ class HistoricalEmbeddingCache:
         search can hit). O(occupied) when the life-span is bounded."""
         return int(self._core.live_lines)
 
+    def __bool__(self) -> bool:
+        """Always True: a cache object is not "false" because it is empty (``if cache:``
+        tests presence, as with ``None``); use ``len(cache)`` for its contents."""
+        return True
+
     def __repr__(self) -> str:
         ls = "unbounded" if self.lifespan == LIFESPAN_UNBOUNDED else str(self.lifespan)
         return (
@@ -138,7 +149,7 @@ class HistoricalEmbeddingCache:
         )
 
     # -- operations --------------------------------------------------------------------------
-    def search(self, tags: Array) -> np.ndarray:
+    def search(self, tags: IndexLike) -> np.ndarray:
         """HECSearch: the slot of every tag.
 
         Args:
@@ -153,7 +164,7 @@ class HistoricalEmbeddingCache:
         """
         return self._core.search(_index_array(tags, "tags"))
 
-    def load(self, slots: Array, out: torch.Tensor | None = None) -> torch.Tensor:
+    def load(self, slots: IndexLike, out: torch.Tensor | None = None) -> torch.Tensor:
         """HECLoad: gather lines.
 
         Args:
@@ -171,19 +182,16 @@ class HistoricalEmbeddingCache:
         slot_arr = _index_array(slots, "slots")
         if out is None:
             out = torch.empty((slot_arr.shape[0], self.dim), dtype=torch.float32)
-        elif not isinstance(out, torch.Tensor) or out.device.type != "cpu":
-            raise ValueError("out must be a CPU torch tensor")
-        elif out.dtype != torch.float32 or not out.is_contiguous():
-            raise ValueError(f"out must be contiguous float32 (got {out.dtype})")
-        elif tuple(out.shape) != (slot_arr.shape[0], self.dim):
-            raise ValueError(
-                f"out has shape {list(out.shape)}, expected [{slot_arr.shape[0]}, {self.dim}]"
-            )
+        else:
+            self._check_out(out, slot_arr.shape[0])
         self._core.load(slot_arr, out.detach().numpy())
         return out
 
-    def lookup(self, tags: Array) -> tuple[torch.Tensor, torch.Tensor]:
+    def lookup(self, tags: IndexLike) -> tuple[torch.Tensor, torch.Tensor]:
         """Search and load in one atomic call (what the trainer needs for halo leaves).
+
+        The rows are a fresh allocation; on the hot path :meth:`lookup_into` writes into an
+        existing buffer instead (a fresh buffer of tens of MB costs page faults every call).
 
         Args:
             tags: int[n], ``VID_o >= 0``.
@@ -196,7 +204,31 @@ class HistoricalEmbeddingCache:
         hit, rows = self._core.lookup(_index_array(tags, "tags"))
         return torch.from_numpy(hit), torch.from_numpy(rows)
 
-    def store(self, tags: Array, rows: Array) -> None:
+    def lookup_into(self, tags: IndexLike, out: torch.Tensor) -> torch.Tensor:
+        """Search and gather straight into a caller's buffer, in one atomic call and without
+        allocating: the trainer passes the halo rows of a layer's input.
+
+        Args:
+            tags: int[n], ``VID_o >= 0``.
+            out: float32[n, dim] contiguous CPU tensor. Row ``i`` receives the line of
+                ``tags[i]`` on a hit and zeros on a miss.
+
+        Returns:
+            bool[n]: the hit mask. Counts lookups and hits like :meth:`search`.
+        """
+        tag_arr = _index_array(tags, "tags")
+        self._check_out(out, tag_arr.shape[0])
+        return torch.from_numpy(self._core.lookup_into(tag_arr, out.detach().numpy()))
+
+    def _check_out(self, out: torch.Tensor, n: int) -> None:
+        if not isinstance(out, torch.Tensor) or out.device.type != "cpu":
+            raise ValueError("out must be a CPU torch tensor")
+        if out.dtype != torch.float32 or not out.is_contiguous():
+            raise ValueError(f"out must be contiguous float32 (got {out.dtype})")
+        if tuple(out.shape) != (n, self.dim):
+            raise ValueError(f"out has shape {list(out.shape)}, expected [{n}, {self.dim}]")
+
+    def store(self, tags: IndexLike, rows: RowsLike) -> None:
         """HECStore: write ``rows[i]`` under ``tags[i]``; see the module docstring for which
         line each row takes. A repeated tag keeps its last row. Stored lines get age 0.
 

@@ -107,6 +107,12 @@ def assert_same_search(
         mask, rows = hec.lookup(queries)
         assert mask.dtype == torch.bool and rows.dtype == torch.float32
         np.testing.assert_array_equal(mask.numpy(), expected)
+        # lookup_into agrees: the same rows at the hit positions, zeros elsewhere.
+        dense = torch.full((len(queries), hec.dim), float("nan"))
+        np.testing.assert_array_equal(hec.lookup_into(queries, dense).numpy(), expected)
+        np.testing.assert_array_equal(dense[mask].numpy(), rows.numpy())
+        assert (dense[~mask] == 0).all()
+        ref.search(queries)  # the reference counts the second lookup too
     else:
         slots = hec.search(queries)
         assert slots.dtype == np.int64
@@ -317,6 +323,7 @@ def test_clear_and_reset_counters() -> None:
     hec.search([1, 9])
     hec.clear()
     assert len(hec) == 0 and hec.occupied == 0 and hec.clock == 1
+    assert hec, "an empty cache is still truthy"
     assert (hec.search([1, 2]) == HEC_MISS).all()
     assert hec.counters()["lookups"] == 4
     hec.reset_counters()
@@ -337,6 +344,11 @@ def test_torch_inputs_and_zero_copy_load_into_a_slice() -> None:
     assert out.data_ptr() == x[3:].data_ptr()
     np.testing.assert_array_equal(x[3:].numpy(), rows_for([2, 3], 4))
     assert (x[:3] == 0).all()
+    y = torch.full((6, 4), -1.0)
+    hit = hec.lookup_into(np.array([1, 99, 3]), y[3:])  # halo rows of a layer input
+    assert hit.tolist() == [True, False, True]
+    np.testing.assert_array_equal(y[[3, 5]].numpy(), rows_for([1, 3], 4))
+    assert (y[4] == 0).all() and (y[:3] == -1).all()
     # A non-contiguous float32 array is accepted (copied).
     strided = np.asfortranarray(rows_for([8, 9], 4))
     hec.store(np.array([8, 9], dtype=np.uint8), strided)
@@ -366,7 +378,7 @@ def test_bad_inputs_raise_value_error() -> None:
         ([[1, 2]], rows_for([1, 2], 3)),  # 2-D tags
         (np.array([1.0, 2.0]), rows_for([1, 2], 3)),  # float tags
         ([5, -3], rows_for([5, 6], 3)),  # negative tag
-        ([5], [[1.0, 2.0, 3.0]]),  # a list is not an array
+        ([5], [[1.0, 2.0, 3.0]]),  # a list of floats is float64
     ]
     for tags, rows in bad_stores:
         with pytest.raises(ValueError):
@@ -384,6 +396,10 @@ def test_bad_inputs_raise_value_error() -> None:
         hec.load([0], out=torch.zeros(1, 3, dtype=torch.float64))
     with pytest.raises(ValueError):
         hec.load([0, 1], out=torch.zeros(3, 2).t())  # non-contiguous
+    with pytest.raises(ValueError):
+        hec.lookup_into([0, 1], torch.zeros(2, 4))
+    with pytest.raises(ValueError):
+        hec.lookup_into([0, 1], np.zeros((2, 3), np.float32))  # not a tensor
     # The raw binding refuses conversions too (a converted output copy would be lost).
     with pytest.raises(ValueError):
         hec._core.load(np.array([0]), np.zeros((1, 3), np.float64))
@@ -411,7 +427,9 @@ def run_big_sequence(threads: int) -> list[object]:
             queries = rng.integers(0, 8 * PARALLEL_TAGS, 2 * PARALLEL_TAGS)
             results.append(hec.search(queries))
             mask, rows = hec.lookup(queries)
-            results += [mask.numpy(), rows.numpy()]
+            dense = torch.empty(len(queries), PARALLEL_DIM)
+            results += [mask.numpy(), rows.numpy(), hec.lookup_into(queries, dense).numpy()]
+            results.append(dense.numpy())
             hec.advance()
         results += [*snapshot_everything(hec), hec.counters(), len(hec)]
         return results

@@ -15,7 +15,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from distmb.nn import fused_update
 from distmb.nn.aggregate import add_self_loops, edge_dst, edge_softmax, weighted_aggregate
+from distmb.nn.backend import get_kernels
 from distmb.sampling import Block
 
 #: Gain of the Xavier-normal initialisation of W, a_l and a_r (DGL GATConv uses ReLU's).
@@ -51,6 +53,11 @@ class GATConv(nn.Module):
 
     Initialisation as in DGL's GATConv: ``W``, ``a_l``, ``a_r`` Xavier-normal with the ReLU
     gain (:data:`INIT_GAIN`), bias zero.
+
+    Kernels (:func:`distmb.nn.backend.get_kernels`): with ``"fused"`` and float32 CPU tensors
+    ``z``, ``el`` and ``er`` come from one pass of
+    :func:`distmb.nn.fused_update.gat_projection`; with ``"torch"`` (or another dtype) from
+    ``nn.Linear``, ReLU and two reductions. Same parameters either way.
 
     Args:
         in_dim: input width.
@@ -124,12 +131,19 @@ class GATConv(nn.Module):
             )
         if self.self_loops:
             block = add_self_loops(block)
-        z = self.fc(x_src) + self.bias
-        if self.activation:
-            z = torch.relu(z)
-        z = z.view(block.n_src, self.heads, self.out_dim)
-        el = (z * self.attn_l).sum(-1)  # [n_src, H]
-        er = (z[: block.n_dst] * self.attn_r).sum(-1)  # [n_dst, H]
+        if get_kernels() == "fused" and fused_update.supported(x_src, *self.parameters()):
+            z, el, er = fused_update.gat_projection(
+                x_src, self.fc.weight, self.bias, self.attn_l, self.attn_r, self.activation
+            )
+            z = z.view(block.n_src, self.heads, self.out_dim)
+            er = er[: block.n_dst]
+        else:
+            z = self.fc(x_src) + self.bias
+            if self.activation:
+                z = torch.relu(z)
+            z = z.view(block.n_src, self.heads, self.out_dim)
+            el = (z * self.attn_l).sum(-1)  # [n_src, H]
+            er = (z[: block.n_dst] * self.attn_r).sum(-1)  # [n_dst, H]
         scores = F.leaky_relu(
             el.index_select(0, block.indices) + er.index_select(0, edge_dst(block)),
             negative_slope=self.negative_slope,

@@ -5,7 +5,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from distmb.nn import fused_update
 from distmb.nn.aggregate import AGGREGATORS, aggregate
+from distmb.nn.backend import get_kernels
 from distmb.sampling import Block
 
 #: Gain of the Xavier-uniform initialisation of the weights (DGL SAGEConv uses ReLU's).
@@ -27,6 +29,13 @@ class SAGEConv(nn.Module):
     Because ``W_n`` is linear, ``W_n · AGG(x) == AGG(W_n · x)``; like DGL, the layer projects
     before aggregating when ``out_dim < in_dim`` (fewer values to aggregate). The result is
     the same up to float rounding.
+
+    Kernels (:func:`distmb.nn.backend.get_kernels`): with ``"fused"`` and float32 CPU tensors
+    the UPDATE (both products, bias, ReLU, dropout) runs as one pass of
+    :func:`distmb.nn.fused_update.sage_update`, and the projection before aggregating through
+    :func:`distmb.nn.fused_update.linear`; with ``"torch"`` (or another dtype) it runs as
+    ``nn.Linear`` + ReLU + ``nn.Dropout``. Same parameters either way; the dropout masks of the
+    two paths differ (the fused one draws a seed from torch's generator per call).
 
     Args:
         in_dim: input width ``D_in``.
@@ -75,6 +84,8 @@ class SAGEConv(nn.Module):
             raise ValueError(
                 f"SAGEConv expects x_src [n_src, {self.in_dim}], got {tuple(x_src.shape)}"
             )
+        if get_kernels() == "fused" and fused_update.supported(x_src, *self.parameters()):
+            return self._forward_fused(block, x_src)
         if self.out_dim < self.in_dim:
             h = aggregate(block, self.fc_neigh(x_src), self.aggr)
         else:
@@ -85,6 +96,18 @@ class SAGEConv(nn.Module):
         if self.activation:
             h = self.dropout(torch.relu(h))
         return h
+
+    def _forward_fused(self, block: Block, x_src: Tensor) -> Tensor:
+        """The forward pass through the fused UPDATE kernels (same contract as forward)."""
+        self_term = [] if self.fc_self is None else [(x_src[: block.n_dst], self.fc_self.weight)]
+        kwargs = {"activation": self.activation, "p": self.dropout.p, "training": self.training}
+        if self.out_dim < self.in_dim:
+            h = aggregate(block, fused_update.linear(x_src, self.fc_neigh.weight), self.aggr)
+            return fused_update.sage_update(self_term, self.bias, addend=h, **kwargs)
+        h = aggregate(block, x_src, self.aggr)
+        return fused_update.sage_update(
+            [(h, self.fc_neigh.weight), *self_term], self.bias, **kwargs
+        )
 
     def extra_repr(self) -> str:
         return (

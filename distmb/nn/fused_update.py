@@ -1,0 +1,287 @@
+"""Fused UPDATE kernels (``csrc/update.cpp``) as autograd functions.
+
+The dense part of a layer runs as one C++ pass over its output (DistGNN-MB section 3.3,
+"Operator Fusion"): register tiles of a blocked GEMM get bias, ReLU, dropout and the packed
+gate bits before they are stored, and the backward pass turns each row block of the output
+gradient into input gradients, per-thread weight-gradient accumulators and the bias (and
+attention-vector) gradients in one sweep.
+
+- :func:`sage_update`: ``Dropout(ReLU(sum_s x_s @ W_s^T + addend + b))`` (GraphSAGE, with
+  ``activation=False`` the linear sum of the last layer).
+- :func:`linear`: ``x @ W^T`` through the same kernels (the projection SAGEConv applies before
+  aggregating when ``out_dim < in_dim``).
+- :func:`gat_projection`: ``z = act(x @ W^T + b)`` and the per-head attention scores
+  ``el = <a_l, z>``, ``er = <a_r, z>``.
+- :func:`dropout_mask`: the dropout mask a seed produces (for tests).
+
+Dropout masks come from a counter-based hash of ``(seed, row, column)``: reproducible for a
+seed and independent of the thread count. The seed of each training-mode call is drawn from
+torch's default CPU generator (:func:`draw_seed`), so ``torch.manual_seed`` and a checkpointed
+``torch.get_rng_state()`` reproduce training exactly as with the ``"torch"`` path (the two
+paths draw different masks). Backward needs only the packed gate bits
+(``uint8[N, ceil(K / 8)]``: ReLU-active and kept), not the pre-activation or output tensors.
+
+The kernels are float32 on CPU only: :func:`supported` tells the layers when to fall back to
+the PyTorch implementation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from distmb import _C
+
+#: Seeds are drawn uniformly from [0, SEED_BOUND) (a non-negative int64).
+SEED_BOUND = 2**63 - 1
+#: Bits per byte of the packed gate masks.
+BITS_PER_BYTE = 8
+
+
+def supported(*tensors: Tensor | None) -> bool:
+    """Whether the fused kernels can run on these tensors (all float32 on the CPU)."""
+    return all(t is None or (t.dtype == torch.float32 and t.device.type == "cpu") for t in tensors)
+
+
+def draw_seed() -> int:
+    """A dropout seed drawn from torch's default CPU generator (advances its state)."""
+    return int(torch.randint(0, SEED_BOUND, (1,), dtype=torch.int64).item())
+
+
+def dropout_mask(seed: int, n: int, k: int, p: float) -> Tensor:
+    """bool[n, k]: the units :func:`sage_update` keeps for ``seed`` and dropout ``p``.
+
+    Unit ``(row, col)`` is kept where 32 bits of ``mix64(hash_key(seed, row) ^ (col // 2))``
+    (the low half for even ``col``, the high half for odd) are below
+    ``round((1 - p) * 2**32)``.
+    """
+    keep = _C.dropout_keep_mask(seed, n, k, p)
+    return torch.from_numpy(keep.reshape(n, k)).bool()
+
+
+def _np(t: Tensor) -> np.ndarray:
+    return t.detach().numpy()
+
+
+def _opt_np(t: Tensor | None) -> np.ndarray | None:
+    return None if t is None else _np(t)
+
+
+def _contig(t: Tensor | None) -> Tensor | None:
+    return None if t is None else t.detach().contiguous()
+
+
+def _bits_per_row(k: int) -> int:
+    return (k + BITS_PER_BYTE - 1) // BITS_PER_BYTE
+
+
+def _check_p(p: float) -> None:
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"dropout probability must be in [0, 1], got {p}")
+
+
+class _SageUpdate(torch.autograd.Function):
+    """Autograd node of :func:`sage_update`; sources are passed flat as ``x0, w0, x1, w1``."""
+
+    @staticmethod
+    def forward(
+        ctx,
+        addend: Tensor | None,
+        bias: Tensor,
+        activation: bool,
+        p: float,
+        seed: int,
+        *xw: Tensor,
+    ) -> Tensor:
+        xs = [_contig(t) for t in xw[0::2]]
+        ws = [_contig(t) for t in xw[1::2]]
+        n, k = _rows(xs, addend), bias.shape[0]
+        out = torch.empty(n, k, dtype=torch.float32)
+        bits = torch.empty(n, _bits_per_row(k), dtype=torch.uint8) if activation else None
+        _C.update_forward(
+            [_np(x) for x in xs],
+            [_np(w) for w in ws],
+            _opt_np(_contig(addend)),
+            _np(bias.detach().contiguous()),
+            activation,
+            p if activation else 0.0,
+            seed,
+            _np(out),
+            _opt_np(bits),
+        )
+        ctx.save_for_backward(bits, *xs, *ws)
+        ctx.nsrc = len(xs)
+        ctx.scale = _dropout_scale(p) if activation else 1.0
+        ctx.has_addend = addend is not None
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out: Tensor) -> tuple[Tensor | None, ...]:
+        bits, *rest = ctx.saved_tensors
+        xs, ws = rest[: ctx.nsrc], rest[ctx.nsrc :]
+        needs = ctx.needs_input_grad
+        grad_out = grad_out.contiguous()
+        n, k = grad_out.shape
+        grad_addend = torch.empty(n, k) if needs[0] else None
+        grad_bias = torch.empty(k) if needs[1] else None
+        grad_xs = [torch.empty_like(x) if needs[5 + 2 * s] else None for s, x in enumerate(xs)]
+        grad_ws = [torch.empty_like(w) if needs[6 + 2 * s] else None for s, w in enumerate(ws)]
+        _C.update_backward(
+            _np(grad_out),
+            _opt_np(bits),
+            ctx.scale,
+            [_np(x) for x in xs],
+            [_np(w) for w in ws],
+            [_opt_np(g) for g in grad_xs],
+            [_opt_np(g) for g in grad_ws],
+            _opt_np(grad_bias),
+            _opt_np(grad_addend),
+        )
+        flat: list[Tensor | None] = []
+        for gx, gw in zip(grad_xs, grad_ws, strict=True):
+            flat += [gx, gw]
+        return (grad_addend, grad_bias, None, None, None, *flat)
+
+
+def _rows(xs: Sequence[Tensor], addend: Tensor | None) -> int:
+    return addend.shape[0] if addend is not None else xs[0].shape[0]
+
+
+def _dropout_scale(p: float) -> float:
+    return 1.0 / (1.0 - p) if p < 1.0 else 0.0
+
+
+def sage_update(
+    sources: Sequence[tuple[Tensor, Tensor]],
+    bias: Tensor,
+    addend: Tensor | None = None,
+    activation: bool = True,
+    p: float = 0.0,
+    training: bool = True,
+    seed: int | None = None,
+) -> Tensor:
+    """``Dropout(ReLU(sum_s x_s @ W_s^T + addend + bias))`` in one fused pass.
+
+    Args:
+        sources: up to two pairs ``(x_s, W_s)``: x_s float32[N, C_s], W_s float32[K, C_s]
+            (``nn.Linear`` weight layout).
+        bias: float32[K].
+        addend: optional float32[N, K] added before the activation (e.g. an already projected
+            and aggregated neighbour term). At least one source or the addend is required.
+        activation: apply ReLU and dropout; ``False`` gives the linear sum (``p`` ignored).
+        p: dropout probability in [0, 1] (applied only with ``activation`` and ``training``).
+        training: dropout is active.
+        seed: dropout seed; drawn with :func:`draw_seed` when ``None`` and dropout is active.
+
+    Returns:
+        float32[N, K]. Differentiable w.r.t. every x_s, W_s, ``bias`` and ``addend``.
+    """
+    _check_p(p)
+    if not sources and addend is None:
+        raise ValueError("sage_update needs at least one source or an addend")
+    if len(sources) > 2:
+        raise ValueError(f"sage_update takes at most 2 sources, got {len(sources)}")
+    drop = activation and training and p > 0.0
+    if drop and seed is None:
+        seed = draw_seed()
+    flat = [t for pair in sources for t in pair]
+    return _SageUpdate.apply(
+        addend, bias, activation, p if drop else 0.0, seed if drop else 0, *flat
+    )
+
+
+def linear(x: Tensor, weight: Tensor) -> Tensor:
+    """``x @ weight^T`` (no bias) through the fused kernels: x float32[N, C], weight
+    float32[K, C] -> float32[N, K]."""
+    bias = torch.zeros(weight.shape[0], dtype=torch.float32)
+    return sage_update([(x, weight)], bias, activation=False)
+
+
+class _GatProjection(torch.autograd.Function):
+    """Autograd node of :func:`gat_projection`."""
+
+    @staticmethod
+    def forward(
+        ctx,
+        x: Tensor,
+        weight: Tensor,
+        bias: Tensor,
+        attn_l: Tensor,
+        attn_r: Tensor,
+        activation: bool,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        x, weight, bias, attn_l, attn_r = (_contig(t) for t in (x, weight, bias, attn_l, attn_r))
+        n, (heads, d) = x.shape[0], attn_l.shape
+        z = torch.empty(n, heads * d)
+        el = torch.empty(n, heads)
+        er = torch.empty(n, heads)
+        _C.gat_projection_forward(
+            _np(x),
+            _np(weight),
+            _np(bias),
+            _np(attn_l),
+            _np(attn_r),
+            activation,
+            _np(z),
+            _np(el),
+            _np(er),
+        )
+        ctx.save_for_backward(x, weight, z, attn_l, attn_r)
+        ctx.activation = activation
+        return z, el, er
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(
+        ctx, grad_z: Tensor, grad_el: Tensor, grad_er: Tensor
+    ) -> tuple[Tensor | None, ...]:
+        x, weight, z, attn_l, attn_r = ctx.saved_tensors
+        grad_x = torch.empty_like(x) if ctx.needs_input_grad[0] else None
+        grad_w, grad_b = torch.empty_like(weight), torch.empty(weight.shape[0])
+        grad_al, grad_ar = torch.empty_like(attn_l), torch.empty_like(attn_r)
+        _C.gat_projection_backward(
+            _np(x),
+            _np(weight),
+            _np(z),
+            _np(attn_l),
+            _np(attn_r),
+            ctx.activation,
+            _np(grad_z.contiguous()),
+            _np(grad_el.contiguous()),
+            _np(grad_er.contiguous()),
+            _opt_np(grad_x),
+            _np(grad_w),
+            _np(grad_b),
+            _np(grad_al),
+            _np(grad_ar),
+        )
+        return grad_x, grad_w, grad_b, grad_al, grad_ar, None
+
+
+def gat_projection(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor,
+    attn_l: Tensor,
+    attn_r: Tensor,
+    activation: bool = True,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The fused GAT projection and attention scores.
+
+    Args:
+        x: float32[N, C].
+        weight: float32[H * D, C] (``nn.Linear`` layout).
+        bias: float32[H * D].
+        attn_l, attn_r: float32[H, D].
+        activation: ReLU on ``z`` (else ``z`` is linear).
+
+    Returns:
+        ``(z, el, er)``: z float32[N, H * D] = act(x @ W^T + b), el and er float32[N, H] with
+        ``el[n, h] = <attn_l[h], z[n, h]>``, ``er[n, h] = <attn_r[h], z[n, h]>``.
+        Differentiable w.r.t. every input tensor.
+    """
+    return _GatProjection.apply(x, weight, bias, attn_l, attn_r, activation)
