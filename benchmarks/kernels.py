@@ -9,6 +9,11 @@ Sections (``--section``; ``all`` runs every registered one):
   ``F.linear``, bias, ReLU, ``F.dropout``) vs ``torch.compile`` of that same function vs the
   design alternative "torch GEMM + fused C++ epilogue" (:func:`update_hybrid`).
 
+- ``agg``: the fused AGG kernels (mean aggregation at fan-outs 5/10/15 and widths 100/256 on
+  40k-destination blocks; GAT edge softmax + per-head weighted aggregation): kernel-level
+  GB/s against the copy bandwidth measured in the same run, and end-to-end fused vs "torch"
+  forward and forward + backward (see the section's comment for the bytes counted).
+
 Implementations are timed round-robin within each repetition (so that load from other
 processes hits them alike) and reported as medians; speed-ups are ratios of medians from the
 same run. Results are merged into ``results/kernels.json`` (other sections' entries are kept)
@@ -16,11 +21,13 @@ and all sections are plotted into ``results/kernels.png``.
 
     python benchmarks/kernels.py --section update
     python benchmarks/kernels.py --section update --sizes 5000,50000 --reps 3 --no-compile
+    python benchmarks/kernels.py --section agg --agg-threads 2 --reps 5
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import platform
@@ -30,12 +37,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from distmb import _C
-from distmb.nn import fused_update
+from distmb.nn import fused_aggregate, fused_update
+from distmb.nn.backend import get_kernels, set_kernels
+from distmb.sampling import Block
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 JSON_NAME, PNG_NAME = "kernels.json", "kernels.png"
@@ -237,6 +247,401 @@ def plot_update(ax: Any, section: dict[str, Any]) -> None:
     ax.legend(fontsize=8)
 
 
+# --------------------------------------------------------------------------- section "agg"
+#
+# The fused AGG kernels (csrc/aggregate.cpp) on synthetic blocks of realistic size: n_dst
+# destinations, fan-outs 5/10/15, n_src = min(fanout * n_dst, cap) sources, every source used at
+# least once and the remaining edges drawn from a power law over the sources, 20 % of the
+# destinations with fewer edges than the fan-out; widths 100 and 256. Mean aggregation is timed
+#
+# - at kernel level (distmb._C into preallocated outputs, transposed CSR prebuilt), as achieved
+#   bandwidth against the copy bandwidth measured in the same run (an OpenMP copy kernel and
+#   np.copyto of 1 GiB, read + write bytes). Bytes counted: the forward reads one source row
+#   per edge (gathered, whether or not it hits a cache), the indices and row pointers and
+#   writes the output rows; the backward reads one output-gradient row per edge, the
+#   transposed CSR and the per-destination factor per edge and writes every source's row;
+# - end to end through distmb.nn.aggregate.aggregate (allocation, autograd and the transposed
+#   CSR rebuilt every step, as for a freshly sampled block), fused vs "torch".
+#
+# GAT attention (logits -> edge softmax -> per-head weighted aggregation, forward + backward) is
+# timed end to end fused vs "torch", both as GATConv composes it (PyTorch logits, edge_softmax,
+# weighted_aggregate) and with the fused logits + softmax of attention_softmax, plus the
+# weighted-aggregation kernels' bandwidth. Variants are timed round-robin per repetition.
+
+#: Fan-outs and widths of the AGG configurations.
+AGG_FANOUTS, AGG_WIDTHS = (5, 10, 15), (100, 256)
+#: Destinations per block and cap on its sources.
+AGG_N_DST, AGG_SRC_CAP = 40_000, 400_000
+#: Exponent a of the power law p(source rank r) ~ (r + 1)^-a of the repeated sources.
+AGG_POWER_LAW = 0.8
+#: Fraction of destinations with fewer edges than the fan-out.
+AGG_PARTIAL_ROWS = 0.2
+#: Repetitions (after one warm-up) when --reps is not given.
+AGG_REPS = 7
+#: Bytes of each array of the copy-bandwidth measurement.
+AGG_COPY_BYTES = 1 << 30
+#: Target: kernel-level fwd + bwd bandwidth at this fraction of the measured copy bandwidth.
+AGG_TARGET_COPY_FRACTION = 0.6
+#: The aggregator timed (its backward also reads the per-destination factors).
+AGG_KIND = "mean"
+#: GAT attention: heads, width per head, fan-out, LeakyReLU slope.
+GAT_HEADS, GAT_DIM, GAT_FANOUT, GAT_SLOPE = 4, 64, 10, 0.2
+_F32, _I64, _GB = 4, 8, 1e9
+
+# distmb.nn re-exports the function ``aggregate``, which shadows the module attribute.
+_agg = importlib.import_module("distmb.nn.aggregate")
+
+
+def _agg_round_robin(
+    variants: dict[str, Callable[[], object]], reps: int
+) -> dict[str, dict[str, float]]:
+    """One warm-up, then ``reps`` repetitions each running every variant once (order
+    alternating); median / p10 / p90 / min milliseconds per variant. On a shared machine the
+    multi-threaded medians include waits for descheduled OpenMP threads; the minima are
+    closer to the uncontended cost."""
+    names = list(variants)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for rep in range(1 + reps):
+        for name in names if rep % 2 == 0 else names[::-1]:
+            t0 = time.perf_counter()
+            variants[name]()
+            if rep > 0:
+                times[name].append(1e3 * (time.perf_counter() - t0))
+    return {
+        n: {
+            "median_ms": round(float(np.median(t)), 3),
+            "p10_ms": round(float(np.percentile(t, 10)), 3),
+            "p90_ms": round(float(np.percentile(t, 90)), 3),
+            "min_ms": round(float(np.min(t)), 3),
+        }
+        for n, t in times.items()
+    }
+
+
+def _agg_gbps(n_bytes: float, ms: float) -> float:
+    return round(n_bytes / (ms * 1e-3) / _GB, 2)
+
+
+def _agg_block(n_dst: int, fanout: int, src_cap: int, seed: int) -> Block:
+    """A synthetic sampled block (see the section comment)."""
+    rng = np.random.default_rng(seed)
+    n_src = max(n_dst, min(fanout * n_dst, src_cap))
+    deg = np.full(n_dst, fanout, np.int64)
+    partial = rng.random(n_dst) < AGG_PARTIAL_ROWS
+    deg[partial] = rng.integers(1, fanout + 1, int(partial.sum()))
+    n_edges = int(deg.sum())
+    popularity = (np.arange(n_src) + 1.0) ** -AGG_POWER_LAW
+    covering = rng.permutation(n_src)[: min(n_src, n_edges)]
+    repeats = rng.choice(n_src, n_edges - covering.size, p=popularity / popularity.sum())
+    indices = np.concatenate([covering, repeats])
+    rng.shuffle(indices)
+    indptr = np.zeros(n_dst + 1, np.int64)
+    np.cumsum(deg, out=indptr[1:])
+    return Block(
+        n_dst,
+        n_src,
+        0,
+        torch.from_numpy(indptr),
+        torch.from_numpy(indices.astype(np.int64)),
+        torch.arange(n_src, dtype=torch.int64),
+    )
+
+
+def _agg_fresh(block: Block) -> Block:
+    """The same block as a new object: no cached transposed CSR, like a freshly sampled one."""
+    return Block(block.n_dst, block.n_src, block.n_halo, block.indptr, block.indices, block.src_ids)
+
+
+def _agg_copy_bandwidth(reps: int) -> dict[str, Any]:
+    """STREAM-like copy of AGG_COPY_BYTES, GB/s counting read + write bytes."""
+    n = AGG_COPY_BYTES // _F32
+    src = np.ones(n, np.float32)
+    dst = np.zeros(n, np.float32)  # touched: no page faults are timed
+    stats = _agg_round_robin(
+        {"omp_copy": lambda: _C.stream_copy(src, dst), "np_copyto": lambda: np.copyto(dst, src)},
+        reps,
+    )
+    return {
+        "array_bytes": AGG_COPY_BYTES,
+        **{f"{k}_gbps": _agg_gbps(2 * AGG_COPY_BYTES, v["median_ms"]) for k, v in stats.items()},
+        **{f"{k}_gbps_best": _agg_gbps(2 * AGG_COPY_BYTES, v["min_ms"]) for k, v in stats.items()},
+        "timings": stats,
+    }
+
+
+def _agg_traffic(block: Block, width: int) -> tuple[int, int]:
+    """Bytes the mean-aggregation forward and backward kernels move."""
+    e, n_dst, n_src, row = block.num_edges, block.n_dst, block.n_src, width * _F32
+    fwd = e * row + n_dst * row + e * _I64 + (n_dst + 1) * _I64
+    bwd = e * row + n_src * row + e * (_I64 + _F32) + (n_src + n_dst + 2) * _I64
+    return fwd, bwd
+
+
+def _agg_config(block: Block, width: int, reps: int) -> dict[str, Any]:
+    """Kernel-level bandwidth and end-to-end fused vs torch times of one block and width."""
+    gen = torch.Generator().manual_seed(width)
+    x = torch.randn(block.n_src, width, generator=gen)
+    xg = x.clone().requires_grad_(True)
+    g = torch.randn(block.n_dst, width, generator=gen)
+    out, grad_x = torch.empty(block.n_dst, width), torch.empty(block.n_src, width)
+    indptr, indices = block.indptr.numpy(), block.indices.numpy()
+    t = fused_aggregate.block_transpose(block)
+    kernel = _agg_round_robin(
+        {
+            "forward": lambda: _C.aggregate_forward(
+                indptr, indices, block.n_src, x.numpy(), width, AGG_KIND, out.numpy()
+            ),
+            "backward": lambda: _C.aggregate_backward(
+                indptr,
+                t.indptr.numpy(),
+                t.dst.numpy(),
+                g.numpy(),
+                width,
+                AGG_KIND,
+                grad_x.numpy(),
+            ),
+            "transpose": lambda: _C.block_transpose(indptr, indices, block.n_src),
+        },
+        reps,
+    )
+
+    def forward(kernels: str) -> Callable[[], None]:
+        def run() -> None:
+            set_kernels(kernels)
+            with torch.no_grad():
+                _agg.aggregate(block, x, AGG_KIND)
+
+        return run
+
+    def step(kernels: str) -> Callable[[], None]:
+        def run() -> None:
+            set_kernels(kernels)
+            xg.grad = None
+            _agg.aggregate(_agg_fresh(block), xg, AGG_KIND).backward(g)
+
+        return run
+
+    e2e = _agg_round_robin(
+        {
+            "fused_fwd": forward("fused"),
+            "torch_fwd": forward("torch"),
+            "fused_fwd_bwd": step("fused"),
+            "torch_fwd_bwd": step("torch"),
+        },
+        reps,
+    )
+    fwd_b, bwd_b = _agg_traffic(block, width)
+    fwd_ms, bwd_ms = kernel["forward"]["median_ms"], kernel["backward"]["median_ms"]
+    return {
+        "width": width,
+        "n_dst": block.n_dst,
+        "n_src": block.n_src,
+        "edges": block.num_edges,
+        "forward_bytes": fwd_b,
+        "backward_bytes": bwd_b,
+        "kernel": kernel,
+        "kernel_forward_gbps": _agg_gbps(fwd_b, fwd_ms),
+        "kernel_backward_gbps": _agg_gbps(bwd_b, bwd_ms),
+        "kernel_fwd_bwd_gbps": _agg_gbps(fwd_b + bwd_b, fwd_ms + bwd_ms),
+        "kernel_fwd_bwd_gbps_best": _agg_gbps(
+            fwd_b + bwd_b, kernel["forward"]["min_ms"] + kernel["backward"]["min_ms"]
+        ),
+        "end_to_end": e2e,
+        "speedup_fwd": round(e2e["torch_fwd"]["median_ms"] / e2e["fused_fwd"]["median_ms"], 2),
+        "speedup_fwd_bwd": round(
+            e2e["torch_fwd_bwd"]["median_ms"] / e2e["fused_fwd_bwd"]["median_ms"], 2
+        ),
+    }
+
+
+def _agg_gat(block: Block, reps: int) -> dict[str, Any]:
+    """GAT attention fwd + bwd, fused vs torch, and the weighted-aggregation kernels."""
+    heads, dim = GAT_HEADS, GAT_DIM
+    gen = torch.Generator().manual_seed(dim)
+    z = torch.randn(block.n_src, heads, dim, generator=gen).requires_grad_(True)
+    el = torch.randn(block.n_src, heads, generator=gen).requires_grad_(True)
+    er = torch.randn(block.n_dst, heads, generator=gen).requires_grad_(True)
+    g = torch.randn(block.n_dst, heads, dim, generator=gen)
+    dst = block.dst_of_edges()
+
+    def attention(kernels: str, fused_logits: bool) -> Callable[[], None]:
+        def run() -> None:
+            set_kernels(kernels)
+            b = _agg_fresh(block)
+            for p in (z, el, er):
+                p.grad = None
+            if fused_logits:
+                alpha = _agg.attention_softmax(b, el, er, GAT_SLOPE)
+            else:  # as GATConv composes it
+                scores = F.leaky_relu(
+                    el.index_select(0, b.indices) + er.index_select(0, dst), GAT_SLOPE
+                )
+                alpha = _agg.edge_softmax(b, scores)
+            _agg.weighted_aggregate(b, alpha, z).backward(g)
+
+        return run
+
+    e2e = _agg_round_robin(
+        {
+            "fused": attention("fused", False),
+            "torch": attention("torch", False),
+            "fused_attention_softmax": attention("fused", True),
+        },
+        reps,
+    )
+    indptr, indices = block.indptr.numpy(), block.indices.numpy()
+    t = fused_aggregate.block_transpose(block)
+    w = torch.rand(block.num_edges, heads, generator=gen)
+    zd = z.detach()
+    out, grad_z = torch.empty(block.n_dst, heads, dim), torch.empty(block.n_src, heads, dim)
+    grad_w = torch.empty(block.num_edges, heads)
+    kernel = _agg_round_robin(
+        {
+            "weighted_forward": lambda: _C.weighted_aggregate_forward(
+                indptr, indices, block.n_src, w.numpy(), zd.numpy(), heads, dim, out.numpy()
+            ),
+            "weighted_backward": lambda: _C.weighted_aggregate_backward(
+                t.indptr.numpy(),
+                t.edges.numpy(),
+                t.dst.numpy(),
+                w.numpy(),
+                zd.numpy(),
+                g.numpy(),
+                block.n_dst,
+                heads,
+                dim,
+                grad_z.numpy(),
+                grad_w.numpy(),
+            ),
+        },
+        reps,
+    )
+    e, row, wb = block.num_edges, heads * dim * _F32, block.num_edges * heads * _F32
+    fwd_b = e * row + wb + block.n_dst * row + e * _I64 + (block.n_dst + 1) * _I64
+    bwd_b = e * row + 2 * block.n_src * row + 2 * wb + 2 * e * _I64 + (block.n_src + 1) * _I64
+    torch_ms = e2e["torch"]["median_ms"]
+    return {
+        "heads": heads,
+        "dim": dim,
+        "fanout": GAT_FANOUT,
+        "n_dst": block.n_dst,
+        "n_src": block.n_src,
+        "edges": e,
+        "end_to_end": e2e,
+        "speedup": round(torch_ms / e2e["fused"]["median_ms"], 2),
+        "speedup_attention_softmax": round(
+            torch_ms / e2e["fused_attention_softmax"]["median_ms"], 2
+        ),
+        "kernel": kernel,
+        "kernel_weighted_forward_gbps": _agg_gbps(fwd_b, kernel["weighted_forward"]["median_ms"]),
+        "kernel_weighted_backward_gbps": _agg_gbps(bwd_b, kernel["weighted_backward"]["median_ms"]),
+    }
+
+
+def run_agg(args: argparse.Namespace) -> dict[str, Any]:
+    """Every thread count of --agg-threads: copy bandwidth, AGG configurations, GAT."""
+    reps = args.reps or AGG_REPS
+    kernels_before = get_kernels()
+    threads_before = (_C.get_num_threads(), torch.get_num_threads())
+    records = []
+    try:
+        for threads in args.agg_threads:
+            _C.set_num_threads(threads)
+            torch.set_num_threads(threads)  # the "torch" path gets the same cores
+            copy = _agg_copy_bandwidth(reps)
+            print(
+                f"[agg] {threads} thread(s): copy {copy['omp_copy_gbps']} GB/s (OpenMP), "
+                f"{copy['np_copyto_gbps']} GB/s (np.copyto)",
+                flush=True,
+            )
+            configs = []
+            for fanout in AGG_FANOUTS:
+                block = _agg_block(args.agg_n_dst, fanout, args.agg_src_cap, seed=fanout)
+                for width in AGG_WIDTHS:
+                    rec = {"fanout": fanout, **_agg_config(block, width, reps)}
+                    rec["kernel_fwd_bwd_copy_fraction"] = round(
+                        rec["kernel_fwd_bwd_gbps"] / copy["omp_copy_gbps"], 3
+                    )
+                    rec["kernel_fwd_bwd_copy_fraction_best"] = round(
+                        rec["kernel_fwd_bwd_gbps_best"] / copy["omp_copy_gbps_best"], 3
+                    )
+                    configs.append(rec)
+                    print(
+                        f"[agg]   fanout {fanout:2d} width {width}: kernel fwd "
+                        f"{rec['kernel_forward_gbps']} bwd {rec['kernel_backward_gbps']} GB/s "
+                        f"({rec['kernel_fwd_bwd_copy_fraction']:.0%} of copy; best "
+                        f"{rec['kernel_fwd_bwd_copy_fraction_best']:.0%}), transpose "
+                        f"{rec['kernel']['transpose']['median_ms']} ms; fused vs torch: fwd "
+                        f"x{rec['speedup_fwd']}, fwd+bwd x{rec['speedup_fwd_bwd']}",
+                        flush=True,
+                    )
+            block = _agg_block(args.agg_n_dst, GAT_FANOUT, args.agg_src_cap, seed=GAT_FANOUT)
+            gat = _agg_gat(block, reps)
+            print(
+                f"[agg]   GAT H={GAT_HEADS} D={GAT_DIM}: fwd+bwd fused vs torch x{gat['speedup']}"
+                f" (x{gat['speedup_attention_softmax']} with attention_softmax); weighted "
+                f"kernel fwd {gat['kernel_weighted_forward_gbps']} bwd "
+                f"{gat['kernel_weighted_backward_gbps']} GB/s",
+                flush=True,
+            )
+            records.append({"threads": threads, "copy": copy, "configs": configs, "gat": gat})
+    finally:
+        set_kernels(kernels_before)
+        _C.set_num_threads(threads_before[0])
+        torch.set_num_threads(threads_before[1])
+    return {
+        "description": f"AGG ({AGG_KIND}) and GAT attention, fused C++ vs torch; kernel-level "
+        "GB/s vs the copy bandwidth of the same run; medians (ms)",
+        "kind": AGG_KIND,
+        "n_dst": args.agg_n_dst,
+        "src_cap": args.agg_src_cap,
+        "power_law_exponent": AGG_POWER_LAW,
+        "partial_row_fraction": AGG_PARTIAL_ROWS,
+        "reps": reps,
+        "target_copy_fraction": AGG_TARGET_COPY_FRACTION,
+        "records": records,
+    }
+
+
+def plot_agg(ax: Any, section: dict[str, Any]) -> None:
+    """Kernel bandwidth vs copy, fused/torch speed-ups and GAT times (most threads)."""
+    rec = max(section["records"], key=lambda r: r["threads"])
+    configs = rec["configs"]
+    labels = [f"f{c['fanout']} w{c['width']}" for c in configs]
+    xs = np.arange(len(configs))
+    ax.axis("off")
+    panels = [ax.inset_axes([0.0 + i * 0.35, 0.12, 0.28, 0.78]) for i in range(3)]
+    bw, sp, gat = panels
+    copy = rec["copy"]["omp_copy_gbps"]
+    for i, key in enumerate(("forward", "backward", "fwd_bwd")):
+        bw.bar(xs + (i - 1) * 0.27, [c[f"kernel_{key}_gbps"] for c in configs], 0.27, label=key)
+    bw.axhline(copy, color="black", linewidth=0.8, label=f"copy {copy:g}")
+    bw.axhline(
+        copy * section["target_copy_fraction"],
+        color="red",
+        linestyle="--",
+        linewidth=0.8,
+        label=f"{section['target_copy_fraction']:.0%} of copy",
+    )
+    bw.set_xticks(xs, labels, fontsize=6, rotation=45)
+    bw.set_ylabel("GB/s (kernel)")
+    bw.set_title(f"AGG {section['kind']}, {rec['threads']} thr", fontsize=8)
+    bw.legend(fontsize=5)
+    sp.bar(xs - 0.2, [c["speedup_fwd"] for c in configs], 0.4, label="fwd")
+    sp.bar(xs + 0.2, [c["speedup_fwd_bwd"] for c in configs], 0.4, label="fwd+bwd")
+    sp.axhline(1.0, color="black", linewidth=0.8)
+    sp.set_xticks(xs, labels, fontsize=6, rotation=45)
+    sp.set_ylabel("speed-up fused / torch")
+    sp.set_title("AGG end to end", fontsize=8)
+    sp.legend(fontsize=6)
+    e2e = rec["gat"]["end_to_end"]
+    names = list(e2e)
+    gat.bar(np.arange(len(names)), [e2e[n]["median_ms"] for n in names], color="tab:purple")
+    gat.set_xticks(np.arange(len(names)), [n.replace("_", "\n", 1) for n in names], fontsize=6)
+    gat.set_ylabel("ms fwd+bwd (median)")
+    gat.set_title(f"GAT attention H={rec['gat']['heads']} D={rec['gat']['dim']}", fontsize=8)
+
+
 # --------------------------------------------------------------------------- driver
 
 
@@ -248,7 +653,10 @@ class Section(NamedTuple):
 
 
 #: Registered sections, in the order ``all`` runs them.
-SECTIONS: dict[str, Section] = {"update": Section(run_update, plot_update)}
+SECTIONS: dict[str, Section] = {
+    "update": Section(run_update, plot_update),
+    "agg": Section(run_agg, plot_agg),
+}
 
 
 def _cpu_model() -> str:
@@ -286,7 +694,9 @@ def write_plot(results: dict[str, Any], path: Path) -> None:
     for ax, name in zip(axes[:, 0], present, strict=True):
         SECTIONS[name].plot(ax, results[name])
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    tmp = path.with_name(path.stem + ".tmp" + path.suffix)
+    fig.savefig(tmp, dpi=120)
+    os.replace(tmp, path)
     plt.close(fig)
 
 
@@ -302,6 +712,14 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=None, help="repetitions per configuration")
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     parser.add_argument("--out-dir", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--agg-threads",
+        type=lambda s: sorted({int(v) for v in s.split(",")}),
+        default=sorted({1, os.cpu_count() or 1}),
+        help="agg: comma-separated OpenMP thread counts (default: 1 and all cores)",
+    )
+    parser.add_argument("--agg-n-dst", type=int, default=AGG_N_DST, help="agg: destinations")
+    parser.add_argument("--agg-src-cap", type=int, default=AGG_SRC_CAP, help="agg: source cap")
     args = parser.parse_args()
 
     args.out_dir.mkdir(parents=True, exist_ok=True)
@@ -314,7 +732,9 @@ def main() -> None:
         entry = SECTIONS[name].run(args)
         env["loadavg_end"] = os.getloadavg()[0]
         results[name] = {"environment": env, **entry}
-        json_path.write_text(json.dumps(results, indent=2) + "\n")
+        tmp = json_path.with_name(json_path.name + ".tmp")
+        tmp.write_text(json.dumps(results, indent=2) + "\n")
+        os.replace(tmp, json_path)  # atomic: readers never see a partial file
     write_plot(results, args.out_dir / PNG_NAME)
     print(f"wrote {json_path} and {args.out_dir / PNG_NAME}")
 

@@ -11,7 +11,6 @@
 // not depend on the thread count.
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
@@ -120,27 +119,18 @@ constexpr int64_t kLineFloats = 64 / sizeof(float);
 // Random neighbour rows defeat the hardware prefetcher: every row is software-prefetched
 // about this many bytes of rows ahead, running on past the output row's own neighbours into
 // the next rows' (their index lists follow in the CSR).
-constexpr int64_t kPrefetchBytes = 6 << 10;
+constexpr int64_t kPrefetchBytes = 8 << 10;
 constexpr int64_t kPrefetchMinRows = 2, kPrefetchMaxRows = 32;
-
-int64_t g_pf_override = 0;
-extern int g_variant;
-inline void refresh_pf() {
-  const char* s = std::getenv("DISTMB_PF");
-  g_pf_override = s ? std::atoll(s) : 0;
-  const char* v = std::getenv("DISTMB_VAR");
-  g_variant = v ? std::atoi(v) : 0;
-}
-int g_variant = 0;
 
 // Rows to prefetch ahead for rows of row_floats floats.
 inline int64_t prefetch_rows(int64_t row_floats) {
-  if (g_pf_override > 0) return g_pf_override;
   const int64_t bytes = std::max<int64_t>(1, row_floats * static_cast<int64_t>(sizeof(float)));
   return std::clamp(kPrefetchBytes / bytes, kPrefetchMinRows, kPrefetchMaxRows);
 }
 
-inline void prefetch_row(const float* p, int64_t n) {
+// always_inline: GCC deems a function that only prefetches free of side effects and deletes
+// the calls to it unless it was inlined first.
+[[gnu::always_inline]] inline void prefetch_row(const float* p, int64_t n) {
   for (int64_t f = 0; f < n; f += kLineFloats) __builtin_prefetch(p + f, 0, 3);
   __builtin_prefetch(p + n - 1, 0, 3);  // a row need not start on a line boundary
 }
@@ -164,7 +154,7 @@ struct Neighbours {
   float weight(int64_t k, int64_t h) const {
     return w ? w[(w_idx ? w_idx[k] : k) * w_stride + h] : 1.0f;
   }
-  void prefetch(int64_t k) const {
+  [[gnu::always_inline]] void prefetch(int64_t k) const {
     if (k + ahead < pf_cnt) prefetch_row(x + nbr[k + ahead] * ld, pf_len);
   }
 };
@@ -428,7 +418,6 @@ void transpose_block(const int64_t* indptr, const int64_t* indices, int64_t n_ds
 
 void aggregate_forward(const int64_t* indptr, const int64_t* indices, int64_t n_dst,
                        int64_t n_src, const float* x, int64_t dim, AggKind kind, float* out) {
-  refresh_pf();
   const int64_t n_edges = n_dst > 0 ? indptr[n_dst] : 0;
   const int64_t ahead = prefetch_rows(dim);
   const RowChunks rows(indptr, n_dst, dim * sizeof(float));
@@ -449,7 +438,6 @@ void aggregate_forward(const int64_t* indptr, const int64_t* indices, int64_t n_
 void aggregate_backward(const int64_t* indptr, int64_t n_dst, const int64_t* t_indptr,
                         const int64_t* t_dst, int64_t n_src, const float* grad_out, int64_t dim,
                         AggKind kind, float* grad_x) {
-  refresh_pf();
   // grad_x[u] = sum_{edges u -> v} scale[v] * grad_out[v]  (+ scale[u] * grad_out[u], gcn).
   std::vector<float> scale(n_dst);
 #pragma omp parallel for schedule(static) if (n_dst * 3 * sizeof(float) > kGrainBytes)
@@ -580,7 +568,6 @@ void gat_attention_backward(const int64_t* indptr, const int64_t* indices, int64
 void weighted_aggregate_forward(const int64_t* indptr, const int64_t* indices, int64_t n_dst,
                                 int64_t n_src, const float* weights, const float* x,
                                 int64_t heads, int64_t dim, float* out) {
-  refresh_pf();
   const int64_t hd = heads * dim;
   const int64_t n_edges = n_dst > 0 ? indptr[n_dst] : 0;
   const int64_t ahead = prefetch_rows(hd);
@@ -601,11 +588,9 @@ void weighted_aggregate_forward(const int64_t* indptr, const int64_t* indices, i
 }
 
 void weighted_aggregate_backward(const int64_t* t_indptr, const int64_t* t_edges,
-                                 const int64_t* t_dst, int64_t n_src, int64_t n_edges,
-                                 const float* weights, const float* x, const float* grad_out,
-                                 int64_t heads, int64_t dim, float* grad_x, float* grad_w) {
-  refresh_pf();
-  if (grad_w && dim == 0) std::fill(grad_w, grad_w + n_edges * heads, 0.0f);
+                                 const int64_t* t_dst, int64_t n_src, const float* weights,
+                                 const float* x, const float* grad_out, int64_t heads,
+                                 int64_t dim, float* grad_x, float* grad_w) {
   if (grad_x && grad_w) {
     weighted_backward_rows<true, true>(t_indptr, t_edges, t_dst, n_src, weights, x, grad_out,
                                        heads, dim, grad_x, grad_w);

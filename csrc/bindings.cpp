@@ -314,7 +314,8 @@ int64_t agg_csr(const py::array& indptr, const py::array& indices, const char* w
   agg_data<int64_t>(indices, indices.size(), "indices");
   const int64_t n = indptr.size() - 1;
   if (ip[0] != 0 || ip[n] != indices.size())
-    throw py::value_error(std::string(what) + ": indptr must start at 0 and end at len(indices) = " +
+    throw py::value_error(std::string(what) +
+                          ": indptr must start at 0 and end at len(indices) = " +
                           std::to_string(indices.size()) + " (got " + std::to_string(ip[0]) +
                           " .. " + std::to_string(ip[n]) + ")");
   return n;
@@ -482,7 +483,7 @@ void py_weighted_aggregate_backward(const py::array& t_indptr, const py::array& 
   float* gx = agg_optional<float>(grad_x, n_src * heads * dim, "grad_x");
   float* gw = agg_optional<float>(grad_w, n_edges * heads, "grad_w");
   py::gil_scoped_release nogil;
-  weighted_aggregate_backward(tp, te, td, n_src, n_edges, w, xp, g, heads, dim, gx, gw);
+  weighted_aggregate_backward(tp, te, td, n_src, w, xp, g, heads, dim, gx, gw);
 }
 
 void py_stream_copy(const py::array& src, const py::array& dst) {

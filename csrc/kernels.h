@@ -275,9 +275,9 @@ void weighted_aggregate_forward(const int64_t* indptr, const int64_t* indices, i
 // grad_x[u, h, :] = sum_{e = (u -> v)} weights[e, h] * grad_out[v, h, :] and
 // grad_w[e, h] = <grad_out[v, h, :], x[u, h, :]> (each output null when not wanted).
 void weighted_aggregate_backward(const int64_t* t_indptr, const int64_t* t_edges,
-                                 const int64_t* t_dst, int64_t n_src, int64_t n_edges,
-                                 const float* weights, const float* x, const float* grad_out,
-                                 int64_t heads, int64_t dim, float* grad_x, float* grad_w);
+                                 const int64_t* t_dst, int64_t n_src, const float* weights,
+                                 const float* x, const float* grad_out, int64_t heads,
+                                 int64_t dim, float* grad_x, float* grad_w);
 
 // stream_copy: dst[0..n) = src[0..n), OpenMP static split: the machine's copy bandwidth
 // reference for benchmarks/kernels.py.

@@ -31,6 +31,10 @@
 #include "kernels.h"
 #include "rng.h"
 
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "update.cpp splits 64-bit dropout hashes into 32-bit halves assuming little-endian"
+#endif
+
 namespace distmb {
 
 namespace {

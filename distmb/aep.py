@@ -91,6 +91,9 @@ class AsyncEmbeddingPush:
             for layer, dim in enumerate(layer_dims)
         ]
         self.epoch = 0
+        #: Halo rows the batches needed per layer from other ranks: the traffic of an exact
+        #: pull (layer 0 counted even when replicated features make it free here).
+        self.rows_needed = [0] * self.num_layers
         #: Optional recorder for tests: receives ("push"|"load", k, layer, tags, rows, hit).
         self.record = None
 
@@ -112,6 +115,7 @@ class AsyncEmbeddingPush:
                 self.caches[layer].store(tags, rows)
             halo_p = block.src_ids[block.n_computed :].numpy()
             dim = self.layer_dims[layer]
+            self.rows_needed[layer] += block.n_halo  # what an exact pull would move
             if block.n_halo == 0:
                 out_blocks.append(block)
                 halo_rows.append(torch.empty((0, dim)))
@@ -126,9 +130,8 @@ class AsyncEmbeddingPush:
                 halo_rows.append(torch.zeros((block.n_halo, dim)))
             else:
                 tags = self.orig_ids[halo_p]
-                hit, rows = self.caches[layer].lookup(tags)
-                full = torch.zeros((block.n_halo, dim))
-                full[hit] = rows
+                full = torch.empty((block.n_halo, dim))
+                hit = self.caches[layer].lookup_into(tags, full)  # misses come back as zeros
                 if self.record is not None:
                     self.record("load", k, layer, tags, full.numpy().copy(), hit.numpy().copy())
                 if bool(hit.all()):
@@ -201,6 +204,9 @@ class AsyncEmbeddingPush:
         out: dict[str, list[float]] = {
             k: [] for k in ("lookups", "hits", "rows_pushed", "bytes_pushed", "comm_wait")
         }
+        out["bytes_needed"] = [
+            n * (8 + 4 * dim) for n, dim in zip(self.rows_needed, self.layer_dims, strict=True)
+        ]
         for cache, push in zip(self.caches, self.pushes, strict=True):
             c = cache.counters() if cache is not None else {"lookups": 0, "hits": 0}
             out["lookups"].append(c["lookups"])
@@ -212,6 +218,7 @@ class AsyncEmbeddingPush:
         return out
 
     def reset_stats(self) -> None:
+        self.rows_needed = [0] * self.num_layers
         for cache, push in zip(self.caches, self.pushes, strict=True):
             if cache is not None:
                 cache.reset_counters()

@@ -162,6 +162,7 @@ class DistributedTrainer(Trainer):
                 *stats["hits"],
                 *stats["rows_pushed"],
                 *stats["bytes_pushed"],
+                *stats["bytes_needed"],
             ],
             dtype=np.float64,
         )
@@ -170,7 +171,8 @@ class DistributedTrainer(Trainer):
         lookups = total[2 : 2 + n_layers]
         hits = total[2 + n_layers : 2 + 2 * n_layers]
         rows = total[2 + 2 * n_layers : 2 + 3 * n_layers]
-        nbytes = total[2 + 3 * n_layers :]
+        nbytes = total[2 + 3 * n_layers : 2 + 4 * n_layers]
+        needed = total[2 + 4 * n_layers :]
         out = {
             "loss": float(total[0] / self.comm.size),
             "train_acc": float(total[1] / self.comm.size),
@@ -179,6 +181,7 @@ class DistributedTrainer(Trainer):
             ],
             "rows_pushed": [int(r) for r in rows],
             "bytes_pushed": int(nbytes.sum()),
+            "bytes_exact_pull": [int(b) for b in needed],
             "comm_wait": round(self.comm.allreduce_max(sum(stats["comm_wait"])), 4),
             "imbalance": round(
                 self.comm.allreduce_max(record["epoch_time"])

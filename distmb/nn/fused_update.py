@@ -37,13 +37,15 @@ from distmb import _C
 
 #: Seeds are drawn uniformly from [0, SEED_BOUND) (a non-negative int64).
 SEED_BOUND = 2**63 - 1
+#: The only dtype the kernels take.
+F32 = torch.float32
 #: Bits per byte of the packed gate masks.
 BITS_PER_BYTE = 8
 
 
 def supported(*tensors: Tensor | None) -> bool:
     """Whether the fused kernels can run on these tensors (all float32 on the CPU)."""
-    return all(t is None or (t.dtype == torch.float32 and t.device.type == "cpu") for t in tensors)
+    return all(t is None or (t.dtype == F32 and t.device.type == "cpu") for t in tensors)
 
 
 def draw_seed() -> int:
@@ -99,7 +101,7 @@ class _SageUpdate(torch.autograd.Function):
         xs = [_contig(t) for t in xw[0::2]]
         ws = [_contig(t) for t in xw[1::2]]
         n, k = _rows(xs, addend), bias.shape[0]
-        out = torch.empty(n, k, dtype=torch.float32)
+        out = torch.empty(n, k, dtype=F32)
         bits = torch.empty(n, _bits_per_row(k), dtype=torch.uint8) if activation else None
         _C.update_forward(
             [_np(x) for x in xs],
@@ -126,8 +128,8 @@ class _SageUpdate(torch.autograd.Function):
         needs = ctx.needs_input_grad
         grad_out = grad_out.contiguous()
         n, k = grad_out.shape
-        grad_addend = torch.empty(n, k) if needs[0] else None
-        grad_bias = torch.empty(k) if needs[1] else None
+        grad_addend = torch.empty(n, k, dtype=F32) if needs[0] else None
+        grad_bias = torch.empty(k, dtype=F32) if needs[1] else None
         grad_xs = [torch.empty_like(x) if needs[5 + 2 * s] else None for s, x in enumerate(xs)]
         grad_ws = [torch.empty_like(w) if needs[6 + 2 * s] else None for s, w in enumerate(ws)]
         _C.update_backward(
@@ -197,7 +199,7 @@ def sage_update(
 def linear(x: Tensor, weight: Tensor) -> Tensor:
     """``x @ weight^T`` (no bias) through the fused kernels: x float32[N, C], weight
     float32[K, C] -> float32[N, K]."""
-    bias = torch.zeros(weight.shape[0], dtype=torch.float32)
+    bias = torch.zeros(weight.shape[0], dtype=F32)
     return sage_update([(x, weight)], bias, activation=False)
 
 
@@ -216,9 +218,9 @@ class _GatProjection(torch.autograd.Function):
     ) -> tuple[Tensor, Tensor, Tensor]:
         x, weight, bias, attn_l, attn_r = (_contig(t) for t in (x, weight, bias, attn_l, attn_r))
         n, (heads, d) = x.shape[0], attn_l.shape
-        z = torch.empty(n, heads * d)
-        el = torch.empty(n, heads)
-        er = torch.empty(n, heads)
+        z = torch.empty(n, heads * d, dtype=F32)
+        el = torch.empty(n, heads, dtype=F32)
+        er = torch.empty(n, heads, dtype=F32)
         _C.gat_projection_forward(
             _np(x),
             _np(weight),
@@ -241,7 +243,7 @@ class _GatProjection(torch.autograd.Function):
     ) -> tuple[Tensor | None, ...]:
         x, weight, z, attn_l, attn_r = ctx.saved_tensors
         grad_x = torch.empty_like(x) if ctx.needs_input_grad[0] else None
-        grad_w, grad_b = torch.empty_like(weight), torch.empty(weight.shape[0])
+        grad_w, grad_b = torch.empty_like(weight), torch.empty(weight.shape[0], dtype=F32)
         grad_al, grad_ar = torch.empty_like(attn_l), torch.empty_like(attn_r)
         _C.gat_projection_backward(
             _np(x),
