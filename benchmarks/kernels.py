@@ -59,7 +59,7 @@ UPDATE_WIDTHS = ((100, 256), (256, 256), (256, 47))
 #: Dropout probability of the benchmarked UPDATE (the models' default).
 UPDATE_DROPOUT = 0.5
 #: Repetitions per configuration (fewer from UPDATE_LARGE_N rows, where one takes seconds).
-UPDATE_REPS, UPDATE_REPS_LARGE, UPDATE_LARGE_N = 7, 3, 200_000
+UPDATE_REPS, UPDATE_REPS_LARGE, UPDATE_LARGE_N = 7, 5, 200_000
 #: Target: fused >= this speed-up over eager from UPDATE_TARGET_MIN_N rows, and not slower
 #: than torch.compile.
 UPDATE_TARGET_SPEEDUP, UPDATE_TARGET_MIN_N = 1.4, 50_000

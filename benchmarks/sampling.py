@@ -6,11 +6,17 @@ thread count in ``--threads`` (interleaved, so that other processes on a shared 
 disturb every thread count alike), and reports the median, p10 and p90 milliseconds per
 batch and the mean per-layer block sizes. The warm-up batches are checked without a
 reference sampler: destinations of block ``l-1`` = solid sources of block ``l``, rows at
-most their fan-out, the same blocks for every thread count. Writes ``results/sampling.json``
-and ``results/sampling.png``.
+most their fan-out, the same blocks for every thread count.
+
+Every OpenMP wait policy in ``--wait-policies`` runs in its own child process (libgomp reads
+``OMP_WAIT_POLICY`` once, at load): ``default`` leaves it unset (threads spin for a while
+before sleeping), ``passive`` makes idle threads sleep at once. On a machine whose cores are
+shared with other processes, spinning threads steal the time slices their own team needs and
+multi-thread timings degrade badly; ``passive`` avoids that. Writes
+``results/sampling.json`` and ``results/sampling.png``.
 
     python benchmarks/sampling.py                       # 200k vertices, degree 30, 5,10,15
-    python benchmarks/sampling.py --nodes 50000 --threads 1
+    python benchmarks/sampling.py --nodes 50000 --threads 1 --wait-policies default
 """
 
 from __future__ import annotations
@@ -19,15 +25,16 @@ import argparse
 import json
 import os
 import platform
+import subprocess
+import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
-from distmb import _C
-from distmb.data import load_dataset
-from distmb.sampling import FANOUT_ALL, Block, NeighborSampler
+if TYPE_CHECKING:  # distmb (and its OpenMP runtime) is imported in the child processes only
+    from distmb.sampling import Block, NeighborSampler
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 
@@ -35,10 +42,17 @@ RESULTS = Path(__file__).resolve().parents[1] / "results"
 TARGET_MS = 12.0
 #: Percentiles reported besides the median.
 LOW_PCT, HIGH_PCT = 10, 90
+#: ``--wait-policies`` value that leaves OMP_WAIT_POLICY unset (libgomp's spin-then-sleep).
+DEFAULT_POLICY = "default"
+WAIT_POLICIES = (DEFAULT_POLICY, "passive", "active")
 
 
 def check_blocks(blocks: list[Block], seeds: np.ndarray, fanouts: list[int]) -> None:
     """Cheap structural invariants of one mini-batch (no reference sampler needed)."""
+    import torch
+
+    from distmb.sampling import FANOUT_ALL
+
     assert np.array_equal(blocks[-1].dst_ids.numpy(), seeds), "seeds are not the last dst"
     for layer, (block, fanout) in enumerate(zip(blocks, fanouts, strict=True)):
         rows = np.diff(block.indptr.numpy())
@@ -64,6 +78,8 @@ def cpu_pressure() -> float | None:
 
 
 def same_blocks(a: list[Block], b: list[Block]) -> bool:
+    import torch
+
     return all(
         x.n_halo == y.n_halo
         and torch.equal(x.indptr, y.indptr)
@@ -96,6 +112,8 @@ def run(
     thread count back to back, the order alternating), so that load from other processes
     hits all thread counts alike. Warm-up batches check the blocks and that every thread
     count gives the same blocks."""
+    from distmb import _C
+
     rng = np.random.default_rng(seed)
     times_ms: dict[int, list[float]] = {t: [] for t in thread_counts}
     sizes = np.zeros((sampler.num_layers, 4))  # n_dst, n_src, n_halo, edges per layer
@@ -134,17 +152,20 @@ def plot(result: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     recs = result["records"]
-    fig, (ax_t, ax_s) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, (ax_t, ax_s) = plt.subplots(1, 2, figsize=(11, 4.5))
     x = np.arange(len(recs))
     med = [r["median_ms"] for r in recs]
     err = [
         [r["median_ms"] - r[f"p{LOW_PCT}_ms"] for r in recs],
         [r[f"p{HIGH_PCT}_ms"] - r["median_ms"] for r in recs],
     ]
-    ax_t.bar(x, med, yerr=err, capsize=4, color="tab:blue")
-    ax_t.set_xticks(x, [f"{r['threads']} thread(s)" for r in recs])
+    colors = {p: f"C{i}" for i, p in enumerate(dict.fromkeys(r["omp_wait_policy"] for r in recs))}
+    ax_t.bar(x, med, yerr=err, capsize=4, color=[colors[r["omp_wait_policy"]] for r in recs])
+    ax_t.set_xticks(x, [f"{r['omp_wait_policy']}\n{r['threads']} thr." for r in recs])
     ax_t.axhline(TARGET_MS, color="red", lw=0.8, ls=":", label=f"target {TARGET_MS:g} ms")
     ax_t.set_ylabel(f"ms per {result['batch_size']}-seed batch (median, p10-p90)")
+    ax_t.set_xlabel("OMP_WAIT_POLICY, OpenMP threads")
+    ax_t.set_yscale("log")  # spinning on a shared machine can cost 10x
     ax_t.legend()
     sizes = recs[0]["mean_block_sizes"]
     layers = [s["layer"] for s in sizes]
@@ -169,18 +190,12 @@ def plot(result: dict, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--nodes", type=int, default=200_000)
-    p.add_argument("--avg-degree", type=int, default=30)
-    p.add_argument("--fanouts", type=int, nargs="+", default=[5, 10, 15])
-    p.add_argument("--batch-size", type=int, default=1000)
-    p.add_argument("--batches", type=int, default=50)
-    p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path, default=RESULTS / "sampling.json")
-    args = p.parse_args()
+def measure(args: argparse.Namespace) -> dict:
+    """Child process: build the graph and the sampler, time the batches; returns the records
+    and the graph's description."""
+    from distmb import _C
+    from distmb.data import load_dataset
+    from distmb.sampling import NeighborSampler
 
     graph = load_dataset(f"synthetic:nodes={args.nodes},avg_degree={args.avg_degree}")
     n = graph.num_nodes
@@ -195,20 +210,12 @@ def main() -> None:
     finally:
         _C.set_num_threads(previous_threads)
     for rec in records:
-        print(json.dumps({k: v for k, v in rec.items() if k != "mean_block_sizes"}), flush=True)
-    for size in records[0]["mean_block_sizes"]:
-        print(f"  block {size['layer']}: {size}", flush=True)
+        rec["omp_wait_policy"] = args.child
+        # Other processes on the machine skew the multi-thread timings most.
+        rec["loadavg_1min_before_after"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
+        rec["cpu_pressure_avg10_before_after"] = [pressure_before, cpu_pressure()]
     deg = np.diff(graph.indptr)
-    result = {
-        "benchmark": "sampling",
-        "machine": {
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-            # Other processes on the machine skew the multi-thread timings most.
-            "loadavg_1min_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)],
-            "cpu_pressure_avg10_before_after": [pressure_before, cpu_pressure()],
-        },
+    return {
         "graph": {
             "spec": f"synthetic:nodes={args.nodes},avg_degree={args.avg_degree}",
             "nodes": n,
@@ -217,6 +224,63 @@ def main() -> None:
             "max_in_degree": int(deg.max()),
             "indices_dtype": str(graph.indices.dtype),
         },
+        "records": records,
+    }
+
+
+def run_child(policy: str, argv: list[str]) -> dict:
+    """Run :func:`measure` in a fresh interpreter with ``OMP_WAIT_POLICY`` set for ``policy``."""
+    env = dict(os.environ)
+    env.pop("OMP_WAIT_POLICY", None)
+    if policy != DEFAULT_POLICY:
+        env["OMP_WAIT_POLICY"] = policy
+    cmd = [sys.executable, str(Path(__file__).resolve()), *argv, "--child", policy]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--nodes", type=int, default=200_000)
+    p.add_argument("--avg-degree", type=int, default=30)
+    p.add_argument("--fanouts", type=int, nargs="+", default=[5, 10, 15])
+    p.add_argument("--batch-size", type=int, default=1000)
+    p.add_argument("--batches", type=int, default=50)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--wait-policies", nargs="+", choices=WAIT_POLICIES, default=[DEFAULT_POLICY, "passive"]
+    )
+    p.add_argument("--out", type=Path, default=RESULTS / "sampling.json")
+    p.add_argument("--child", choices=WAIT_POLICIES, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        print(json.dumps(measure(args)))
+        return
+
+    argv = list(sys.argv[1:])
+    records: list[dict] = []
+    graph: dict = {}
+    for policy in args.wait_policies:
+        child = run_child(policy, argv)
+        graph = child["graph"]
+        for rec in child["records"]:
+            print(json.dumps({k: v for k, v in rec.items() if k != "mean_block_sizes"}))
+        records += child["records"]
+    for size in records[0]["mean_block_sizes"]:
+        print(f"  block {size['layer']}: {size}")
+    result = {
+        "benchmark": "sampling",
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "gomp_spincount": os.environ.get("GOMP_SPINCOUNT"),
+        },
+        "graph": graph,
         "fanouts": args.fanouts,
         "batch_size": args.batch_size,
         "warmup_batches": args.warmup,

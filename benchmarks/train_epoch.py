@@ -28,12 +28,10 @@ from distmb.trainer import TrainConfig, Trainer
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 
 
-def run(local: LocalGraph, model: str, epochs: int, kernels: str | None) -> dict:
-    if kernels is not None:
-        from distmb.nn.backend import set_kernels
-
-        set_kernels(kernels)
-    config = TrainConfig(model=model, epochs=epochs, eval_every=10**9, progress=False)
+def run(local: LocalGraph, model: str, epochs: int, kernels: str) -> dict:
+    config = TrainConfig(
+        model=model, epochs=epochs, eval_every=10**9, progress=False, kernels=kernels
+    )
     trainer = Trainer(local, config, log=lambda _: None)
     records = []
     for epoch in range(epochs):
@@ -45,7 +43,7 @@ def run(local: LocalGraph, model: str, epochs: int, kernels: str | None) -> dict
     }
     return {
         "model": model,
-        "kernels": kernels or "default",
+        "kernels": kernels,
         "epochs": epochs,
         "iterations_per_epoch": records[0]["iterations"],
         "median": median,
@@ -81,7 +79,7 @@ def main() -> None:
     )
     p.add_argument("--dataset", default="synthetic:nodes=200000,avg_degree=30")
     p.add_argument("--models", nargs="+", default=["sage"])
-    p.add_argument("--kernels", nargs="+", default=[None])
+    p.add_argument("--kernels", nargs="+", default=["torch", "fused"], choices=["torch", "fused"])
     p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--out", type=Path, default=RESULTS / "train_epoch.json")
     args = p.parse_args()

@@ -11,6 +11,7 @@
 // not depend on the thread count.
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <stdexcept>
 #include <string>
 
@@ -30,54 +31,77 @@ constexpr int64_t kGrainBytes = 256 << 10;
 constexpr int64_t kChunksPerThread = 8;
 // A row costs about this many edges' worth of work besides its edges (its output write).
 constexpr int64_t kRowWork = 1;
+// Bound on the per-thread source histograms of transpose_block (entries, 8 bytes each).
+constexpr int64_t kTransposeHistEntries = int64_t{8} << 20;
+
+// n_parts + 1 ascending row bounds splitting the rows of a CSR ptr[0..n_rows] into parts of
+// about equal edges + kRowWork * rows (the first at 0, the last at n_rows). A malformed
+// (decreasing) ptr still yields valid, ordered bounds.
+std::vector<int64_t> balanced_bounds(const int64_t* ptr, int64_t n_rows, int64_t n_parts) {
+  std::vector<int64_t> bounds(n_parts + 1, n_rows);
+  bounds[0] = 0;
+  const int64_t edges = n_rows > 0 ? std::max<int64_t>(0, ptr[n_rows] - ptr[0]) : 0;
+  const int64_t work = edges + kRowWork * n_rows;
+  for (int64_t c = 1; c < n_parts; ++c) {
+    // Smallest row r >= bounds[c-1] with ptr[r] - ptr[0] + kRowWork * r >= c * work / n.
+    const int64_t target = work / n_parts * c + work % n_parts * c / n_parts;
+    int64_t lo = bounds[c - 1], hi = n_rows;
+    while (lo < hi) {
+      const int64_t mid = lo + (hi - lo) / 2;
+      if (ptr[mid] - ptr[0] + kRowWork * mid < target) {
+        lo = mid + 1;
+      } else {
+        hi = mid;
+      }
+    }
+    bounds[c] = lo;
+  }
+  return bounds;
+}
 
 // Balanced chunks of a pass over the rows of a CSR ptr[0..n_rows]: chunk c is the rows
-// [bounds[c], bounds[c+1]), all chunks about equal in edges + kRowWork * rows; bytes_per_edge
-// sizes the thread count. A malformed (decreasing) ptr still yields valid, ordered bounds.
+// [bounds[c], bounds[c+1]) (see balanced_bounds); bytes_per_edge sizes the thread count, and
+// with several threads there are kChunksPerThread chunks per thread, taken dynamically.
 struct RowChunks {
   std::vector<int64_t> bounds;
   int threads = 1;
 
   RowChunks(const int64_t* ptr, int64_t n_rows, int64_t bytes_per_edge) {
     const int64_t edges = n_rows > 0 ? std::max<int64_t>(0, ptr[n_rows] - ptr[0]) : 0;
-    const int64_t work = edges + kRowWork * n_rows;
-    const int64_t bytes = work * std::max<int64_t>(1, bytes_per_edge);
+    const int64_t bytes = (edges + kRowWork * n_rows) * std::max<int64_t>(1, bytes_per_edge);
     threads = static_cast<int>(std::max<int64_t>(
         1, std::min<int64_t>(omp_get_max_threads(), bytes / kGrainBytes + 1)));
     const int64_t n_chunks = std::max<int64_t>(
         1, std::min<int64_t>(n_rows, threads == 1 ? 1 : threads * kChunksPerThread));
-    bounds.assign(n_chunks + 1, n_rows);
-    bounds[0] = 0;
-    for (int64_t c = 1; c < n_chunks; ++c) {
-      // Smallest row r >= bounds[c-1] with ptr[r] - ptr[0] + kRowWork * r >= c * work / n.
-      const int64_t target = work / n_chunks * c + work % n_chunks * c / n_chunks;
-      int64_t lo = bounds[c - 1], hi = n_rows;
-      while (lo < hi) {
-        const int64_t mid = lo + (hi - lo) / 2;
-        if (ptr[mid] - ptr[0] + kRowWork * mid < target) {
-          lo = mid + 1;
-        } else {
-          hi = mid;
-        }
-      }
-      bounds[c] = lo;
-    }
+    bounds = balanced_bounds(ptr, n_rows, n_chunks);
   }
 
   int64_t size() const { return static_cast<int64_t>(bounds.size()) - 1; }
 };
 
 // Runs body(row) for every row, chunks taken dynamically by the threads; returns the number of
-// rows for which body returned false (a malformed row).
-template <class Body>
-int64_t for_rows(const RowChunks& chunks, Body body) {
+// rows for which body returned false (a malformed row). First, in the same parallel region
+// (a region start is costly on a loaded machine), runs prologue(i) for i < n_prologue, split
+// statically, and waits for all of it.
+template <class Body, class Prologue>
+int64_t for_rows(const RowChunks& chunks, Body body, int64_t n_prologue, Prologue prologue) {
   int64_t failed = 0;
   const int64_t n_chunks = chunks.size();
   const int64_t* bounds = chunks.bounds.data();
-#pragma omp parallel for schedule(dynamic, 1) num_threads(chunks.threads) reduction(+ : failed)
-  for (int64_t c = 0; c < n_chunks; ++c)
-    for (int64_t r = bounds[c]; r < bounds[c + 1]; ++r) failed += body(r) ? 0 : 1;
+#pragma omp parallel num_threads(chunks.threads) reduction(+ : failed)
+  {
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < n_prologue; ++i) prologue(i);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t c = 0; c < n_chunks; ++c)
+      for (int64_t r = bounds[c]; r < bounds[c + 1]; ++r) failed += body(r) ? 0 : 1;
+  }
   return failed;
+}
+
+template <class Body>
+int64_t for_rows(const RowChunks& chunks, Body body) {
+  return for_rows(chunks, body, 0, [](int64_t) {});
 }
 
 // n_src < 0: the kernel reads no source indices.
@@ -368,50 +392,89 @@ void transpose_block(const int64_t* indptr, const int64_t* indices, int64_t n_ds
   int64_t* ptr = out.indptr.data();
   int64_t* t_edges = out.edges.data();
   int64_t* t_dst = out.dst.data();
-  const RowChunks rows(indptr, n_dst, 4 * sizeof(int64_t));
-  // One thread counts and scatters in edge order: a stable counting sort. Several threads
-  // count and claim slots with relaxed atomics (integers only), then sort each segment.
-  const bool serial = rows.threads == 1;
 
-  // 1. Edges per source into ptr[u], validating the CSR; exclusive scan -> segment starts.
-  const int64_t bad = for_rows(rows, [&](int64_t v) {
-    if (!valid_row(indptr, indices, v, n_edges, n_src)) return false;
-    for (int64_t e = indptr[v]; e < indptr[v + 1]; ++e) {
-      if (serial) {
-        ++ptr[indices[e]];
-      } else {
-        __atomic_fetch_add(&ptr[indices[e]], 1, __ATOMIC_RELAXED);
+  // A stable counting sort of the edges by source, atomic-free (locked increments would
+  // serialise the cache misses of the random counter updates). The destination rows are cut
+  // into `slices` consecutive ranges of about equal edges, one per thread; each slice counts
+  // its sources in a private histogram, the histograms become per-slice write cursors, and
+  // each slice scatters its edges in order, so every segment lists its edges in ascending
+  // order whatever the thread count. The histograms cost slices * n_src entries, capped by
+  // kTransposeHistEntries. One parallel region: on a loaded machine every region start waits
+  // for the scheduler to run a sleeping worker.
+  const RowChunks rows(indptr, n_dst, 4 * sizeof(int64_t));
+  const int64_t slices = std::max<int64_t>(
+      1, std::min<int64_t>(rows.threads, kTransposeHistEntries / std::max<int64_t>(1, n_src)));
+  const std::vector<int64_t> cut = balanced_bounds(indptr, n_dst, slices);
+  // Slice s's counts, then cursors (uninitialised: each slice zeroes its own, in parallel).
+  std::unique_ptr<int64_t[]> hist(new int64_t[slices * n_src]);
+  std::vector<int64_t> block_sum(slices + 1, 0);  // the parallel scan's per-thread totals
+  int64_t bad = 0;  // malformed rows (shared)
+
+#pragma omp parallel num_threads(static_cast<int>(slices))
+  {
+    // Slices go round-robin to the threads the runtime grants (normally one each).
+    const int64_t tid = omp_get_thread_num(), nt = omp_get_num_threads();
+    // 1. Count the sources of each slice's edges, validating the CSR.
+    int64_t my_bad = 0;
+    for (int64_t t = tid; t < slices; t += nt) {
+      int64_t* h = hist.get() + t * n_src;
+      std::fill(h, h + n_src, 0);
+      for (int64_t v = cut[t]; v < cut[t + 1]; ++v) {
+        if (!valid_row(indptr, indices, v, n_edges, n_src)) {
+          ++my_bad;
+          continue;
+        }
+        for (int64_t e = indptr[v]; e < indptr[v + 1]; ++e) ++h[indices[e]];
       }
     }
-    return true;
-  });
+    if (my_bad) {
+#pragma omp atomic
+      bad += my_bad;
+    }
+#pragma omp barrier
+    // 2. Per source: counts -> cursors relative to the segment start; ptr[u] = the total.
+    //    Then an exclusive scan of ptr over static blocks (one per thread).
+    const int64_t lo = n_src * tid / nt, hi = n_src * (tid + 1) / nt;
+    int64_t total = 0;
+    for (int64_t u = lo; u < hi; ++u) {
+      int64_t run = 0;
+      for (int64_t s = 0; s < slices; ++s) {
+        const int64_t c = hist[s * n_src + u];
+        hist[s * n_src + u] = run;
+        run += c;
+      }
+      ptr[u] = run;
+      total += run;
+    }
+    block_sum[tid + 1] = total;
+#pragma omp barrier
+#pragma omp single
+    for (int64_t t = 0; t < nt; ++t) block_sum[t + 1] += block_sum[t];
+    int64_t run = block_sum[tid];
+    for (int64_t u = lo; u < hi; ++u) {
+      const int64_t c = ptr[u];
+      ptr[u] = run;
+      run += c;
+    }
+#pragma omp barrier
+    // 3. Scatter (edge, destination) pairs in edge order through each slice's cursors (skipped
+    //    for a malformed CSR: the counts of its bad rows are missing).
+    if (bad == 0) {
+      for (int64_t t = tid; t < slices; t += nt) {
+        int64_t* cursor = hist.get() + t * n_src;
+        for (int64_t u = 0; u < n_src; ++u) cursor[u] += ptr[u];  // relative -> absolute
+        for (int64_t v = cut[t]; v < cut[t + 1]; ++v) {
+          for (int64_t e = indptr[v]; e < indptr[v + 1]; ++e) {
+            const int64_t p = cursor[indices[e]]++;
+            t_edges[p] = e;
+            t_dst[p] = v;
+          }
+        }
+      }
+    }
+  }
+  ptr[n_src] = n_edges;
   if (bad) throw_bad_csr(bad, n_src);
-  exclusive_scan_inplace(ptr, n_src + 1);
-
-  // 2. Scatter (edge, destination) pairs through a cursor per source.
-  std::vector<int64_t> cursor(out.indptr.begin(), out.indptr.end() - 1);
-  int64_t* cur = cursor.data();
-  for_rows(rows, [&](int64_t v) {
-    for (int64_t e = indptr[v]; e < indptr[v + 1]; ++e) {
-      int64_t* c = cur + indices[e];
-      const int64_t p = serial ? (*c)++ : __atomic_fetch_add(c, 1, __ATOMIC_RELAXED);
-      t_edges[p] = e;
-      t_dst[p] = v;
-    }
-    return true;
-  });
-  if (serial) return;
-
-  // 3. Order each segment by edge id. The destination is non-decreasing in the edge id, so
-  //    sorting both arrays independently keeps the pairs together.
-  const RowChunks segs(ptr, n_src, 2 * sizeof(int64_t));
-  for_rows(segs, [&](int64_t u) {
-    if (ptr[u + 1] - ptr[u] > 1) {
-      std::sort(t_edges + ptr[u], t_edges + ptr[u + 1]);
-      std::sort(t_dst + ptr[u], t_dst + ptr[u + 1]);
-    }
-    return true;
-  });
 }
 
 // ---- mean / sum / gcn --------------------------------------------------------------------------
@@ -440,11 +503,12 @@ void aggregate_backward(const int64_t* indptr, int64_t n_dst, const int64_t* t_i
                         AggKind kind, float* grad_x) {
   // grad_x[u] = sum_{edges u -> v} scale[v] * grad_out[v]  (+ scale[u] * grad_out[u], gcn).
   std::vector<float> scale(n_dst);
-#pragma omp parallel for schedule(static) if (n_dst * 3 * sizeof(float) > kGrainBytes)
-  for (int64_t v = 0; v < n_dst; ++v) scale[v] = agg_scale(kind, indptr[v + 1] - indptr[v]);
   const int64_t ahead = prefetch_rows(dim);
   const RowChunks srcs(t_indptr, n_src, dim * sizeof(float));
-  for_rows(srcs, [&](int64_t u) {
+  const auto set_scale = [&](int64_t v) {
+    scale[v] = agg_scale(kind, indptr[v + 1] - indptr[v]);
+  };
+  const auto gather = [&](int64_t u) {
     const int64_t b = t_indptr[u];
     Neighbours nb{grad_out, dim, t_dst + b, t_indptr[u + 1] - b};
     nb.pf_cnt = t_indptr[n_src] - b;
@@ -458,7 +522,8 @@ void aggregate_backward(const int64_t* indptr, int64_t n_dst, const int64_t* t_i
     gather_row(nb, 1, dim, self ? grad_out + u * dim : nullptr, self ? scale[u] : 0.0f, 1.0f,
                grad_x + u * dim);
     return true;
-  });
+  };
+  for_rows(srcs, gather, kind == AggKind::kSum ? 0 : n_dst, set_scale);
 }
 
 // ---- GAT: edge softmax, attention logits, weighted aggregation ---------------------------------
@@ -527,17 +592,18 @@ void gat_attention_backward(const int64_t* indptr, const int64_t* indices, int64
                             const float* el, const float* er, const float* alpha,
                             const float* grad_alpha, int64_t heads, float negative_slope,
                             float* grad_el, float* grad_er) {
-  // 1. Per destination: the logits' gradient (softmax, then LeakyReLU backward) into a
-  //    per-edge buffer; grad_er[v] is its sum over v's edges.
+  // 1. Per destination (static split): the logits' gradient (softmax, then LeakyReLU
+  //    backward) into a per-edge buffer; grad_er[v] is its sum over v's edges.
+  // 2. Per source (balanced chunks, same parallel region): grad_el[u] = sum of the logit
+  //    gradients of u's edges (transposed CSR).
   const int64_t n_edges = n_dst > 0 ? indptr[n_dst] : 0;
   std::vector<float> grad_logit(n_edges * heads);
   float* gl_all = grad_logit.data();
-  const RowChunks rows(indptr, n_dst, 4 * heads * sizeof(float));
-  for_rows(rows, [&](int64_t v) {
+  const auto logits = [&](int64_t v) {
     const int64_t b = indptr[v], cnt = indptr[v + 1] - b;
     float* gr = grad_er ? grad_er + v * heads : nullptr;
     if (gr) std::fill(gr, gr + heads, 0.0f);
-    if (cnt <= 0) return true;
+    if (cnt <= 0) return;
     HeadScratch tmp(heads);
     float* gl = gl_all + b * heads;
     softmax_backward_row(alpha + b * heads, grad_alpha + b * heads, cnt, heads, gl, tmp);
@@ -549,12 +615,9 @@ void gat_attention_backward(const int64_t* indptr, const int64_t* indices, int64
         if (gr) gr[h] += gl[k * heads + h];
       }
     }
-    return true;
-  });
-  if (!grad_el) return;
-  // 2. Per source: grad_el[u] = sum of the logit gradients of u's edges (transposed CSR).
-  const RowChunks srcs(t_indptr, n_src, 2 * heads * sizeof(float));
-  for_rows(srcs, [&](int64_t u) {
+  };
+  const auto sources = [&](int64_t u) {
+    if (!grad_el) return true;
     float* o = grad_el + u * heads;
     std::fill(o, o + heads, 0.0f);
     for (int64_t k = t_indptr[u]; k < t_indptr[u + 1]; ++k) {
@@ -562,7 +625,11 @@ void gat_attention_backward(const int64_t* indptr, const int64_t* indices, int64
       for (int64_t h = 0; h < heads; ++h) o[h] += gl[h];
     }
     return true;
-  });
+  };
+  // Without grad_el the (empty) row pass runs over the destinations, to size the team.
+  const RowChunks chunks = grad_el ? RowChunks(t_indptr, n_src, 6 * heads * sizeof(float))
+                                   : RowChunks(indptr, n_dst, 4 * heads * sizeof(float));
+  for_rows(chunks, sources, n_dst, logits);
 }
 
 void weighted_aggregate_forward(const int64_t* indptr, const int64_t* indices, int64_t n_dst,

@@ -318,7 +318,8 @@ void update_forward(int64_t n, int64_t k, const UpdateSource* src, int nsrc,
 // update_backward: grad_pre = grad_out * scale * gate (gate_bits null: grad_pre = grad_out);
 // grad_x_s = grad_pre . W_s, grad_w_s = grad_pre^T . X_s, grad_bias = column sums of
 // grad_pre, grad_addend = grad_pre (each output null when not wanted). One pass over row
-// blocks; the reductions over n use per-thread accumulators and one final reduction.
+// blocks; the reductions over n use one accumulator per chunk of rows (threads take chunks
+// dynamically) and one final reduction in chunk order: deterministic for a thread count.
 void update_backward(int64_t n, int64_t k, const float* grad_out, const uint8_t* gate_bits,
                      float scale, const UpdateSource* src, int nsrc, const UpdateGrads* grads,
                      float* grad_bias, float* grad_addend);

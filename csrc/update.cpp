@@ -14,16 +14,19 @@
 // attention scores over the block while it is hot. Backward: one pass over row blocks builds
 // the pre-activation gradient tile (gate bits or ReLU state applied, bias / attention-vector
 // gradients accumulated), then the input gradients of that tile and the weight gradients
-// into per-thread accumulators (N split across threads), reduced once at the end.
+// into private accumulators (N split into contiguous chunks that the threads take
+// dynamically, one accumulator per chunk), reduced once at the end in chunk order.
 //
-// Results do not depend on the thread count except for the float rounding of the reductions
-// over N (weight, bias and attention-vector gradients); the dropout mask never does.
+// Forward values, gate bits and input gradients do not depend on the thread count; the
+// reductions over N (weight, bias and attention-vector gradients) are deterministic for a
+// given thread count and differ across thread counts only by float rounding.
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <stdexcept>
 #include <type_traits>
 #include <vector>
@@ -47,6 +50,7 @@ constexpr int64_t kRowBlock = 64;   // rows per forward work item
 constexpr int64_t kBwdRowBlock = 128;  // rows per backward work item (weight-gradient depth)
 constexpr int kBitsPerByte = 8;
 constexpr int kUnpack = 16;         // gate bits unpacked per step in the backward pass
+constexpr int64_t kChunksPerThread = 4;  // backward work chunks per thread (load balance)
 // Multiplying 8 bytes that are each 0 or 1 by this constant gathers them, in order, into the
 // top byte (byte i -> bit i): the gate-bit packing of 8 columns.
 constexpr uint64_t kPackBitsMagic = 0x0102040810204080ull;
@@ -290,7 +294,7 @@ void update_forward_impl(int64_t n, int64_t k, const UpdateSource* src, int nsrc
   FwdSource fsrc[2];
   for (int s = 0; s < nsrc; ++s) fsrc[s] = {src[s].x, packed[s].data(), src[s].c};
   const int64_t nblocks = (n + kRowBlock - 1) / kRowBlock;
-#pragma omp parallel for schedule(static) num_threads(num_work_threads(nblocks))
+#pragma omp parallel for schedule(dynamic, 1) num_threads(num_work_threads(nblocks))
   for (int64_t blk = 0; blk < nblocks; ++blk) {
     const int64_t i0 = blk * kRowBlock, rows = std::min(kRowBlock, n - i0);
     forward_row_block(i0, rows, kp, fsrc, nsrc,
@@ -315,21 +319,53 @@ void check_sources(int64_t k, const UpdateSource* src, int nsrc) {
 // Per-thread scratch of the backward pass.
 struct BwdScratch {
   std::vector<float> gp;  // [kBwdRowBlock][kp]: pre-activation gradient tile, zero-padded
-  std::vector<float> xp;  // [kBwdRowBlock][max cp]: a source's rows, zero-padded
+  std::vector<float> xp;  // a source's rows as zero-padded column panels (pack_row_panels)
   std::vector<float> gpk;  // gp repacked as [kp / kMR][rows][kMR] (weight-gradient operand)
 };
 
-// The shared backward pass. prologue(t, i0, rows, gp) fills gp[rows][kp] with the
-// pre-activation gradient of rows [i0, i0 + rows) (columns >= k zero) and may accumulate
-// thread t's private reductions; then, per source, grad_x = gp . W and grad_w += gp^T . X,
-// and grad_bias += column sums of gp. nt is the number of threads (fixed by the caller so that
-// the prologue's privates can be sized).
+// Work split of the backward pass: the row blocks are cut into a fixed number of contiguous
+// chunks (kChunksPerThread per thread, at most one per block), taken dynamically by the threads
+// (a thread descheduled by other load does not hold the others up). Every chunk accumulates
+// its own weight / bias / attention-vector gradients, summed in chunk order at the end, so the
+// result is deterministic for a given thread count.
+struct BwdSplit {
+  int nt;           // threads
+  int64_t nblocks;  // row blocks of kBwdRowBlock rows
+  int64_t nchunks;
+  int64_t chunk_begin(int64_t chunk) const { return chunk * nblocks / nchunks; }
+};
+
+BwdSplit backward_split(int64_t n) {
+  const int64_t nblocks = (n + kBwdRowBlock - 1) / kBwdRowBlock;
+  const int nt = num_work_threads(nblocks);
+  return {nt, nblocks, std::max<int64_t>(1, std::min<int64_t>(nblocks, kChunksPerThread * nt))};
+}
+
+// out[i] = sum of parts[c * stride + i] over c < nparts, in order of c, for i < count.
+inline void sum_parts(const float* parts, int64_t nparts, size_t stride, int64_t count,
+                      float* out) {
+  for (int64_t i = 0; i < count; ++i) {
+    float sum = 0.0f;
+    for (int64_t c = 0; c < nparts; ++c) sum += parts[c * stride + i];
+    out[i] = sum;
+  }
+}
+
+// The shared backward pass. prologue(chunk, i0, rows, gp) fills gp[rows][kp] with the
+// pre-activation gradient of rows [i0, i0 + rows) (columns >= k zero) and may accumulate the
+// chunk's private reductions; then, per source, grad_x = gp . W and grad_w += gp^T . X, and
+// grad_bias += column sums of gp. The caller sizes the prologue's per-chunk privates from
+// split.nchunks and zeroes them.
 template <class Prologue>
 void backward_engine(int64_t n, int64_t k, const UpdateSource* src, int nsrc,
-                     const UpdateGrads* grads, float* grad_bias, int nt, Prologue&& prologue) {
+                     const UpdateGrads* grads, float* grad_bias, const BwdSplit& split,
+                     Prologue&& prologue) {
   const int64_t kp = pad_cols(k);
-  std::vector<std::vector<float>> wpanels(nsrc), wpriv(nsrc);
+  const int64_t nchunks = split.nchunks;
+  std::vector<std::vector<float>> wpanels(nsrc);
+  std::vector<std::unique_ptr<float[]>> wpart(nsrc);  // [nchunks][kp][cp], zeroed per chunk
   int64_t max_cp = 0;
+  bool need_gpk = false;
   for (int s = 0; s < nsrc; ++s) {
     const int64_t cp = pad_cols(src[s].c);
     max_cp = std::max(max_cp, cp);
@@ -337,86 +373,92 @@ void backward_engine(int64_t n, int64_t k, const UpdateSource* src, int nsrc,
       wpanels[s].resize(k * cp);
       pack_panels(src[s].w, src[s].c, 1, k, src[s].c, wpanels[s].data());
     }
-    if (grads[s].grad_w != nullptr) wpriv[s].assign(static_cast<size_t>(nt) * kp * cp, 0.0f);
+    if (grads[s].grad_w != nullptr) {
+      wpart[s].reset(new float[static_cast<size_t>(nchunks) * kp * cp]);
+      need_gpk = true;
+    }
   }
-  std::vector<float> bpriv(static_cast<size_t>(nt) * kp, 0.0f);
-  const int64_t nblocks = (n + kBwdRowBlock - 1) / kBwdRowBlock;
+  std::vector<float> bpart(static_cast<size_t>(nchunks) * kp, 0.0f);
 
-#pragma omp parallel num_threads(nt)
+#pragma omp parallel num_threads(split.nt)
   {
-    const int t = omp_get_thread_num();
     BwdScratch scratch;
     scratch.gp.assign(kBwdRowBlock * kp, 0.0f);
     scratch.xp.assign(kBwdRowBlock * max_cp, 0.0f);
-    bool need_gpk = false;
-    for (int s = 0; s < nsrc; ++s) need_gpk = need_gpk || grads[s].grad_w != nullptr;
     if (need_gpk) scratch.gpk.assign(kBwdRowBlock * kp, 0.0f);
     float* gpk = scratch.gpk.data();
     float* gp = scratch.gp.data();
-    float* db = bpriv.data() + static_cast<size_t>(t) * kp;
-#pragma omp for schedule(static)
-    for (int64_t blk = 0; blk < nblocks; ++blk) {
-      const int64_t i0 = blk * kBwdRowBlock, rows = std::min(kBwdRowBlock, n - i0);
-      prologue(t, i0, rows, gp);
-      for (int64_t r = 0; r < rows; ++r) {
-        const float* g = gp + r * kp;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t chunk = 0; chunk < nchunks; ++chunk) {
+      float* db = bpart.data() + static_cast<size_t>(chunk) * kp;
+      for (int s = 0; s < nsrc; ++s)
+        if (wpart[s]) {
+          const size_t size = static_cast<size_t>(kp) * pad_cols(src[s].c);
+          std::fill_n(wpart[s].get() + chunk * size, size, 0.0f);
+        }
+      for (int64_t blk = split.chunk_begin(chunk); blk < split.chunk_begin(chunk + 1); ++blk) {
+        const int64_t i0 = blk * kBwdRowBlock, rows = std::min(kBwdRowBlock, n - i0);
+        prologue(chunk, i0, rows, gp);
+        for (int64_t r = 0; r < rows; ++r) {
+          const float* g = gp + r * kp;
 #pragma omp simd
-        for (int64_t j = 0; j < kp; ++j) db[j] += g[j];
-      }
-      // The weight-gradient products broadcast gp column-wise: repack kMR columns at a time
-      // so that those reads are contiguous.
-      if (need_gpk)
-        for (int64_t k0 = 0; k0 < kp; k0 += kMR)
-          for (int64_t r = 0; r < rows; ++r)
+          for (int64_t j = 0; j < kp; ++j) db[j] += g[j];
+        }
+        // The weight-gradient products broadcast gp column-wise: repack kMR columns at a time
+        // so that those reads are contiguous.
+        if (need_gpk)
+          for (int64_t k0 = 0; k0 < kp; k0 += kMR)
+            for (int64_t r = 0; r < rows; ++r)
 #pragma omp simd
-            for (int j = 0; j < kMR; ++j) gpk[k0 * rows + r * kMR + j] = gp[r * kp + k0 + j];
-      for (int s = 0; s < nsrc; ++s) {
-        const int64_t c = src[s].c, cp = pad_cols(c);
-        // Input gradient: grad_x[rows] = gp . W, tiles over (rows, c).
-        if (float* gx = grads[s].grad_x) {
-          for (int64_t j0 = 0; j0 < cp; j0 += tile_width(j0, cp)) {
-            const int w = tile_width(j0, cp);
-            const int jv = static_cast<int>(std::min<int64_t>(w, c - j0));
-            for (int64_t r0 = 0; r0 < rows; r0 += kMR) {
-              const int mr = static_cast<int>(std::min<int64_t>(kMR, rows - r0));
-              const Operand op{gp + r0 * kp, kp, 1, wpanels[s].data() + j0 * k, w, k};
-              auto store = [&](const auto& acc) {
-                for (int r = 0; r < mr; ++r) {
-                  float* o = gx + (i0 + r0 + r) * c + j0;
+              for (int j = 0; j < kMR; ++j) gpk[k0 * rows + r * kMR + j] = gp[r * kp + k0 + j];
+        for (int s = 0; s < nsrc; ++s) {
+          const int64_t c = src[s].c, cp = pad_cols(c);
+          // Input gradient: grad_x[rows] = gp . W, tiles over (rows, c).
+          if (float* gx = grads[s].grad_x) {
+            for (int64_t j0 = 0; j0 < cp; j0 += tile_width(j0, cp)) {
+              const int w = tile_width(j0, cp);
+              const int jv = static_cast<int>(std::min<int64_t>(w, c - j0));
+              for (int64_t r0 = 0; r0 < rows; r0 += kMR) {
+                const int mr = static_cast<int>(std::min<int64_t>(kMR, rows - r0));
+                const Operand op{gp + r0 * kp, kp, 1, wpanels[s].data() + j0 * k, w, k};
+                auto store = [&](const auto& acc) {
+                  for (int r = 0; r < mr; ++r) {
+                    float* o = gx + (i0 + r0 + r) * c + j0;
 #pragma omp simd
-                  for (int j = 0; j < jv; ++j) o[j] = acc[r][j];
-                }
-              };
-              if (w == kNR)
-                micro_tile<kNR>(mr, &op, 1, store);
-              else
-                micro_tile<kNRTail>(mr, &op, 1, store);
+                    for (int j = 0; j < jv; ++j) o[j] = acc[r][j];
+                  }
+                };
+                if (w == kNR)
+                  micro_tile<kNR>(mr, &op, 1, store);
+                else
+                  micro_tile<kNRTail>(mr, &op, 1, store);
+              }
             }
           }
-        }
-        // Weight gradient: wpriv[t] += gp^T . X[rows], tiles over (c, k), depth = rows. X's
-        // rows are packed into column panels [rows][w] (one stays in L1 while the k panels of
-        // gpk stream past it).
-        if (grads[s].grad_w != nullptr) {
-          float* xp = scratch.xp.data();
-          pack_row_panels(src[s].x + i0 * c, rows, c, xp);
-          float* acc_w = wpriv[s].data() + static_cast<size_t>(t) * kp * cp;
-          for (int64_t j0 = 0; j0 < cp; j0 += tile_width(j0, cp)) {
-            const int w = tile_width(j0, cp);
-            for (int64_t k0 = 0; k0 < kp; k0 += kMR) {
-              const Operand op{gpk + k0 * rows, 0, 0, xp + j0 * rows, w, rows, true};
-              auto add = [&](const auto& acc) {
-                constexpr int NR = std::extent<std::remove_reference_t<decltype(acc)>, 1>::value;
-                for (int r = 0; r < kMR; ++r) {
-                  float* o = acc_w + (k0 + r) * cp + j0;
+          // Weight gradient: wpriv[t] += gp^T . X[rows], tiles over (c, k), depth = rows. X's
+          // rows are packed into column panels [rows][w] (one stays in L1 while the k panels of
+          // gpk stream past it).
+          if (grads[s].grad_w != nullptr) {
+            float* xp = scratch.xp.data();
+            pack_row_panels(src[s].x + i0 * c, rows, c, xp);
+            float* acc_w = wpart[s].get() + static_cast<size_t>(chunk) * kp * cp;
+            for (int64_t j0 = 0; j0 < cp; j0 += tile_width(j0, cp)) {
+              const int w = tile_width(j0, cp);
+              for (int64_t k0 = 0; k0 < kp; k0 += kMR) {
+                const Operand op{gpk + k0 * rows, 0, 0, xp + j0 * rows, w, rows, true};
+                auto add = [&](const auto& acc) {
+                  constexpr int NR = std::extent<std::remove_reference_t<decltype(acc)>, 1>::value;
+                  for (int r = 0; r < kMR; ++r) {
+                    float* o = acc_w + (k0 + r) * cp + j0;
 #pragma omp simd
-                  for (int j = 0; j < NR; ++j) o[j] += acc[r][j];
-                }
-              };
-              if (w == kNR)
-                micro_tile<kNR>(kMR, &op, 1, add);
-              else
-                micro_tile<kNRTail>(kMR, &op, 1, add);
+                    for (int j = 0; j < NR; ++j) o[j] += acc[r][j];
+                  }
+                };
+                if (w == kNR)
+                  micro_tile<kNR>(kMR, &op, 1, add);
+                else
+                  micro_tile<kNRTail>(kMR, &op, 1, add);
+              }
             }
           }
         }
@@ -424,31 +466,19 @@ void backward_engine(int64_t n, int64_t k, const UpdateSource* src, int nsrc,
     }
   }
 
-  // One reduction of the per-thread accumulators (fixed thread order).
+  // Reduction of the per-chunk accumulators in chunk order (parallel over output rows).
   for (int s = 0; s < nsrc; ++s) {
     float* gw = grads[s].grad_w;
     if (gw == nullptr) continue;
     const int64_t c = src[s].c, cp = pad_cols(c);
-    const float* priv = wpriv[s].data();
-#pragma omp parallel for schedule(static) num_threads(num_work_threads(k / kMR + 1))
+    const float* part = wpart[s].get();
+#pragma omp parallel for schedule(static) num_threads(split.nt)
     for (int64_t kk = 0; kk < k; ++kk)
-      for (int64_t j = 0; j < c; ++j) {
-        float sum = 0.0f;
-        for (int tt = 0; tt < nt; ++tt) sum += priv[(static_cast<size_t>(tt) * kp + kk) * cp + j];
-        gw[kk * c + j] = sum;
-      }
+      sum_parts(part + kk * cp, nchunks, static_cast<size_t>(kp) * cp, c, gw + kk * c);
   }
-  if (grad_bias != nullptr)
-    for (int64_t j = 0; j < k; ++j) {
-      float sum = 0.0f;
-      for (int tt = 0; tt < nt; ++tt) sum += bpriv[static_cast<size_t>(tt) * kp + j];
-      grad_bias[j] = sum;
-    }
+  if (grad_bias != nullptr) sum_parts(bpart.data(), nchunks, kp, k, grad_bias);
 }
 
-int backward_threads(int64_t n) {
-  return num_work_threads((n + kBwdRowBlock - 1) / kBwdRowBlock);
-}
 
 }  // namespace
 
@@ -481,9 +511,8 @@ void update_backward(int64_t n, int64_t k, const float* grad_out, const uint8_t*
                      float* grad_bias, float* grad_addend) {
   check_sources(k, src, nsrc);
   const int64_t kb = bytes_per_row(k);
-  const int nt = backward_threads(n);
-  backward_engine(n, k, src, nsrc, grads, grad_bias, nt,
-                  [&](int, int64_t i0, int64_t rows, float* gp) {
+  backward_engine(n, k, src, nsrc, grads, grad_bias, backward_split(n),
+                  [&](int64_t, int64_t i0, int64_t rows, float* gp) {
                     const int64_t kp = pad_cols(k);
                     for (int64_t r = 0; r < rows; ++r) {
                       const int64_t row = i0 + r;
@@ -548,7 +577,7 @@ void gat_projection_forward(int64_t n, int64_t c, int64_t heads, int64_t d, cons
   const auto packed = pack_forward(&src, 1, k);
   const FwdSource fsrc{x, packed[0].data(), c};
   const int64_t nblocks = (n + kRowBlock - 1) / kRowBlock;
-#pragma omp parallel for schedule(static) num_threads(num_work_threads(nblocks))
+#pragma omp parallel for schedule(dynamic, 1) num_threads(num_work_threads(nblocks))
   for (int64_t blk = 0; blk < nblocks; ++blk) {
     const int64_t i0 = blk * kRowBlock, rows = std::min(kRowBlock, n - i0);
     forward_row_block(i0, rows, kp, &fsrc, 1,
@@ -595,13 +624,13 @@ void gat_projection_backward(int64_t n, int64_t c, int64_t heads, int64_t d, con
   const UpdateSource src{x, w, c};
   check_sources(k, &src, 1);
   const UpdateGrads grads{grad_x, grad_w};
-  const int nt = backward_threads(n);
-  // Per-thread gradients of attn_l and attn_r: [nt][kp] each.
-  std::vector<float> al_priv(static_cast<size_t>(nt) * kp, 0.0f), ar_priv(al_priv);
-  backward_engine(n, k, &src, 1, &grads, grad_bias, nt,
-                  [&](int t, int64_t i0, int64_t rows, float* gp) {
-                    float* gal = al_priv.data() + static_cast<size_t>(t) * kp;
-                    float* gar = ar_priv.data() + static_cast<size_t>(t) * kp;
+  const BwdSplit split = backward_split(n);
+  // Per-chunk gradients of attn_l and attn_r: [nchunks][kp] each.
+  std::vector<float> al_part(static_cast<size_t>(split.nchunks) * kp, 0.0f), ar_part(al_part);
+  backward_engine(n, k, &src, 1, &grads, grad_bias, split,
+                  [&](int64_t chunk, int64_t i0, int64_t rows, float* gp) {
+                    float* gal = al_part.data() + static_cast<size_t>(chunk) * kp;
+                    float* gar = ar_part.data() + static_cast<size_t>(chunk) * kp;
                     for (int64_t r = 0; r < rows; ++r) {
                       const int64_t row = i0 + r;
                       const float* zr = z + row * k;
@@ -622,15 +651,8 @@ void gat_projection_backward(int64_t n, int64_t c, int64_t heads, int64_t d, con
                       std::fill(dst + k, dst + kp, 0.0f);
                     }
                   });
-  for (int64_t j = 0; j < k; ++j) {
-    float sl = 0.0f, sr = 0.0f;
-    for (int tt = 0; tt < nt; ++tt) {
-      sl += al_priv[static_cast<size_t>(tt) * kp + j];
-      sr += ar_priv[static_cast<size_t>(tt) * kp + j];
-    }
-    grad_attn_l[j] = sl;
-    grad_attn_r[j] = sr;
-  }
+  sum_parts(al_part.data(), split.nchunks, kp, k, grad_attn_l);
+  sum_parts(ar_part.data(), split.nchunks, kp, k, grad_attn_r);
 }
 
 }  // namespace distmb

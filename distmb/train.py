@@ -78,6 +78,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="append one JSON object per epoch to this file (plot: python -m distmb.report FILE)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--kernels",
+        choices=("fused", "torch"),
+        default="fused",
+        help="UPDATE/AGG implementation: fused C++ kernels or PyTorch ops",
+    )
     hec = p.add_argument_group("multi-rank (mpirun -np P): historical embedding cache")
     hec.add_argument(
         "--hec-size", type=int, default=DEFAULT_HEC_SIZE, help="cache lines per layer (cs)"
@@ -194,6 +200,7 @@ def config_from_args(args: argparse.Namespace):
         resume=args.resume,
         results=args.results,
         progress=not args.no_progress,
+        kernels=args.kernels,
     )
 
 

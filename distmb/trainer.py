@@ -22,6 +22,7 @@ from distmb.data.local import LocalGraph
 from distmb.errors import DistmbError
 from distmb.evaluate import accuracy, gather_rows, layerwise_inference
 from distmb.nn import build_model
+from distmb.nn.backend import set_kernels
 from distmb.sampling import Block, NeighborSampler
 from distmb.timers import PhaseTimer
 
@@ -54,6 +55,7 @@ class TrainConfig:
     resume: bool = False
     results: str | None = None
     progress: bool = True
+    kernels: str = "fused"
 
     def as_dict(self) -> dict[str, Any]:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
@@ -85,6 +87,7 @@ class Trainer:
         self.cfg = config
         self.grad_sync = grad_sync
         self.log = log
+        set_kernels(config.kernels)
         torch.manual_seed(config.seed)  # identical model initialisation on every rank
         self.model = build_model(
             config.model,

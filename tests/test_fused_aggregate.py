@@ -286,6 +286,19 @@ def test_attention_softmax_matches_reference(threads: int, heads: int) -> None:
         assert_matches(got, want)
 
 
+@pytest.mark.parametrize("need", ["el", "er"])
+def test_attention_softmax_single_gradient(need: str) -> None:
+    block = make_block(1500, 4000, 16, seed=12)
+    el = randn(block.n_src, 2, seed=1).requires_grad_(need == "el")
+    er = randn(block.n_dst, 2, seed=2).requires_grad_(need == "er")
+    g = randn(block.num_edges, 2, seed=3)
+    target = el if need == "el" else er
+    (got,) = torch.autograd.grad(fused.gat_attention(block, el, er, 0.2), [target], g)
+    set_kernels("torch")
+    (want,) = torch.autograd.grad(agg.attention_softmax(block, el, er, 0.2), [target], g)
+    torch.testing.assert_close(got, want, atol=ATOL, rtol=RTOL)
+
+
 def test_attention_softmax_is_the_gat_logits() -> None:
     """attention_softmax == edge_softmax(LeakyReLU(el[src] + er[dst])) as GATConv writes it."""
     block = make_block(60, 150, 12, seed=7)

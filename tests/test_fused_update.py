@@ -11,7 +11,8 @@ Layer tests run SAGEConv / GATConv with kernels "fused" and "torch" in the same 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -320,8 +321,8 @@ def spy(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     """Counts the calls of the fused entry points (to show the fused path really ran)."""
     calls = {"sage": 0, "gat": 0}
 
-    def wrap(name: str, fn):  # noqa: ANN001, ANN202
-        def counted(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+    def wrap(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def counted(*args: Any, **kwargs: Any) -> Any:
             calls[name] += 1
             return fn(*args, **kwargs)
 

@@ -264,3 +264,13 @@ def test_part_dir_single_part_equals_dataset(tmp_path, capsys):
     partition_graph(graph, 2, tmp_path / "p2")
     code, _, err = run(["--part-dir", str(tmp_path / "p2"), *FAST, "--epochs", "1"], capsys)
     assert code == 2 and "has 2 parts" in err and "mpirun -np 2" in err
+
+
+@pytest.mark.slow
+def test_cora_fused_kernels_match_torch_accuracy(cora_dir):
+    seeds = (0, 1, 2, 3, 4)
+    spec = f"planetoid:{cora_dir}"
+    fused = _median_test_acc(spec, TrainConfig(**CORA_SAGE, kernels="fused"), seeds)
+    torch_ = _median_test_acc(spec, TrainConfig(**CORA_SAGE, kernels="torch"), seeds)
+    assert abs(fused - torch_) <= 0.015, (fused, torch_)
+    assert min(fused, torch_) >= 0.78
