@@ -10,6 +10,7 @@
 
 #include "common.h"
 #include "kernels.h"
+#include "rng.h"
 
 namespace distmb {
 
@@ -49,17 +50,10 @@ constexpr int64_t kFloydMaxK = 64;
 // Floyd's draws are sorted by rank counting up to this fan-out, by std::sort above it.
 constexpr int64_t kRankSortMaxK = 32;
 
-constexpr uint64_t kGolden = 0x9e3779b97f4a7c15ULL;
 
-// splitmix64's finaliser: a bijection of uint64 with full avalanche.
-inline uint64_t mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
 
 // Counter-based stream of one destination: splitmix64 started at a hash of (seed, epoch,
-// iteration, layer, VID_p), i.e. 64-bit word w is mix64(state0 + (w + 1) * golden); bounded
+// iteration, layer, VID_p), i.e. 64-bit word w is finalize64(state0 + (w + 1) * golden); bounded
 // draws below 2^32 use one 32-bit half of a word each. No state is shared between
 // destinations, so the draws do not depend on which thread samples which vertex.
 struct Stream {
@@ -68,8 +62,8 @@ struct Stream {
   bool have_spare = false;
 
   uint64_t next() {
-    state += kGolden;
-    return mix64(state);
+    state += kSplitmixGolden;
+    return finalize64(state);
   }
 
   uint32_t next32() {
@@ -104,10 +98,10 @@ struct Stream {
 };
 
 inline uint64_t layer_key(uint64_t seed, uint64_t epoch, uint64_t iteration, uint64_t layer) {
-  uint64_t h = mix64(seed + kGolden);
-  h = mix64(h ^ (epoch + 2 * kGolden));
-  h = mix64(h ^ (iteration + 3 * kGolden));
-  return mix64(h ^ (layer + 4 * kGolden));
+  uint64_t h = finalize64(seed + kSplitmixGolden);
+  h = finalize64(h ^ (epoch + 2 * kSplitmixGolden));
+  h = finalize64(h ^ (iteration + 3 * kSplitmixGolden));
+  return finalize64(h ^ (layer + 4 * kSplitmixGolden));
 }
 
 inline void atomic_min(Slot* p, Slot v) {
@@ -312,7 +306,7 @@ void NeighborSamplerCore::sample_layer(const Idx* indices, const int64_t* dst, i
       if (k == r.deg) {
         for (int64_t q = 0; q < k; ++q) slot[q] = q;
       } else {
-        Stream rng{mix64(key ^ (static_cast<uint64_t>(dst[i]) + kGolden))};
+        Stream rng{finalize64(key ^ (static_cast<uint64_t>(dst[i]) + kSplitmixGolden))};
         choose_positions(rng, r.deg, k, slot);
       }
       for (int64_t q = 0; q < k; ++q) __builtin_prefetch(indices + r.begin + slot[q]);
