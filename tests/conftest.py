@@ -9,6 +9,14 @@ import pytest
 
 from distmb.data import Graph
 
+#: A small, fast configuration of the built-in generator for behavioural training tests.
+SMALL = "synthetic:nodes=3000,avg_degree=8,feat_dim=16,classes=4"
+#: Trainer flags that keep those tests fast.
+FAST_FLAGS = [
+    "--layers", "2", "--fanout", "4,4", "--hidden", "16", "--batch-size", "100",
+    "--no-progress",
+]  # fmt: skip
+
 #: ../shared/datasets/cora relative to the repository (the Planetoid files).
 CORA_DIR = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "cora"
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import FAST_FLAGS, SMALL
 
 from distmb.data import Graph, load_dataset
 from distmb.data.local import LocalGraph
@@ -22,20 +23,7 @@ from distmb.trainer import TrainConfig, Trainer
 from partition import partition_graph
 
 SCRIPTS = Path(__file__).parent / "mpi_scripts"
-SMALL = "synthetic:nodes=3000,avg_degree=8,feat_dim=16,classes=4"
-FAST = [
-    "--layers",
-    "2",
-    "--fanout",
-    "4,4",
-    "--hidden",
-    "16",
-    "--batch-size",
-    "100",
-    "--no-progress",
-    "--threads",
-    "1",
-]
+FAST = [*FAST_FLAGS, "--threads", "1"]
 
 
 def mpiexec() -> str:

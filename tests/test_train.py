@@ -8,6 +8,7 @@ import statistics
 import numpy as np
 import pytest
 import torch
+from conftest import FAST_FLAGS, SMALL
 
 from distmb.checkpoint import CHECKPOINT_FILE
 from distmb.data import load_dataset
@@ -16,21 +17,7 @@ from distmb.report import main as report_main
 from distmb.train import main as train_main
 from distmb.trainer import TrainConfig, Trainer
 
-#: A small, fast configuration of the built-in generator for behavioural tests.
-SMALL = "synthetic:nodes=3000,avg_degree=8,feat_dim=16,classes=4"
-FAST = [
-    "--layers",
-    "2",
-    "--fanout",
-    "4,4",
-    "--hidden",
-    "16",
-    "--batch-size",
-    "100",
-    "--no-progress",
-    "--eval-every",
-    "1",
-]
+FAST = [*FAST_FLAGS, "--eval-every", "1"]
 
 
 def run(argv: list[str], capsys) -> tuple[int, str, str]:
