@@ -229,7 +229,8 @@ struct BlockTranspose {
   std::vector<int64_t> dst;     // [E]
 };
 
-// transpose_block: parallel counting sort of the edges by source (validates the CSR).
+// transpose_block: stable counting sort of the edges by source, thread-parallel without
+// atomics (per-thread histograms over edge-balanced slices of the rows); validates the CSR.
 void transpose_block(const int64_t* indptr, const int64_t* indices, int64_t n_dst, int64_t n_src,
                      BlockTranspose& out);
 
