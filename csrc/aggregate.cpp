@@ -69,8 +69,7 @@ struct RowChunks {
   RowChunks(const int64_t* ptr, int64_t n_rows, int64_t bytes_per_edge) {
     const int64_t edges = n_rows > 0 ? std::max<int64_t>(0, ptr[n_rows] - ptr[0]) : 0;
     const int64_t bytes = (edges + kRowWork * n_rows) * std::max<int64_t>(1, bytes_per_edge);
-    threads = static_cast<int>(std::max<int64_t>(
-        1, std::min<int64_t>(omp_get_max_threads(), bytes / kGrainBytes + 1)));
+    threads = threads_for(bytes, kGrainBytes);
     const int64_t n_chunks = std::max<int64_t>(
         1, std::min<int64_t>(n_rows, threads == 1 ? 1 : threads * kChunksPerThread));
     bounds = balanced_bounds(ptr, n_rows, n_chunks);

@@ -10,11 +10,18 @@
 
 namespace distmb {
 
+// Threads for a loop of `work` units when each thread should get at least `grain` of them:
+// below that a fork/join (microseconds, far more on oversubscribed cores) is not worth it.
+inline int threads_for(int64_t work, int64_t grain) {
+  return static_cast<int>(
+      std::max<int64_t>(1, std::min<int64_t>(omp_get_max_threads(), work / grain + 1)));
+}
+
 // Exclusive prefix sum in place over a[0..n): a[i] <- a[0] + ... + a[i-1]; returns the total.
 // Two passes over per-thread blocks, so the result is independent of the thread count.
 inline int64_t exclusive_scan_inplace(int64_t* a, int64_t n) {
   if (n <= 0) return 0;
-  const int nt = std::max(1, std::min<int>(omp_get_max_threads(), static_cast<int>(n / 4096) + 1));
+  const int nt = threads_for(n, 4096);
   std::vector<int64_t> block_sum(nt + 1, 0);
 #pragma omp parallel num_threads(nt)
   {
@@ -39,7 +46,7 @@ inline int64_t exclusive_scan_inplace(int64_t* a, int64_t n) {
 // The indices i in [0, n) with keep(i) true, in increasing order (parallel, deterministic).
 template <class Pred>
 std::vector<int64_t> compact_where(int64_t n, Pred keep) {
-  const int nt = std::max(1, std::min<int>(omp_get_max_threads(), static_cast<int>(n / 65536) + 1));
+  const int nt = threads_for(n, 65536);
   std::vector<int64_t> count(nt + 1, 0);
   std::vector<int64_t> out;
 #pragma omp parallel num_threads(nt)

@@ -46,10 +46,6 @@ constexpr int64_t kGrainFloats = 32768;
 // How many rows ahead the serial slot-assignment loop of store() prefetches hash entries.
 constexpr int64_t kPrefetchDistance = 8;
 
-inline int threads_for(int64_t work, int64_t grain) {
-  return static_cast<int>(std::max<int64_t>(
-      1, std::min<int64_t>(omp_get_max_threads(), work / grain + 1)));
-}
 
 // Smallest power of two >= max(2 * capacity, 16).
 int64_t table_size_for(int64_t capacity) {

@@ -36,10 +36,6 @@ constexpr int64_t kGrainRows = 16384;
 constexpr int64_t kGrainSample = 16384;
 constexpr int64_t kGrainEdges = 65536;
 
-inline int threads_for(int64_t work, int64_t grain) {
-  return static_cast<int>(std::max<int64_t>(
-      1, std::min<int64_t>(omp_get_max_threads(), work / grain + 1)));
-}
 
 // Choice of the without-replacement method for k of deg (see choose_positions): selection
 // sampling costs deg draws, Floyd's algorithm k draws plus k^2/2 comparisons. Selection is
