@@ -604,3 +604,11 @@ def test_load_dataset_specs(tmp_path: Path) -> None:
     for spec in (f"npz:{npz_path}", f"ogb:{ogb_root}", f"edgelist:{edgelist_dir}"):
         g = load_dataset(spec, symmetrize=False)
         assert edge_set(g) == expected_edges(EDGES, symmetric=False), spec
+
+
+def test_spec_paths_expand_home(monkeypatch, tmp_path):
+    from distmb.data import parse_spec
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert parse_spec("ogb:~/data/ogbn_products") == ("ogb", str(tmp_path / "data/ogbn_products"))
+    assert parse_spec("synthetic:nodes=10") == ("synthetic", "nodes=10")

@@ -11,6 +11,8 @@ Specs (see docs/datasets.md):
 
 from __future__ import annotations
 
+import os
+
 from distmb.data.graph import Graph
 from distmb.errors import InputError
 
@@ -28,6 +30,8 @@ def parse_spec(spec: str) -> tuple[str, str]:
         )
     if kind != "synthetic" and not arg:
         raise InputError(f"--dataset {spec!r}: {kind} needs a path, as in {kind}:PATH")
+    if kind != "synthetic":
+        arg = os.path.expanduser(arg)  # the shell does not expand "~" after "ogb:"
     return kind, arg
 
 
