@@ -170,20 +170,7 @@ CORA_SAGE = dict(
     progress=False,
     eval_every=30,
 )
-CORA_GAT = dict(
-    model="gat",
-    layers=2,
-    hidden=16,
-    heads=4,
-    fanout=(10, 10),
-    batch_size=20,
-    lr=0.01,
-    weight_decay=5e-4,
-    dropout=0.5,
-    epochs=30,
-    progress=False,
-    eval_every=30,
-)
+CORA_GAT = {**CORA_SAGE, "model": "gat", "hidden": 16, "heads": 4}
 
 
 @pytest.mark.slow
