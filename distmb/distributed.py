@@ -17,12 +17,12 @@ import numpy as np
 import torch
 
 from distmb.aep import AsyncEmbeddingPush, HecConfig
-from distmb.checkpoint import load_checkpoint, save_checkpoint
+from distmb.checkpoint import save_checkpoint
 from distmb.comm import Communicator
 from distmb.data.local import LocalGraph
 from distmb.data.store import PartitionStore, read_meta
 from distmb.errors import InputError, PartitionError
-from distmb.evaluate import gather_rows
+from distmb.evaluate import correct_counts, layerwise_inference
 from distmb.sampling import Block
 from distmb.trainer import TrainConfig, Trainer, append_jsonl, format_epoch
 
@@ -41,6 +41,7 @@ class DistributedTrainer(Trainer):
     ) -> None:
         self.comm = comm
         self.rank = comm.rank
+        self.num_ranks = comm.size
         self.store = store
         self.hec_config = hec
         local = LocalGraph.from_store(store)
@@ -77,43 +78,29 @@ class DistributedTrainer(Trainer):
         return h
 
     # -- exact evaluation --------------------------------------------------------------------
-    @torch.no_grad()
+    def _halo_rows(self, layer: int, h_solid: np.ndarray | torch.Tensor) -> np.ndarray:
+        """Halo input rows of ``layer`` for exact evaluation: replicated features at layer 0
+        when the partition has them, else one synchronous halo exchange."""
+        store = self.store
+        if layer == 0 and store.halo_features is not None:
+            return np.asarray(store.halo_features)
+        rows = h_solid if isinstance(h_solid, np.ndarray) else h_solid.numpy()
+        return self.comm.halo_exchange(
+            rows, store.send_ptr, store.send_ids, np.asarray(store.halo_owner)
+        )
+
     def evaluate(self) -> dict[str, float]:
         """Layer-wise full-neighbour inference over every part, with one synchronous halo
         exchange per layer; accuracies are summed over ranks."""
         start = time.perf_counter()
-        store, model = self.store, self.model
-        was_training = model.training
-        model.eval()
-        h_solid: np.ndarray | torch.Tensor = store.features
-        for layer in range(model.num_layers):
-            if layer == 0 and store.halo_features is not None:
-                halo = np.asarray(store.halo_features)
-            else:
-                rows = h_solid if isinstance(h_solid, np.ndarray) else h_solid.numpy()
-                halo = self.comm.halo_exchange(
-                    rows, store.send_ptr, store.send_ids, np.asarray(store.halo_owner)
-                )
-            table = _concat_rows(h_solid, halo)
-            out = None
-            bs = self.cfg.eval_batch_size
-            for lo in range(0, store.n_solid, bs):
-                dst = torch.arange(lo, min(lo + bs, store.n_solid))
-                block = self.sampler.full_block(dst)
-                y = model.forward_layer(layer, block, gather_rows(table, block.src_ids))
-                if out is None:
-                    out = torch.empty((store.n_solid, y.shape[1]))
-                out[lo : lo + dst.numel()] = y
-            h_solid = out
-        model.train(was_training)
-        pred = h_solid.argmax(dim=1).numpy()
+        logits = layerwise_inference(
+            self.model, self.local, self.sampler, self.cfg.eval_batch_size, self._halo_rows
+        )
         labels = self.local.labels
         counts = np.array(
             [
-                (pred[self.local.val_idx] == labels[self.local.val_idx]).sum(),
-                self.local.val_idx.size,
-                (pred[self.local.test_idx] == labels[self.local.test_idx]).sum(),
-                self.local.test_idx.size,
+                *correct_counts(logits, labels, self.local.val_idx),
+                *correct_counts(logits, labels, self.local.test_idx),
             ],
             dtype=np.int64,
         )
@@ -198,28 +185,8 @@ class DistributedTrainer(Trainer):
         if self.rank == 0:
             state = self._state(epoch)
             state["torch_rng_per_rank"] = states
-            state["ranks"] = self.comm.size
             save_checkpoint(self.cfg.checkpoint_dir, state)
         self.comm.barrier()  # nobody runs ahead of a checkpoint that is still being written
-
-    def _resume(self) -> None:
-        if not self.cfg.checkpoint_dir:
-            raise InputError("--resume needs --checkpoint-dir")
-        state = load_checkpoint(
-            self.cfg.checkpoint_dir, identity=self.local.identity, args=self.cfg.as_dict()
-        )
-        if state.get("ranks", 1) != self.comm.size:
-            raise InputError(
-                f"--resume: the checkpoint in {self.cfg.checkpoint_dir} was written by "
-                f"{state.get('ranks', 1)} ranks, this run has {self.comm.size}"
-            )
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        rng = state.get("torch_rng_per_rank", [state["torch_rng"]])
-        torch.set_rng_state(rng[self.rank])
-        self.start_epoch = int(state["epoch"]) + 1
-        if self.rank == 0:
-            self.log(f"resumed from {self.cfg.checkpoint_dir} after epoch {state['epoch']}")
 
 
 def format_hec(r: dict[str, Any]) -> str:
@@ -229,12 +196,6 @@ def format_hec(r: dict[str, Any]) -> str:
         f"  |  HEC hit {rates}  pushed {r['bytes_pushed'] / 2**20:.1f} MiB  "
         f"wait {r['comm_wait']:.2f}s  imbalance {r['imbalance']:.2f}"
     )
-
-
-def _concat_rows(solid: np.ndarray | torch.Tensor, halo: np.ndarray) -> np.ndarray | torch.Tensor:
-    if isinstance(solid, np.ndarray):
-        return np.concatenate([np.asarray(solid), halo]) if halo.size else solid
-    return torch.cat([solid, torch.from_numpy(halo)]) if halo.size else solid
 
 
 def open_part(comm: Communicator, part_dir: str) -> PartitionStore:

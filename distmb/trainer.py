@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from distmb.checkpoint import load_checkpoint, save_checkpoint
 from distmb.data.local import LocalGraph
-from distmb.errors import DistmbError
+from distmb.errors import DistmbError, InputError
 from distmb.evaluate import accuracy, gather_rows, layerwise_inference
 from distmb.nn import build_model
 from distmb.nn.backend import set_kernels
@@ -72,8 +72,10 @@ class Trainer:
         log: prints one line (rank 0 only in multi-rank runs).
     """
 
-    #: This rank's index (the distributed trainer sets it before initialising).
+    #: This rank's index and the number of ranks (the distributed trainer sets both before
+    #: initialising).
     rank: int = 0
+    num_ranks: int = 1
 
     def __init__(
         self,
@@ -121,19 +123,28 @@ class Trainer:
             "torch_rng": torch.get_rng_state(),
             "args": self.cfg.as_dict(),
             "identity": self.local.identity,
+            "ranks": self.num_ranks,
         }
 
     def _resume(self) -> None:
         if not self.cfg.checkpoint_dir:
-            raise DistmbError("--resume needs --checkpoint-dir")
+            raise InputError("--resume needs --checkpoint-dir")
         state = load_checkpoint(
             self.cfg.checkpoint_dir, identity=self.local.identity, args=self.cfg.as_dict()
         )
+        saved_ranks = state.get("ranks", 1)
+        if saved_ranks != self.num_ranks:
+            raise InputError(
+                f"--resume: the checkpoint in {self.cfg.checkpoint_dir} was written by "
+                f"{saved_ranks} ranks, this run has {self.num_ranks}"
+            )
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
-        torch.set_rng_state(state["torch_rng"])
+        rng_states = state.get("torch_rng_per_rank", [state["torch_rng"]])
+        torch.set_rng_state(rng_states[self.rank])
         self.start_epoch = int(state["epoch"]) + 1
-        self.log(f"resumed from {self.cfg.checkpoint_dir} after epoch {state['epoch']}")
+        if self.rank == 0:
+            self.log(f"resumed from {self.cfg.checkpoint_dir} after epoch {state['epoch']}")
 
     # -- one epoch ---------------------------------------------------------------------------
     def epoch_batches(self, epoch: int) -> list[np.ndarray]:
