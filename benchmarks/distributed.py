@@ -21,6 +21,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from distmb.report import save_figure, write_json
+
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 MPIEXEC = str(Path(sys.executable).parent / "mpiexec")
 
@@ -252,9 +254,7 @@ def plot(result: dict, path: Path) -> None:
             ax.set_ylabel("HEC hit rate (%)")
             ax.legend(fontsize=7)
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=100)
-    os.replace(tmp, path)
+    save_figure(fig, path, dpi=100)
 
 
 def main() -> None:
@@ -276,9 +276,7 @@ def main() -> None:
                 Path(tmp)
             )
     result["cpus"] = os.cpu_count()
-    tmp_out = args.out.with_suffix(".json.tmp")
-    tmp_out.write_text(json.dumps(result, indent=1) + "\n")
-    os.replace(tmp_out, args.out)
+    write_json(args.out, result)
     plot(result, args.out.with_suffix(".png"))
     print(f"wrote {args.out}")
 

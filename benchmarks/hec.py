@@ -26,7 +26,6 @@ against each other); the minima are closer to the uncontended cost.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import time
@@ -38,6 +37,7 @@ import torch
 
 from distmb import _C
 from distmb.hec import HEC_MISS, HistoricalEmbeddingCache
+from distmb.report import write_json
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 #: Life-span of the benchmarked caches (the paper's default); no advance() happens while
@@ -202,10 +202,7 @@ def main() -> None:
             "torch": torch.__version__,
         },
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_name(args.out.name + ".tmp")
-    tmp.write_text(json.dumps(result, indent=2) + "\n")
-    os.replace(tmp, args.out)
+    write_json(args.out, result, indent=2)
     print(f"wrote {args.out}")
 
 

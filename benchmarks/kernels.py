@@ -45,6 +45,7 @@ from torch import Tensor
 from distmb import _C
 from distmb.nn import fused_aggregate, fused_update
 from distmb.nn.backend import get_kernels, set_kernels
+from distmb.report import save_figure, write_json
 from distmb.sampling import Block
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
@@ -711,10 +712,7 @@ def write_plot(results: dict[str, Any], path: Path) -> None:
     for ax, name in zip(axes[:, 0], present, strict=True):
         SECTIONS[name].plot(ax, results[name])
     fig.tight_layout()
-    tmp = path.with_name(path.stem + ".tmp" + path.suffix)
-    fig.savefig(tmp, dpi=120)
-    os.replace(tmp, path)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)
 
 
 def main() -> None:
@@ -749,9 +747,7 @@ def main() -> None:
         entry = SECTIONS[name].run(args)
         env["loadavg_end"] = os.getloadavg()[0]
         results[name] = {"environment": env, **entry}
-        tmp = json_path.with_name(json_path.name + ".tmp")
-        tmp.write_text(json.dumps(results, indent=2) + "\n")
-        os.replace(tmp, json_path)  # atomic: readers never see a partial file
+        write_json(json_path, results, indent=2)
     write_plot(results, args.out_dir / PNG_NAME)
     print(f"wrote {json_path} and {args.out_dir / PNG_NAME}")
 

@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from distmb.report import write_json
+
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 STEP = re.compile(r"^\[\s*([\d.]+)s\] (.*)$")
 
@@ -145,10 +147,7 @@ def main() -> None:
         },
         "records": records,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp_out = args.out.with_suffix(".json.tmp")
-    tmp_out.write_text(json.dumps(result, indent=1) + "\n")
-    os.replace(tmp_out, args.out)
+    write_json(args.out, result)
     plot(records, args.out.with_suffix(".png"))
     print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
 

@@ -33,6 +33,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from distmb.report import save_figure, write_json
+
 if TYPE_CHECKING:  # distmb (and its OpenMP runtime) is imported in the child processes only
     from distmb.sampling import Block, NeighborSampler
 
@@ -184,10 +186,7 @@ def plot(result: dict, path: Path) -> None:
         f"avg degree {result['graph']['avg_degree']}"
     )
     fig.tight_layout()
-    tmp = path.with_name(path.name + ".tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    os.replace(tmp, path)
+    save_figure(fig, path, dpi=110)
 
 
 def measure(args: argparse.Namespace) -> dict:
@@ -287,10 +286,7 @@ def main() -> None:
         "target_ms_2_threads": TARGET_MS,
         "records": records,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp_out = args.out.with_suffix(".json.tmp")
-    tmp_out.write_text(json.dumps(result, indent=1) + "\n")
-    os.replace(tmp_out, args.out)
+    write_json(args.out, result)
     plot(result, args.out.with_suffix(".png"))
     print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
 

@@ -22,6 +22,7 @@ import torch
 
 from distmb.data import load_dataset
 from distmb.data.local import LocalGraph
+from distmb.report import save_figure, write_json
 from distmb.timers import PHASE_LABELS, PHASES
 from distmb.trainer import TrainConfig, Trainer
 
@@ -68,9 +69,7 @@ def plot(runs: list[dict], path: Path) -> None:
     ax.set_title("single-rank epoch time (200k vertices, deg 30)")
     ax.legend()
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=110)
-    os.replace(tmp, path)
+    save_figure(fig, path, dpi=110)
 
 
 def main() -> None:
@@ -100,10 +99,7 @@ def main() -> None:
         "platform": platform.platform(),
         "runs": runs,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(result, indent=1) + "\n")
-    os.replace(tmp, args.out)
+    write_json(args.out, result)
     plot(runs, args.out.with_suffix(".png"))
     print(f"wrote {args.out}")
 

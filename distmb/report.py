@@ -73,10 +73,28 @@ def plot(records: list[dict[str, Any]], out: Path, title: str) -> None:
         ax.grid(alpha=0.3)
     fig.suptitle(title)
     fig.tight_layout()
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}.png")
-    fig.savefig(tmp, dpi=100)
+    save_figure(fig, out)
+
+
+def save_figure(fig, path: Path, dpi: int = 100) -> None:
+    """Save a matplotlib figure as PNG via a temporary file and a rename (a reader never sees
+    a partial image), then close it."""
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}.png")
+    fig.savefig(tmp, dpi=dpi)
     plt.close(fig)
-    os.replace(tmp, out)
+    os.replace(tmp, path)
+
+
+def write_json(path: Path, obj: Any, indent: int = 1) -> None:
+    """Write ``obj`` as JSON via a temporary file and a rename, creating parent directories."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(obj, indent=indent) + "\n")
+    os.replace(tmp, path)
 
 
 @exit_on_user_error("distmb.report")
