@@ -24,7 +24,7 @@ from distmb.data.store import PartitionStore, read_meta
 from distmb.errors import InputError, PartitionError
 from distmb.evaluate import correct_counts, layerwise_inference
 from distmb.sampling import Block
-from distmb.trainer import TrainConfig, Trainer, append_jsonl, format_epoch
+from distmb.trainer import TrainConfig, Trainer, append_jsonl, format_epoch, split_batches
 
 
 class DistributedTrainer(Trainer):
@@ -50,19 +50,24 @@ class DistributedTrainer(Trainer):
 
     # -- iterations --------------------------------------------------------------------------
     def epoch_batches(self, epoch: int) -> list[np.ndarray]:
-        """The same number M of batches on every rank (``Allreduce MAX``); a rank with fewer
-        training vertices continues through its shuffled set from the start."""
-        own = super().epoch_batches(epoch)
-        num_iters = int(self.comm.allreduce_max(len(own)))
-        if len(own) == num_iters:
-            return own
-        order = np.concatenate(own)
-        size = min(self.cfg.batch_size, order.size)
-        extra = [
-            order[(i * self.cfg.batch_size + np.arange(size)) % order.size]
-            for i in range(len(own), num_iters)
-        ]
-        return own + extra
+        """The same number M of batches on every rank: ``M = max over ranks of
+        ceil(n_train / batch_size)`` (``Allreduce MAX``), and each rank splits its shuffled
+        training vertices into M batches whose sizes differ by at most one. Every training
+        vertex is seen once per epoch and no batch exceeds ``--batch-size``; a rank with
+        fewer than M training vertices repeats them, one per batch, so no batch is empty.
+
+        Also records the global batch sizes (``Allreduce SUM``) for :meth:`loss_weight`."""
+        order = self.shuffled_train(epoch)
+        num_iters = int(self.comm.allreduce_max(-(-order.size // self.cfg.batch_size)))
+        batches = split_batches(order, num_iters)
+        sizes = np.array([b.size for b in batches], dtype=np.int64)
+        self._global_batch = self.comm.allreduce_sum(sizes)
+        return batches
+
+    def loss_weight(self, iteration: int, batch_size: int) -> float:
+        """``P / global batch size``: after the gradient all-reduce averages over the P ranks,
+        every seed of the global batch has the same weight, whatever its rank's share."""
+        return self.comm.size / float(self._global_batch[iteration])
 
     def forward_batch(
         self, blocks: list[Block], x: torch.Tensor, epoch: int, iteration: int, num_iters: int

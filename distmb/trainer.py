@@ -148,11 +148,16 @@ class Trainer:
 
     # -- one epoch ---------------------------------------------------------------------------
     def epoch_batches(self, epoch: int) -> list[np.ndarray]:
-        """The epoch's seed batches: training vertices shuffled by (seed, epoch)."""
+        """The epoch's seed batches: the training vertices shuffled by (seed, epoch) and split
+        into ``ceil(n_train / batch_size)`` batches whose sizes differ by at most one (no
+        ragged last batch)."""
+        order = self.shuffled_train(epoch)
+        return split_batches(order, -(-order.size // self.cfg.batch_size))
+
+    def shuffled_train(self, epoch: int) -> np.ndarray:
+        """int64[n_train]: this rank's training vertices in the epoch's order."""
         rng = np.random.default_rng([self.cfg.seed, epoch])
-        order = self.local.train_idx[rng.permutation(self.local.train_idx.size)]
-        bs = self.cfg.batch_size
-        return [order[i : i + bs] for i in range(0, order.size, bs)]
+        return self.local.train_idx[rng.permutation(self.local.train_idx.size)]
 
     def train_epoch(self, epoch: int) -> dict[str, Any]:
         """One pass over the training vertices; returns loss, accuracy and timings."""
@@ -176,8 +181,9 @@ class Trainer:
                 y = torch.from_numpy(labels[seeds])
             with self.timer("fwd"):
                 logits = self.forward_batch(blocks, x, epoch, it, len(batches))
-                loss = F.cross_entropy(logits, y)
-            loss_value = loss.item()
+                loss_sum = F.cross_entropy(logits, y, reduction="sum")
+                loss = loss_sum * self.loss_weight(it, seeds.size)
+            loss_value = loss_sum.item() / max(seeds.size, 1)
             if not math.isfinite(loss_value):
                 kept = (
                     f"; the last good checkpoint is kept in {self.cfg.checkpoint_dir}"
@@ -211,6 +217,11 @@ class Trainer:
             **self.timer.as_dict(),
             "samples_per_s": round(seen / train_time, 1) if train_time > 0 else 0.0,
         }
+
+    def loss_weight(self, iteration: int, batch_size: int) -> float:
+        """Factor from the batch's summed loss to the loss that is back-propagated: here the
+        mean over the batch (``1 / batch_size``)."""
+        return 1.0 / max(batch_size, 1)
 
     def forward_batch(
         self, blocks: list[Block], x: torch.Tensor, epoch: int, iteration: int, num_iters: int
@@ -247,6 +258,17 @@ class Trainer:
             if cfg.checkpoint_dir:
                 save_checkpoint(cfg.checkpoint_dir, self._state(epoch))
         return self.history
+
+
+def split_batches(order: np.ndarray, num_batches: int) -> list[np.ndarray]:
+    """Split ``order`` into ``num_batches`` consecutive batches whose sizes differ by at most
+    one. With fewer vertices than batches, batch ``i`` is ``order[i % n]`` alone, so no batch
+    is ever empty (a rank must not skip an iteration's collectives)."""
+    if order.size == 0:
+        raise ValueError("split_batches: no training vertices")
+    if order.size >= num_batches:
+        return np.array_split(order, num_batches)
+    return [order[i % order.size : i % order.size + 1] for i in range(num_batches)]
 
 
 def dropout_seed(seed: int, rank: int) -> int:

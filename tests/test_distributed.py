@@ -17,9 +17,10 @@ import pytest
 import torch
 from conftest import FAST_FLAGS, SMALL
 
+from distmb.checkpoint import CHECKPOINT_FILE
 from distmb.data import Graph, load_dataset
 from distmb.data.local import LocalGraph
-from distmb.trainer import TrainConfig, Trainer
+from distmb.trainer import TrainConfig, Trainer, split_batches
 from partition import partition_graph
 
 SCRIPTS = Path(__file__).parent / "mpi_scripts"
@@ -114,10 +115,12 @@ def test_one_rank_equals_single_rank(small_parts, tmp_path):
     assert multi[-1]["test_acc"] == pytest.approx(single[-1]["test_acc"], abs=1e-9)
 
 
-def _two_components() -> Graph:
-    """Two identical disjoint copies of a small synthetic graph (no edge between them)."""
+def _two_components(second_train_fraction: float = 1.0) -> Graph:
+    """Two identical disjoint copies of a small synthetic graph (no edge between them); the
+    second copy keeps the first ``second_train_fraction`` of its training vertices."""
     g = load_dataset("synthetic:nodes=400,avg_degree=6,feat_dim=8,classes=3")
     n = g.num_nodes
+    n_train_second = int(round(second_train_fraction * g.train_idx.size))
     dst = np.repeat(np.arange(n), np.diff(g.indptr))
     src = np.concatenate([g.indices, g.indices + n])
     dst = np.concatenate([dst, dst + n])
@@ -132,7 +135,7 @@ def _two_components() -> Graph:
         2 * n,
         np.concatenate([g.features] * 2),
         np.concatenate([g.labels] * 2),
-        twice(g.train_idx),
+        np.concatenate([g.train_idx, g.train_idx[:n_train_second] + n]),
         twice(g.val_idx),
         twice(g.test_idx),
         g.num_classes,
@@ -175,6 +178,68 @@ def test_two_ranks_without_cut_equal_single_rank(tmp_path):
     assert [r["test_acc"] for r in multi] == pytest.approx(
         [r["test_acc"] for r in single], abs=1e-6
     )
+
+
+def test_unequal_parts_weigh_every_seed_equally(tmp_path):
+    """Parts with 39 and 20 training vertices, one full batch each: the all-reduced gradient
+    must be the mean over all 59 seeds (what one rank computes), not the mean of the two
+    ranks' means, which would weigh the smaller part's seeds twice as much."""
+    graph = _two_components(second_train_fraction=0.5)
+    meta = partition_graph(
+        graph, 2, tmp_path / "p", replicate_halo_features=True, train_tolerance=0.99
+    )
+    assert meta["edge_cut"] == 0
+    train_counts = sorted(int(p["n_train"]) for p in meta["parts"])
+    assert train_counts[1] >= 1.9 * train_counts[0], train_counts
+    n_train = graph.train_idx.size
+    config = dict(layers=2, fanout=(-1, -1), hidden=16, dropout=0.0, epochs=3, progress=False)
+    single = Trainer(
+        LocalGraph.from_graph(graph), TrainConfig(batch_size=n_train, **config), log=lambda _: None
+    )
+    single.fit()
+    multi = train_results(
+        2,
+        [
+            "--part-dir",
+            str(tmp_path / "p"),
+            "--layers",
+            "2",
+            "--fanout=-1,-1",
+            "--hidden",
+            "16",
+            "--dropout",
+            "0",
+            "--epochs",
+            "3",
+            "--batch-size",
+            str(train_counts[1]),
+            "--no-hec",
+            "--no-progress",
+            "--threads",
+            "1",
+            "--checkpoint-dir",
+            str(tmp_path / "ckpt"),
+        ],
+        tmp_path / "r.jsonl",
+    )
+    assert len(multi) == 3
+    trained = torch.load(tmp_path / "ckpt" / CHECKPOINT_FILE, weights_only=True)["model"]
+    for name, value in single.model.state_dict().items():
+        torch.testing.assert_close(trained[name], value, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_batches_cover_each_rank_once_per_epoch():
+    """split_batches: M batches, sizes within one of each other, a permutation of the input;
+    fewer vertices than batches repeat one vertex per batch (never an empty batch)."""
+    order = np.random.default_rng(0).permutation(23)
+    batches = split_batches(order, 5)
+    assert len(batches) == 5
+    assert {b.size for b in batches} <= {4, 5}
+    assert np.array_equal(np.concatenate(batches), order)
+    few = split_batches(np.array([7, 3]), 5)
+    assert [b.tolist() for b in few] == [[7], [3], [7], [3], [7]]
+    with pytest.raises(ValueError):
+        split_batches(np.array([], dtype=np.int64), 2)
 
 
 @pytest.mark.parametrize("parts", [2, 3])
@@ -282,8 +347,10 @@ def test_accuracy_multi_rank(cora_dir, tmp_path, dataset, ranks):
     spec = f"planetoid:{cora_dir}" if dataset == "cora" else "synthetic"
     cfg = ACCURACY_CONFIGS[dataset]
     local = LocalGraph.from_graph(load_dataset(spec))
-    # Cora: 1 point = 10 test vertices, so 5 seeds steady the median; synthetic: 24000.
-    seeds = (0, 1, 2, 3, 4) if dataset == "cora" else (0, 1, 2)
+    # The issue's protocol is the median of 3 seeds. That holds on the synthetic graph (24000
+    # test vertices); on Cora one point is 10 test vertices and single runs spread over
+    # 2-3 points, so the median of 3 would compare noise: Cora uses 10 seeds.
+    seeds = tuple(range(10)) if dataset == "cora" else (0, 1, 2)
     single = statistics.median(
         Trainer(
             local,
@@ -325,9 +392,7 @@ def test_accuracy_multi_rank(cora_dir, tmp_path, dataset, ranks):
         f"{dataset}, {ranks} ranks, {cfg['epochs']} epochs: single {single:.4f}, "
         f"HEC {accs['hec']:.4f}, no HEC {accs['no-hec']:.4f}"
     )
-    # Measured (results/README.md): 2-4 ranks land 0-1.6 points below one rank on both
-    # graphs, partly because partitioned sampling loses edges (--no-hec loses as much or
-    # more). The issue's 1-point target is not met reliably; this asserts what holds.
-    assert accs["hec"] >= single - 0.02, (single, accs)
+    # The target of DistGNN-MB and of the issue: within one point of one rank.
+    assert accs["hec"] >= single - 0.01, (single, accs)
     if dataset == "synthetic":  # low-variance test set: the cache must be worth something
-        assert accs["hec"] >= accs["no-hec"], (single, accs)
+        assert accs["hec"] > accs["no-hec"], (single, accs)

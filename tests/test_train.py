@@ -129,9 +129,9 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, capsys, monkeyp
     real_loss = trainer_module.F.cross_entropy
     calls = {"n": 0}
 
-    def loss_turning_nan(logits, target):
+    def loss_turning_nan(logits, target, **kwargs):
         calls["n"] += 1  # 3 batches per epoch: call 5 is epoch 1, iteration 1
-        loss = real_loss(logits, target)
+        loss = real_loss(logits, target, **kwargs)
         return loss * float("nan") if calls["n"] == 5 else loss
 
     monkeypatch.setattr(trainer_module.F, "cross_entropy", loss_turning_nan)
