@@ -198,6 +198,44 @@ class AsyncEmbeddingPush:
             if cache is not None:
                 cache.advance()
 
+    # -- checkpointing ----------------------------------------------------------------------
+    def cache_state(self) -> dict[str, np.ndarray]:
+        """The valid lines of every cache, as ``layer{l}_tags`` / ``_ages`` / ``_rows`` arrays
+        (see :meth:`HistoricalEmbeddingCache.state`). Taken between epochs, when no push is
+        in flight (pushes stop ``d`` iterations before the end of an epoch)."""
+        out: dict[str, np.ndarray] = {}
+        for layer, cache in enumerate(self.caches):
+            if cache is not None:
+                for key, value in cache.state().items():
+                    out[f"layer{layer}_{key}"] = value
+        return out
+
+    def restore_caches(self, arrays: dict[str, np.ndarray]) -> None:
+        """Inverse of :meth:`cache_state`.
+
+        Raises:
+            ValueError: the arrays do not hold exactly this rank's caches (other layers or
+                widths).
+        """
+        expected = {
+            f"layer{layer}_{key}"
+            for layer, cache in enumerate(self.caches)
+            if cache is not None
+            for key in ("tags", "ages", "rows")
+        }
+        if set(arrays) != expected:
+            raise ValueError(f"cache state holds {sorted(arrays)}, expected {sorted(expected)}")
+        for layer, cache in enumerate(self.caches):
+            if cache is None:
+                continue
+            rows = arrays[f"layer{layer}_rows"]
+            if rows.dtype != np.float32 or rows.ndim != 2 or rows.shape[1] != cache.dim:
+                raise ValueError(
+                    f"layer {layer}: cached rows are {rows.dtype}{list(rows.shape)}, "
+                    f"expected float32[n, {cache.dim}]"
+                )
+            cache.restore({key: arrays[f"layer{layer}_{key}"] for key in ("tags", "ages", "rows")})
+
     # -- statistics ------------------------------------------------------------------------
     def stats(self) -> dict[str, list[float]]:
         """Per layer: lookups, hits, rows and bytes pushed, communication wait (seconds)."""

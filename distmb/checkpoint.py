@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from distmb.errors import InputError
@@ -80,3 +81,60 @@ def load_checkpoint(
                 f"this run has {args.get(key)!r}"
             )
     return state
+
+
+def cache_state_file(directory: str | Path, epoch: int, rank: int) -> Path:
+    """Where ``rank`` keeps its HEC lines as they were after ``epoch``."""
+    return Path(directory) / f"hec-epoch{epoch}-rank{rank}.npz"
+
+
+def save_cache_state(
+    directory: str | Path, epoch: int, rank: int, arrays: dict[str, np.ndarray]
+) -> Path:
+    """Write one rank's cache lines (``np.savez``, no pickle) via a temporary file and a
+    rename; the file also records ``epoch`` and ``rank``. Returns the path."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = cache_state_file(directory, epoch, rank)
+    tmp = directory / f".{path.name}.tmp-{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            np.savez(f, epoch=np.int64(epoch), rank=np.int64(rank), **arrays)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return path
+
+
+def load_cache_state(directory: str | Path, epoch: int, rank: int) -> dict[str, np.ndarray] | None:
+    """One rank's cache lines saved after ``epoch``, or ``None`` when there is no such file.
+
+    Raises:
+        InputError: the file is unreadable or records another epoch or rank.
+    """
+    path = cache_state_file(directory, epoch, rank)
+    if not path.is_file():
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {key: data[key] for key in data.files}
+    except Exception as exc:  # truncated or not an npz file
+        raise InputError(f"--resume: {path} is not a readable cache file ({exc})") from None
+    saved = (int(arrays.pop("epoch", -1)), int(arrays.pop("rank", -1)))
+    if saved != (epoch, rank):
+        raise InputError(
+            f"--resume: {path} holds epoch {saved[0]} of rank {saved[1]}, "
+            f"expected epoch {epoch} of rank {rank}"
+        )
+    return arrays
+
+
+def remove_cache_states(directory: str | Path, rank: int, keep_epoch: int) -> None:
+    """Delete ``rank``'s cache files of every epoch but ``keep_epoch``."""
+    keep = cache_state_file(directory, keep_epoch, rank).name
+    for path in Path(directory).glob(f"hec-epoch*-rank{rank}.npz"):
+        if path.name != keep:
+            path.unlink(missing_ok=True)

@@ -17,7 +17,12 @@ import numpy as np
 import torch
 
 from distmb.aep import AsyncEmbeddingPush, HecConfig
-from distmb.checkpoint import save_checkpoint
+from distmb.checkpoint import (
+    load_cache_state,
+    remove_cache_states,
+    save_cache_state,
+    save_checkpoint,
+)
 from distmb.comm import Communicator
 from distmb.data.local import LocalGraph
 from distmb.data.store import PartitionStore, read_meta
@@ -47,6 +52,8 @@ class DistributedTrainer(Trainer):
         local = LocalGraph.from_store(store)
         super().__init__(local, config, grad_sync=comm.allreduce_gradients, log=log)
         self.aep = AsyncEmbeddingPush(comm, store, self.model.layer_dims(), hec, config.seed)
+        if config.resume:
+            self._restore_caches()
 
     # -- iterations --------------------------------------------------------------------------
     def epoch_batches(self, epoch: int) -> list[np.ndarray]:
@@ -186,12 +193,31 @@ class DistributedTrainer(Trainer):
         return out
 
     def _save(self, epoch: int) -> None:
-        states = self.comm.allgather(torch.get_rng_state())
+        """Every rank writes its cache lines for ``epoch``; then rank 0 writes the checkpoint
+        (model, optimizer, every rank's RNG state) that names ``epoch``; then the ranks drop
+        their older cache files. A crash at any point leaves a checkpoint whose cache files
+        exist (or, between the first two steps, an older checkpoint with its own files)."""
+        directory = self.cfg.checkpoint_dir
+        save_cache_state(directory, epoch, self.rank, self.aep.cache_state())
+        states = self.comm.allgather(torch.get_rng_state())  # also: every cache file is written
         if self.rank == 0:
             state = self._state(epoch)
             state["torch_rng_per_rank"] = states
-            save_checkpoint(self.cfg.checkpoint_dir, state)
+            save_checkpoint(directory, state)
         self.comm.barrier()  # nobody runs ahead of a checkpoint that is still being written
+        remove_cache_states(directory, self.rank, keep_epoch=epoch)
+
+    def _restore_caches(self) -> None:
+        """Refill the caches as they were after the resumed epoch, so a resumed run repeats an
+        uninterrupted one exactly. Without every rank's file (a checkpoint of an older
+        version) all ranks start with empty caches, which refill within ``d + ls``
+        iterations."""
+        arrays = load_cache_state(self.cfg.checkpoint_dir, self.start_epoch - 1, self.rank)
+        everyone = self.comm.allreduce_min(0.0 if arrays is None else 1.0)
+        if everyone == 1.0:
+            self.aep.restore_caches(arrays)
+        elif self.rank == 0:
+            self.log("resume: no HEC state for every rank in the checkpoint; caches start empty")
 
 
 def format_hec(r: dict[str, Any]) -> str:

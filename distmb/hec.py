@@ -261,6 +261,47 @@ class HistoricalEmbeddingCache:
         """Drop every line. The clock and the counters are kept."""
         self._core.clear()
 
+    # -- checkpointing ----------------------------------------------------------------------
+    def state(self) -> dict[str, np.ndarray]:
+        """The valid lines (age ``<= lifespan``): ``tags`` int64[v], ``ages`` int64[v],
+        ``rows`` float32[v, dim]. Expired lines are left out: they can never hit again. The
+        row read counts ``v`` lookups and hits."""
+        tags, ages = self.snapshot()
+        if self.lifespan != LIFESPAN_UNBOUNDED:
+            valid = ages <= self.lifespan
+            tags, ages = tags[valid], ages[valid]
+        rows = torch.empty((tags.size, self.dim))
+        if tags.size:
+            self.load(self.search(tags), out=rows)
+        return {"tags": tags, "ages": ages, "rows": rows.numpy()}
+
+    def restore(self, state: dict[str, np.ndarray]) -> None:
+        """Replace the contents by ``state`` (from :meth:`state`): the same tags, rows and
+        ages. Lines are stored oldest first with :meth:`advance` between age groups, so the
+        clock moves on by the largest age; slot positions may differ from the saved cache.
+
+        Raises:
+            ValueError: arrays of the wrong shape or dtype, or a negative age.
+        """
+        tags = _index_array(state["tags"], "tags")
+        ages = _index_array(state["ages"], "ages")
+        rows = np.asarray(state["rows"])
+        if ages.shape != tags.shape or (ages.size and int(ages.min()) < 0):
+            raise ValueError("ages must be non-negative and match tags in length")
+        self.clear()
+        order = np.argsort(-ages, kind="stable")
+        tags, ages, rows = tags[order], ages[order], rows[order]
+        bounds = np.flatnonzero(np.diff(ages)) + 1
+        starts = np.concatenate([[0], bounds]).astype(np.int64)
+        ends = np.concatenate([bounds, [tags.size]]).astype(np.int64)
+        for start, end in zip(starts, ends, strict=True):
+            if start == end:
+                continue
+            self.store(tags[start:end], rows[start:end])
+            next_age = int(ages[end]) if end < tags.size else 0
+            for _ in range(int(ages[start]) - next_age):
+                self.advance()
+
     # -- statistics --------------------------------------------------------------------------
     def counters(self) -> dict[str, int]:
         """Counts since creation or :meth:`reset_counters`: ``lookups`` (tags searched),

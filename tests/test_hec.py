@@ -12,6 +12,8 @@ import pytest
 import torch
 
 from distmb import _C
+from distmb.checkpoint import load_cache_state, save_cache_state
+from distmb.errors import InputError
 from distmb.hec import (
     COUNTER_KEYS,
     HEC_MISS,
@@ -516,3 +518,32 @@ def test_large_cache_is_not_zero_filled() -> None:
     hec.store(np.arange(1000), np.ones((1000, 256), np.float32))
     assert len(hec) == 1000
     del hec
+
+
+def test_state_and_restore_keep_valid_lines_with_their_ages(tmp_path: Path) -> None:
+    """state() -> save -> load -> restore(): the restored cache answers every later lookup
+    as the original does (same rows, same expiry), and expired lines are not saved."""
+    rng = np.random.default_rng(5)
+    original = HistoricalEmbeddingCache(64, 3, lifespan=2)
+    for _ in range(6):  # lines of ages 0..5; only ages <= 2 are valid
+        tags = rng.choice(200, size=10, replace=False)
+        original.store(tags, rng.standard_normal((10, 3)).astype(np.float32))
+        original.advance()
+    state = original.state()
+    assert state["ages"].max() <= 2 and len(state["tags"]) == len(original)
+    save_cache_state(tmp_path, 7, 1, {f"layer1_{k}": v for k, v in state.items()})
+    loaded = load_cache_state(tmp_path, 7, 1)
+    assert loaded is not None
+    restored = HistoricalEmbeddingCache(64, 3, lifespan=2)
+    restored.restore({k.removeprefix("layer1_"): v for k, v in loaded.items()})
+    everything = np.arange(200)
+    for _ in range(4):  # ages advance in step: lines expire in the same iteration
+        rows_a, hit_a = original.lookup(everything)
+        rows_b, hit_b = restored.lookup(everything)
+        assert torch.equal(hit_a, hit_b) and torch.equal(rows_a, rows_b)
+        original.advance()
+        restored.advance()
+    assert load_cache_state(tmp_path, 6, 1) is None
+    (tmp_path / "hec-epoch6-rank1.npz").write_bytes(b"not a zip")
+    with pytest.raises(InputError, match="hec-epoch6-rank1.npz"):
+        load_cache_state(tmp_path, 6, 1)
