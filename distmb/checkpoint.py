@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import torch
@@ -22,20 +23,25 @@ RESUME_MUST_MATCH = ("model", "layers", "hidden", "heads", "fanout", "aggr")
 def save_checkpoint(directory: str | Path, state: dict[str, Any]) -> Path:
     """Write ``state`` to ``directory/checkpoint.pt`` via a temporary file and a rename, so a
     crash leaves the previous checkpoint intact. Returns the path."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / CHECKPOINT_FILE
-    tmp = directory / f".{CHECKPOINT_FILE}.tmp-{os.getpid()}"
+    path = Path(directory) / CHECKPOINT_FILE
+    _write_atomic(path, lambda f: torch.save({"version": CHECKPOINT_VERSION, **state}, f))
+    return path
+
+
+def _write_atomic(path: Path, write: Callable[[BinaryIO], None]) -> None:
+    """``write`` into a temporary file beside ``path``, fsync, then rename it to ``path``: a
+    crash leaves the previous file (or none), never a half-written one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
     try:
         with open(tmp, "wb") as f:
-            torch.save({"version": CHECKPOINT_VERSION, **state}, f)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     finally:
         if tmp.exists():
             tmp.unlink()
-    return path
 
 
 def load_checkpoint(
@@ -93,19 +99,8 @@ def save_cache_state(
 ) -> Path:
     """Write one rank's cache lines (``np.savez``, no pickle) via a temporary file and a
     rename; the file also records ``epoch`` and ``rank``. Returns the path."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
     path = cache_state_file(directory, epoch, rank)
-    tmp = directory / f".{path.name}.tmp-{os.getpid()}"
-    try:
-        with open(tmp, "wb") as f:
-            np.savez(f, epoch=np.int64(epoch), rank=np.int64(rank), **arrays)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    _write_atomic(path, lambda f: np.savez(f, epoch=np.int64(epoch), rank=np.int64(rank), **arrays))
     return path
 
 

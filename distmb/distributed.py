@@ -8,6 +8,7 @@ backward -> gradient all-reduce -> optimizer step -> HEC ages advance.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import time
 from pathlib import Path
@@ -28,6 +29,7 @@ from distmb.data.local import LocalGraph
 from distmb.data.store import PartitionStore, read_meta
 from distmb.errors import InputError, PartitionError
 from distmb.evaluate import correct_counts, layerwise_inference
+from distmb.exact import ExactBatchSampler
 from distmb.sampling import Block
 from distmb.trainer import TrainConfig, Trainer, append_jsonl, format_epoch, split_batches
 
@@ -42,6 +44,7 @@ class DistributedTrainer(Trainer):
         config: TrainConfig,
         hec: HecConfig,
         *,
+        exact_remote: bool = False,
         log=print,
     ) -> None:
         self.comm = comm
@@ -51,7 +54,13 @@ class DistributedTrainer(Trainer):
         self.hec_config = hec
         local = LocalGraph.from_store(store)
         super().__init__(local, config, grad_sync=comm.allreduce_gradients, log=log)
+        if exact_remote:  # no halo leaves: no caches, no pushes
+            hec = dataclasses.replace(hec, enabled=False)
         self.aep = AsyncEmbeddingPush(comm, store, self.model.layer_dims(), hec, config.seed)
+        #: ``--exact-remote``: DistDGL-like exact batches (no halo leaves, no cache).
+        self.exact = (
+            ExactBatchSampler(comm, store, self.sampler, config.fanout) if exact_remote else None
+        )
         if config.resume:
             self._restore_caches()
 
@@ -76,9 +85,18 @@ class DistributedTrainer(Trainer):
         every seed of the global batch has the same weight, whatever its rank's share."""
         return self.comm.size / float(self._global_batch[iteration])
 
+    def sample_batch(
+        self, seeds: np.ndarray, epoch: int, iteration: int
+    ) -> tuple[list[Block], torch.Tensor]:
+        if self.exact is not None:
+            return self.exact.sample(seeds, epoch, iteration)
+        return super().sample_batch(seeds, epoch, iteration)
+
     def forward_batch(
         self, blocks: list[Block], x: torch.Tensor, epoch: int, iteration: int, num_iters: int
     ) -> torch.Tensor:
+        if self.exact is not None:  # whole computation graph is local: no halo leaves
+            return self.model(blocks, x)
         self.aep.epoch = epoch
         blocks, halo_rows = self.aep.prepare(blocks, iteration, num_iters)
         h = x
@@ -128,6 +146,8 @@ class DistributedTrainer(Trainer):
         cfg = self.cfg
         for epoch in range(self.start_epoch, cfg.epochs):
             self.aep.reset_stats()
+            if self.exact is not None:
+                self.exact.reset_stats()
             record = self.train_epoch(epoch)
             record.update(self._global_stats(record))
             if (epoch + 1) % cfg.eval_every == 0 or epoch == cfg.epochs - 1:
@@ -162,6 +182,7 @@ class DistributedTrainer(Trainer):
                 *stats["rows_pushed"],
                 *stats["bytes_pushed"],
                 *stats["bytes_needed"],
+                self.exact.bytes_sent if self.exact is not None else 0,
             ],
             dtype=np.float64,
         )
@@ -171,7 +192,7 @@ class DistributedTrainer(Trainer):
         hits = total[2 + n_layers : 2 + 2 * n_layers]
         rows = total[2 + 2 * n_layers : 2 + 3 * n_layers]
         nbytes = total[2 + 3 * n_layers : 2 + 4 * n_layers]
-        needed = total[2 + 4 * n_layers :]
+        needed = total[2 + 4 * n_layers : 2 + 5 * n_layers]
         out = {
             "loss": float(total[0] / self.comm.size),
             "train_acc": float(total[1] / self.comm.size),
@@ -181,6 +202,7 @@ class DistributedTrainer(Trainer):
             "rows_pushed": [int(r) for r in rows],
             "bytes_pushed": int(nbytes.sum()),
             "bytes_exact_pull": [int(b) for b in needed],
+            "bytes_exact_remote": int(total[-1]),
             "comm_wait": round(self.comm.allreduce_max(sum(stats["comm_wait"])), 4),
             "imbalance": round(
                 self.comm.allreduce_max(record["epoch_time"])
@@ -223,10 +245,11 @@ class DistributedTrainer(Trainer):
 def format_hec(r: dict[str, Any]) -> str:
     """The multi-rank part of the epoch line: HEC hit rates, traffic, wait, imbalance."""
     rates = "/".join("-" if h is None else f"{100 * h:.0f}%" for h in r["hec_hit_rate"])
-    return (
-        f"  |  HEC hit {rates}  pushed {r['bytes_pushed'] / 2**20:.1f} MiB  "
-        f"wait {r['comm_wait']:.2f}s  imbalance {r['imbalance']:.2f}"
-    )
+    if r.get("bytes_exact_remote"):
+        traffic = f"exact remote {r['bytes_exact_remote'] / 2**20:.1f} MiB"
+    else:
+        traffic = f"HEC hit {rates}  pushed {r['bytes_pushed'] / 2**20:.1f} MiB"
+    return f"  |  {traffic}  wait {r['comm_wait']:.2f}s  imbalance {r['imbalance']:.2f}"
 
 
 def open_part(comm: Communicator, part_dir: str) -> PartitionStore:

@@ -209,6 +209,15 @@ class NeighborSampler:
         """
         return self._run(seeds, self.fanouts, epoch, iteration)
 
+    def sample_hop(
+        self, dst_ids: torch.Tensor | np.ndarray, fanout: int, epoch: int, iteration: int
+    ) -> Block:
+        """One block: up to ``fanout`` (or :data:`FANOUT_ALL`) in-neighbours of every
+        ``dst_ids`` entry (int64[n], distinct solid VID_p), drawn like one layer of
+        :meth:`sample` keyed by ``(epoch, iteration)``. For samplers that grow a mini-batch one
+        hop at a time across parts (:mod:`distmb.exact`)."""
+        return self._run(dst_ids, self._check_fanouts([fanout]), epoch, iteration)[0]
+
     def full_block(self, dst_ids: torch.Tensor | np.ndarray) -> Block:
         """One exact block: every in-neighbour of ``dst_ids`` (int64[n], distinct solid VID_p).
 

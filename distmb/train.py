@@ -112,6 +112,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="drop halo leaves instead (communication-free lower bound)",
     )
     hec.add_argument(
+        "--exact-remote",
+        action="store_true",
+        help="DistDGL-like exact baseline instead of the HEC: sample remote neighbours at "
+        "their owners and fetch remote features every iteration (no cache, no staleness)",
+    )
+    hec.add_argument(
         "--partition-cache",
         default=".cache/distmb-parts",
         help="where --dataset is partitioned for P ranks (rank 0 writes it)",
@@ -128,6 +134,8 @@ def hec_config_from_args(args: argparse.Namespace):
             raise InputError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
     if args.hec_lifespan < 0:
         raise InputError(f"--hec-lifespan must be >= 0, got {args.hec_lifespan}")
+    if args.exact_remote and args.no_hec:
+        raise InputError("--exact-remote and --no-hec exclude each other (pick one halo scheme)")
     return HecConfig(
         enabled=not args.no_hec,
         size=args.hec_size,
@@ -285,13 +293,15 @@ def run_distributed(args: argparse.Namespace, comm) -> None:
     )
     store = open_part(comm, part_dir)
     log(f"{comm.size} ranks on {part_dir}; rank 0: {store}")
-    trainer = DistributedTrainer(comm, store, config, hec, log=log)
+    trainer = DistributedTrainer(comm, store, config, hec, exact_remote=args.exact_remote, log=log)
     log(
         f"training {config.model} ({config.layers} layers, hidden {config.hidden}), fan-out "
         f"{','.join(map(str, config.fanout))}, batch {config.batch_size} per rank, lr "
         f"{config.lr}, {config.epochs} epochs, {torch.get_num_threads()} threads per rank; HEC "
         + (
-            "off"
+            "off (exact remote sampling and feature fetch)"
+            if args.exact_remote
+            else "off"
             if not hec.enabled
             else f"cs={hec.size} nc={hec.nc} ls={hec.lifespan} d={hec.delay}"
         )

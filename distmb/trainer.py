@@ -164,7 +164,7 @@ class Trainer:
         self.model.train()
         self.timer.reset()
         batches = self.epoch_batches(epoch)
-        features, labels = self.local.features, self.local.labels
+        labels = self.local.labels
         total_loss, correct, seen = 0.0, 0, 0
         bar = tqdm(
             total=len(batches),
@@ -176,8 +176,7 @@ class Trainer:
         start = time.perf_counter()
         for it, seeds in enumerate(batches):
             with self.timer("mbc"):
-                blocks = self.sampler.sample(seeds, epoch, it)
-                x = gather_rows(features, blocks[0].src_ids[: blocks[0].n_computed])
+                blocks, x = self.sample_batch(seeds, epoch, it)
                 y = torch.from_numpy(labels[seeds])
             with self.timer("fwd"):
                 logits = self.forward_batch(blocks, x, epoch, it, len(batches))
@@ -217,6 +216,15 @@ class Trainer:
             **self.timer.as_dict(),
             "samples_per_s": round(seen / train_time, 1) if train_time > 0 else 0.0,
         }
+
+    def sample_batch(
+        self, seeds: np.ndarray, epoch: int, iteration: int
+    ) -> tuple[list[Block], torch.Tensor]:
+        """The batch's blocks and float32[blocks[0].n_computed, F], the input features of
+        block 0's computed (solid) sources."""
+        blocks = self.sampler.sample(seeds, epoch, iteration)
+        x = gather_rows(self.local.features, blocks[0].src_ids[: blocks[0].n_computed])
+        return blocks, x
 
     def loss_weight(self, iteration: int, batch_size: int) -> float:
         """Factor from the batch's summed loss to the loss that is back-propagated: here the

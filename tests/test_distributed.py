@@ -142,42 +142,60 @@ def _two_components(second_train_fraction: float = 1.0) -> Graph:
     )
 
 
+def _full_batch_runs(graph: Graph, part_dir: Path, ranks: int, batch: int, tmp: Path, *extra):
+    """One rank on ``graph`` with one batch of all training vertices, and ``ranks`` ranks on
+    ``part_dir`` with per-rank batch ``batch``: every neighbour, no dropout, 3 epochs, so
+    both are deterministic. Returns (single trainer, multi-rank records, multi-rank model)."""
+    config = dict(layers=2, fanout=(-1, -1), hidden=16, dropout=0.0, epochs=3, progress=False)
+    single = Trainer(
+        LocalGraph.from_graph(graph),
+        TrainConfig(batch_size=graph.train_idx.size, **config),
+        log=lambda _: None,
+    )
+    single.fit()
+    flags = ["--layers", "2", "--fanout=-1,-1", "--hidden", "16", "--dropout", "0"]
+    multi = train_results(
+        ranks,
+        [
+            "--part-dir",
+            str(part_dir),
+            *flags,
+            "--epochs",
+            "3",
+            "--batch-size",
+            str(batch),
+            "--no-progress",
+            "--threads",
+            "1",
+            "--checkpoint-dir",
+            str(tmp / "ckpt"),
+            *extra,
+        ],
+        tmp / "r.jsonl",
+    )
+    model = torch.load(tmp / "ckpt" / CHECKPOINT_FILE, weights_only=True)["model"]
+    return single, multi, model
+
+
+def _assert_same_model(single: Trainer, model: dict) -> None:
+    for name, value in single.model.state_dict().items():
+        torch.testing.assert_close(model[name], value, rtol=1e-4, atol=1e-5, msg=name)
+
+
 def test_two_ranks_without_cut_equal_single_rank(tmp_path):
     graph = _two_components()
     meta = partition_graph(graph, 2, tmp_path / "p", replicate_halo_features=True)
     assert meta["edge_cut"] == 0
-    n_train = graph.train_idx.size
-    config = dict(layers=2, fanout=(-1, -1), hidden=16, dropout=0.0, epochs=3, progress=False)
-    single = Trainer(
-        LocalGraph.from_graph(graph), TrainConfig(batch_size=n_train, **config), log=lambda _: None
-    ).fit()
-    multi = train_results(
-        2,
-        [
-            "--part-dir",
-            str(tmp_path / "p"),
-            "--layers",
-            "2",
-            "--fanout=-1,-1",
-            "--hidden",
-            "16",
-            "--dropout",
-            "0",
-            "--epochs",
-            "3",
-            "--batch-size",
-            str(n_train // 2),
-            "--no-hec",
-            "--no-progress",
-            "--threads",
-            "1",
-        ],
-        tmp_path / "r.jsonl",
+    single, multi, model = _full_batch_runs(
+        graph, tmp_path / "p", 2, graph.train_idx.size // 2, tmp_path, "--no-hec"
     )
-    assert [r["loss"] for r in multi] == pytest.approx([r["loss"] for r in single], rel=1e-4)
+    assert [r["loss"] for r in multi] == pytest.approx(
+        [r["loss"] for r in single.history], rel=1e-4
+    )
     assert [r["test_acc"] for r in multi] == pytest.approx(
-        [r["test_acc"] for r in single], abs=1e-6
+        [r["test_acc"] for r in single.history], abs=1e-6
     )
+    _assert_same_model(single, model)
 
 
 def test_unequal_parts_weigh_every_seed_equally(tmp_path):
@@ -191,41 +209,26 @@ def test_unequal_parts_weigh_every_seed_equally(tmp_path):
     assert meta["edge_cut"] == 0
     train_counts = sorted(int(p["n_train"]) for p in meta["parts"])
     assert train_counts[1] >= 1.9 * train_counts[0], train_counts
-    n_train = graph.train_idx.size
-    config = dict(layers=2, fanout=(-1, -1), hidden=16, dropout=0.0, epochs=3, progress=False)
-    single = Trainer(
-        LocalGraph.from_graph(graph), TrainConfig(batch_size=n_train, **config), log=lambda _: None
-    )
-    single.fit()
-    multi = train_results(
-        2,
-        [
-            "--part-dir",
-            str(tmp_path / "p"),
-            "--layers",
-            "2",
-            "--fanout=-1,-1",
-            "--hidden",
-            "16",
-            "--dropout",
-            "0",
-            "--epochs",
-            "3",
-            "--batch-size",
-            str(train_counts[1]),
-            "--no-hec",
-            "--no-progress",
-            "--threads",
-            "1",
-            "--checkpoint-dir",
-            str(tmp_path / "ckpt"),
-        ],
-        tmp_path / "r.jsonl",
+    single, multi, model = _full_batch_runs(
+        graph, tmp_path / "p", 2, train_counts[1], tmp_path, "--no-hec"
     )
     assert len(multi) == 3
-    trained = torch.load(tmp_path / "ckpt" / CHECKPOINT_FILE, weights_only=True)["model"]
-    for name, value in single.model.state_dict().items():
-        torch.testing.assert_close(trained[name], value, rtol=1e-4, atol=1e-5, msg=name)
+    _assert_same_model(single, model)
+
+
+@pytest.mark.parametrize("parts", [2, 3])
+def test_exact_remote_equals_single_rank(small_parts, tmp_path, parts):
+    """--exact-remote on a partition with cut edges and no replicated features: with every
+    neighbour sampled, no dropout and one batch of all training vertices, P ranks must train
+    exactly the model one rank trains on the whole graph (remote neighbourhoods, remote
+    features and gradients through remote vertices all included)."""
+    graph = load_dataset(SMALL)
+    single, multi, model = _full_batch_runs(
+        graph, small_parts[parts], parts, graph.train_idx.size, tmp_path, "--exact-remote"
+    )
+    assert all(r["bytes_exact_remote"] > 0 for r in multi)
+    assert all(r["bytes_pushed"] == 0 for r in multi)
+    _assert_same_model(single, model)
 
 
 def test_batches_cover_each_rank_once_per_epoch():

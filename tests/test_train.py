@@ -41,6 +41,7 @@ def run(argv: list[str], capsys) -> tuple[int, str, str]:
         (["--dropout", "1.0"], "--dropout must be in [0, 1)"),
         (["--aggr", "max"], "--aggr must be one of"),
         (["--resume"], "--resume needs --checkpoint-dir"),
+        (["--exact-remote", "--no-hec"], "--exact-remote and --no-hec exclude each other"),
         (["--dataset", "synthetic:nodes=500,train_fraction=0"], "no training vertices"),
     ],
 )

@@ -9,7 +9,14 @@ from typing import Any
 
 import numpy as np
 
-from distmb.data.format import FORMAT_VERSION, META_FILE, PART_ARRAYS, ArraySpec, part_dir_name
+from distmb.data.format import (
+    FORMAT_VERSION,
+    META_FILE,
+    NODE_PART_FILE,
+    PART_ARRAYS,
+    ArraySpec,
+    part_dir_name,
+)
 from distmb.errors import PartitionError
 
 #: Bytes read per step when verifying checksums.
@@ -159,6 +166,28 @@ class PartitionStore:
         return {k: self.meta[k] for k in keys}
 
     # -- loading ---------------------------------------------------------------------------
+    def node_part(self) -> np.ndarray:
+        """int32[num_nodes]: the owning part of every ``VID_o`` (the partition-wide
+        ``node_part.npy``, memory-mapped).
+
+        Raises:
+            PartitionError: the file is missing, unreadable, of another dtype or shape, or
+                names a part outside ``[0, num_parts)``.
+        """
+        path = self.directory / NODE_PART_FILE
+        try:
+            arr = np.load(path, mmap_mode="r", allow_pickle=False)
+        except (ValueError, OSError, EOFError) as exc:
+            raise PartitionError(f"{path}: missing or unreadable .npy file ({exc})") from None
+        expected = (int(self.meta["num_nodes"]),)
+        if arr.dtype != np.int32 or arr.shape != expected:
+            raise PartitionError(
+                f"{path}: {arr.dtype}{list(arr.shape)}, expected int32{list(expected)}"
+            )
+        if arr.size and not (0 <= int(arr.min()) and int(arr.max()) < self.num_parts):
+            raise PartitionError(f"{path}: part ids outside [0, {self.num_parts})")
+        return arr
+
     def _expected_shape(self, spec: ArraySpec) -> tuple[int, ...]:
         dims = []
         for sym in spec.shape:
