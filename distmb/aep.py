@@ -210,6 +210,15 @@ class AsyncEmbeddingPush:
                     out[f"layer{layer}_{key}"] = value
         return out
 
+    def cache_keys(self) -> set[str]:
+        """The array names :meth:`cache_state` returns for this rank's caches."""
+        return {
+            f"layer{layer}_{key}"
+            for layer, cache in enumerate(self.caches)
+            if cache is not None
+            for key in ("tags", "ages", "rows")
+        }
+
     def restore_caches(self, arrays: dict[str, np.ndarray]) -> None:
         """Inverse of :meth:`cache_state`.
 
@@ -217,12 +226,7 @@ class AsyncEmbeddingPush:
             ValueError: the arrays do not hold exactly this rank's caches (other layers or
                 widths).
         """
-        expected = {
-            f"layer{layer}_{key}"
-            for layer, cache in enumerate(self.caches)
-            if cache is not None
-            for key in ("tags", "ages", "rows")
-        }
+        expected = self.cache_keys()
         if set(arrays) != expected:
             raise ValueError(f"cache state holds {sorted(arrays)}, expected {sorted(expected)}")
         for layer, cache in enumerate(self.caches):

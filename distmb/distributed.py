@@ -231,15 +231,18 @@ class DistributedTrainer(Trainer):
 
     def _restore_caches(self) -> None:
         """Refill the caches as they were after the resumed epoch, so a resumed run repeats an
-        uninterrupted one exactly. Without every rank's file (a checkpoint of an older
-        version) all ranks start with empty caches, which refill within ``d + ls``
-        iterations."""
+        uninterrupted one exactly. When some rank has no file, or the saved caches are not
+        this run's (``--no-hec`` or ``--exact-remote`` changed between the runs), all ranks
+        start with empty caches, which refill within ``d + ls`` iterations."""
         arrays = load_cache_state(self.cfg.checkpoint_dir, self.start_epoch - 1, self.rank)
-        everyone = self.comm.allreduce_min(0.0 if arrays is None else 1.0)
-        if everyone == 1.0:
+        usable = arrays is not None and set(arrays) == self.aep.cache_keys()
+        if self.comm.allreduce_min(1.0 if usable else 0.0) == 1.0:
             self.aep.restore_caches(arrays)
         elif self.rank == 0:
-            self.log("resume: no HEC state for every rank in the checkpoint; caches start empty")
+            self.log(
+                "resume: the checkpoint holds no matching HEC state for every rank; "
+                "caches start empty"
+            )
 
 
 def format_hec(r: dict[str, Any]) -> str:

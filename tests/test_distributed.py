@@ -329,6 +329,17 @@ def test_resume_refuses_other_rank_count(small_parts, tmp_path):
     assert proc.returncode != 0 and "written by 2 ranks, this run has 3" in proc.stderr
 
 
+def test_resume_with_other_halo_scheme_starts_with_empty_caches(small_parts, tmp_path):
+    """A --no-hec checkpoint resumed with the HEC on: no cache state matches, so every rank
+    starts empty (and says so) instead of failing."""
+    base = ["--part-dir", str(small_parts[2]), *FAST, "--checkpoint-dir", str(tmp_path / "c")]
+    train_results(2, [*base, "--epochs", "1", "--no-hec"], tmp_path / "a.jsonl")
+    proc = mpirun(2, ["-m", "distmb.train", *base, "--epochs", "2", "--resume"], 60)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("caches start empty") == 1
+    assert "epoch   1" in proc.stdout
+
+
 # ---- accuracy ----------------------------------------------------------------------------
 
 #: Documented hyper-parameters (README, "Accuracy"): Cora as in tests/test_train.py; the
