@@ -93,6 +93,29 @@ class Communicator:
                 p.grad.copy_(flat[offset : offset + n].view_as(p))
             offset += n
 
+    def alltoallv(self, counts: np.ndarray, send: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Synchronous all-to-all-v of rows grouped by peer: ``counts[j]`` rows of ``send``
+        (int64 or float32, any row shape) go to rank ``j``. The counts are exchanged first
+        (``Alltoall``).
+
+        Returns:
+            ``(recv_counts, received)``: int64[size] rows from each rank, and the rows grouped
+            by source rank, with ``send``'s dtype and row shape.
+        """
+        MPI = _mpi()
+        counts = np.ascontiguousarray(counts, dtype=np.int64)
+        send = np.ascontiguousarray(send)
+        width = int(np.prod(send.shape[1:], dtype=np.int64))
+        recv_counts = np.empty_like(counts)
+        self.comm.Alltoall(counts, recv_counts)
+        received = np.empty((int(recv_counts.sum()), *send.shape[1:]), dtype=send.dtype)
+        mpi_type = {np.dtype(np.int64): MPI.INT64_T, np.dtype(np.float32): MPI.FLOAT}[send.dtype]
+        self.comm.Alltoallv(
+            [send, (counts * width, _offsets(counts) * width), mpi_type],
+            [received, (recv_counts * width, _offsets(recv_counts) * width), mpi_type],
+        )
+        return recv_counts, received
+
     # -- exact evaluation --------------------------------------------------------------------
     def halo_exchange(
         self,
@@ -123,12 +146,12 @@ class Communicator:
         self.comm.Alltoallv(
             [
                 send,
-                (send_counts * dim, np.concatenate([[0], np.cumsum(send_counts)[:-1]]) * dim),
+                (send_counts * dim, _offsets(send_counts) * dim),
                 _mpi().FLOAT,
             ],
             [
                 recv,
-                (recv_counts * dim, np.concatenate([[0], np.cumsum(recv_counts)[:-1]]) * dim),
+                (recv_counts * dim, _offsets(recv_counts) * dim),
                 _mpi().FLOAT,
             ],
         )
@@ -145,6 +168,13 @@ class _Buffers:
     send_rows: np.ndarray = field(default_factory=lambda: np.empty(0, np.float32))
     recv_ids: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     recv_rows: np.ndarray = field(default_factory=lambda: np.empty(0, np.float32))
+
+
+def _offsets(counts: np.ndarray) -> np.ndarray:
+    """int64 exclusive prefix sum of ``counts``: where each peer's segment starts."""
+    out = np.zeros(len(counts), dtype=np.int64)
+    np.cumsum(counts[:-1], out=out[1:])
+    return out
 
 
 def _fit(buf: np.ndarray, n: int) -> np.ndarray:
@@ -204,8 +234,8 @@ class EmbeddingPush:
         buf.recv_rows = _fit(buf.recv_rows, n_recv * dim)
         buf.send_ids[:n_send] = ids
         buf.send_rows[: n_send * dim] = np.asarray(rows, dtype=np.float32).reshape(-1)
-        sdisp = np.concatenate([[0], np.cumsum(counts)[:-1]])
-        rdisp = np.concatenate([[0], np.cumsum(recv_counts)[:-1]])
+        sdisp = _offsets(counts)
+        rdisp = _offsets(recv_counts)
         requests = [
             self.comm.comm.Ialltoallv(
                 [buf.send_ids, (counts, sdisp), MPI.INT64_T],

@@ -159,33 +159,13 @@ class ExactBatchSampler:
         return self._by_orig[pos]
 
     def _exchange(self, counts: np.ndarray, send: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Synchronous all-to-all-v of rows grouped by peer (``counts[j]`` rows to rank j).
-
-        Returns:
-            ``(recv_counts, received)``: rows per source rank and the rows, grouped by source
-            rank; ``send``'s dtype (int64 or float32) and row width.
-        """
-        from mpi4py import MPI
-
-        send = np.ascontiguousarray(send)
-        width = int(np.prod(send.shape[1:], dtype=np.int64)) if send.ndim > 1 else 1
-        recv_counts = np.empty_like(counts)
-        self.comm.comm.Alltoall(counts, recv_counts)
-        received = np.empty((int(recv_counts.sum()), *send.shape[1:]), dtype=send.dtype)
-        mpi_type = MPI.INT64_T if send.dtype == np.int64 else MPI.FLOAT
-        self.comm.comm.Alltoallv(
-            [send, (counts * width, _offsets(counts) * width), mpi_type],
-            [received, (recv_counts * width, _offsets(recv_counts) * width), mpi_type],
-        )
+        """:meth:`Communicator.alltoallv`, counting the bytes sent to other ranks (rows and
+        the per-peer counts)."""
+        recv_counts, received = self.comm.alltoallv(counts, send)
+        row_bytes = send.itemsize * int(np.prod(send.shape[1:], dtype=np.int64))
         remote = int(counts.sum() - counts[self.comm.rank])
-        self.bytes_sent += remote * width * send.itemsize + (self.comm.size - 1) * ID_BYTES
+        self.bytes_sent += remote * row_bytes + (self.comm.size - 1) * ID_BYTES
         return recv_counts, received
-
-
-def _offsets(counts: np.ndarray) -> np.ndarray:
-    out = np.zeros_like(counts)
-    np.cumsum(counts[:-1], out=out[1:])
-    return out
 
 
 def _segments(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
