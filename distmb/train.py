@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 
 from distmb.aep import DEFAULT_HEC_DELAY, DEFAULT_HEC_LIFESPAN, DEFAULT_HEC_NC, DEFAULT_HEC_SIZE
 from distmb.errors import DistmbError, InputError, exit_on_user_error
@@ -262,14 +263,29 @@ def main_distributed(argv: list[str] | None) -> int:
             comm.abort(int(exc.code) if isinstance(exc.code, int) else 2)
         raise
     except DistmbError as exc:
-        print(f"distmb.train: error: [rank {comm.rank}] {exc}", file=sys.stderr, flush=True)
-        comm.abort(exc.exit_code)
-    except BaseException:
-        print(f"distmb.train: [rank {comm.rank}] failed:", file=sys.stderr, flush=True)
-        traceback.print_exc()
-        sys.stderr.flush()
-        comm.abort(1)
+        _report_and_abort(comm, f"distmb.train: error: [rank {comm.rank}] {exc}\n", exc.exit_code)
+    except BaseException as exc:
+        _report_and_abort(
+            comm,
+            f"distmb.train: [rank {comm.rank}] failed: {type(exc).__name__}: {exc}\n"
+            + traceback.format_exc(),
+            1,
+        )
     return 0
+
+
+#: Seconds a failing rank waits after writing its message and before ``MPI_Abort``, so the
+#: launcher forwards the message before it tears the job down.
+ABORT_GRACE_S = 0.5
+
+
+def _report_and_abort(comm, message: str, code: int) -> None:
+    """Write ``message`` to stderr in one write (the summary line first), give the launcher
+    :data:`ABORT_GRACE_S` to forward it, then abort every rank with ``code``."""
+    sys.stderr.write(message)
+    sys.stderr.flush()
+    time.sleep(ABORT_GRACE_S)
+    comm.abort(code)
 
 
 def run_distributed(args: argparse.Namespace, comm) -> None:
