@@ -321,6 +321,20 @@ int64_t agg_csr(const py::array& indptr, const py::array& indices, const char* w
   return n;
 }
 
+// A transposed block CSR (block_transpose): t_indptr int64[n_src + 1] from 0 to the block's
+// edge count `n_edges`; returns n_src.
+int64_t agg_transposed(const py::array& t_indptr, int64_t n_edges, const char* what) {
+  if (t_indptr.ndim() != 1 || t_indptr.size() < 1)
+    throw py::value_error(std::string(what) + ": t_indptr must be 1-D and non-empty");
+  const int64_t* tp = agg_data<int64_t>(t_indptr, t_indptr.size(), "t_indptr");
+  const int64_t n = t_indptr.size() - 1;
+  if (tp[0] != 0 || tp[n] != n_edges)
+    throw py::value_error(std::string(what) + ": t_indptr must start at 0 and end at the " +
+                          "block's edge count " + std::to_string(n_edges) + " (got " +
+                          std::to_string(tp[0]) + " .. " + std::to_string(tp[n]) + ")");
+  return n;
+}
+
 AggKind agg_kind(const std::string& kind) {
   if (kind == "sum") return AggKind::kSum;
   if (kind == "mean") return AggKind::kMean;
@@ -366,12 +380,12 @@ void py_aggregate_backward(const py::array& indptr, const py::array& t_indptr,
                            const std::string& kind, const py::array& grad_x) {
   agg_nonnegative(dim, "dim");
   const AggKind k = agg_kind(kind);
-  const int64_t n_dst = indptr.size() - 1, n_src = t_indptr.size() - 1;
-  if (n_dst < 0 || n_src < 0) throw py::value_error("indptr and t_indptr must be non-empty");
+  const int64_t n_dst = indptr.size() - 1;
+  if (n_dst < 0) throw py::value_error("aggregate_backward: indptr must be non-empty");
   const int64_t* ip = agg_data<int64_t>(indptr, n_dst + 1, "indptr");
-  const int64_t* tp = agg_data<int64_t>(t_indptr, n_src + 1, "t_indptr");
+  const int64_t n_src = agg_transposed(t_indptr, ip[n_dst], "aggregate_backward");
+  const auto* tp = static_cast<const int64_t*>(t_indptr.data());
   const int64_t* td = agg_data<int64_t>(t_dst, ip[n_dst], "t_dst");
-  if (tp[n_src] != ip[n_dst]) throw py::value_error("t_indptr and indptr count different edges");
   const float* g = agg_data<float>(grad_out, n_dst * dim, "grad_out");
   float* gx = agg_data<float>(grad_x, n_src * dim, "grad_x", true);
   py::gil_scoped_release nogil;
@@ -429,11 +443,10 @@ void py_gat_attention_backward(const py::array& indptr, const py::array& indices
                                const py::object& grad_el, const py::object& grad_er) {
   const int64_t n_dst = agg_csr(indptr, indices, "gat_attention_backward");
   agg_nonnegative(heads, "heads");
-  const int64_t n_src = t_indptr.size() - 1, n_edges = indices.size();
-  if (n_src < 0) throw py::value_error("t_indptr must be non-empty");
-  const int64_t* tp = agg_data<int64_t>(t_indptr, n_src + 1, "t_indptr");
+  const int64_t n_edges = indices.size();
+  const int64_t n_src = agg_transposed(t_indptr, n_edges, "gat_attention_backward");
+  const auto* tp = static_cast<const int64_t*>(t_indptr.data());
   const int64_t* te = agg_data<int64_t>(t_edges, n_edges, "t_edges");
-  if (tp[n_src] != n_edges) throw py::value_error("t_indptr and indptr count different edges");
   const float* l = agg_data<float>(el, n_src * heads, "el");
   const float* r = agg_data<float>(er, n_dst * heads, "er");
   const float* a = agg_data<float>(alpha, n_edges * heads, "alpha");
@@ -470,13 +483,11 @@ void py_weighted_aggregate_backward(const py::array& t_indptr, const py::array& 
   agg_nonnegative(n_dst, "n_dst");
   agg_nonnegative(heads, "heads");
   agg_nonnegative(dim, "dim");
-  const int64_t n_src = t_indptr.size() - 1, n_edges = t_edges.size();
-  if (n_src < 0) throw py::value_error("t_indptr must be non-empty");
-  const int64_t* tp = agg_data<int64_t>(t_indptr, n_src + 1, "t_indptr");
+  const int64_t n_edges = t_edges.size();
+  const int64_t n_src = agg_transposed(t_indptr, n_edges, "weighted_aggregate_backward");
+  const auto* tp = static_cast<const int64_t*>(t_indptr.data());
   const int64_t* te = agg_data<int64_t>(t_edges, n_edges, "t_edges");
   const int64_t* td = agg_data<int64_t>(t_dst, n_edges, "t_dst");
-  if (tp[0] != 0 || tp[n_src] != n_edges)
-    throw py::value_error("t_indptr must run from 0 to len(t_edges)");
   const float* w = agg_data<float>(weights, n_edges * heads, "weights");
   const float* xp = agg_data<float>(x, n_src * heads * dim, "x");
   const float* g = agg_data<float>(grad_out, n_dst * heads * dim, "grad_out");

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from distmb.comm import Communicator, EmbeddingPush
+from distmb.data.graph import csr_row_positions
 from distmb.data.store import PartitionStore
 from distmb.hec import LIFESPAN_UNBOUNDED, HistoricalEmbeddingCache
 from distmb.sampling import Block
@@ -159,8 +160,7 @@ class AsyncEmbeddingPush:
         solid = block.src_ids[: block.n_computed].numpy()
         counts_per_src = self.peer_ptr[solid + 1] - self.peer_ptr[solid]
         pos = np.repeat(np.arange(solid.size), counts_per_src)
-        starts = np.repeat(self.peer_ptr[solid], counts_per_src)
-        peer = self.peer_ids[starts + _ranks_within(counts_per_src)]
+        peer = self.peer_ids[csr_row_positions(self.peer_ptr[solid], counts_per_src)]
         chosen_pos, counts = self._cap_per_peer(pos, peer, solid, k, layer)
         rows = x_computed.detach()[torch.from_numpy(chosen_pos)].numpy()
         tags = self.orig_ids[solid[chosen_pos]]
@@ -223,22 +223,17 @@ class AsyncEmbeddingPush:
         """Inverse of :meth:`cache_state`.
 
         Raises:
-            ValueError: the arrays do not hold exactly this rank's caches (other layers or
-                widths).
+            ValueError: the arrays do not hold exactly this rank's caches (other layers, or
+                rows of another width or dtype: :meth:`HistoricalEmbeddingCache.store`).
         """
         expected = self.cache_keys()
         if set(arrays) != expected:
             raise ValueError(f"cache state holds {sorted(arrays)}, expected {sorted(expected)}")
         for layer, cache in enumerate(self.caches):
-            if cache is None:
-                continue
-            rows = arrays[f"layer{layer}_rows"]
-            if rows.dtype != np.float32 or rows.ndim != 2 or rows.shape[1] != cache.dim:
-                raise ValueError(
-                    f"layer {layer}: cached rows are {rows.dtype}{list(rows.shape)}, "
-                    f"expected float32[n, {cache.dim}]"
+            if cache is not None:
+                cache.restore(
+                    {key: arrays[f"layer{layer}_{key}"] for key in ("tags", "ages", "rows")}
                 )
-            cache.restore({key: arrays[f"layer{layer}_{key}"] for key in ("tags", "ages", "rows")})
 
     # -- statistics ------------------------------------------------------------------------
     def stats(self) -> dict[str, list[float]]:
@@ -266,13 +261,6 @@ class AsyncEmbeddingPush:
                 cache.reset_counters()
             if push is not None:
                 push.stats.reset()
-
-
-def _ranks_within(counts: np.ndarray) -> np.ndarray:
-    """[0, 1, .., c0-1, 0, 1, .., c1-1, ...] for ``counts = [c0, c1, ...]``."""
-    total = int(counts.sum())
-    starts = np.repeat(np.cumsum(counts) - counts, counts)
-    return np.arange(total, dtype=np.int64) - starts
 
 
 def _peers_of_solid(store: PartitionStore, num_parts: int) -> tuple[np.ndarray, np.ndarray]:

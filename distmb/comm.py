@@ -93,10 +93,15 @@ class Communicator:
                 p.grad.copy_(flat[offset : offset + n].view_as(p))
             offset += n
 
-    def alltoallv(self, counts: np.ndarray, send: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def alltoallv(
+        self, counts: np.ndarray, send: np.ndarray, recv_counts: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Synchronous all-to-all-v of rows grouped by peer: ``counts[j]`` rows of ``send``
-        (int64 or float32, any row shape) go to rank ``j``. The counts are exchanged first
-        (``Alltoall``).
+        (int64 or float32, any row shape) go to rank ``j``.
+
+        Args:
+            recv_counts: int64[size], rows each rank sends here, when the caller knows them;
+                otherwise the counts are exchanged first (``Alltoall``).
 
         Returns:
             ``(recv_counts, received)``: int64[size] rows from each rank, and the rows grouped
@@ -106,8 +111,11 @@ class Communicator:
         counts = np.ascontiguousarray(counts, dtype=np.int64)
         send = np.ascontiguousarray(send)
         width = int(np.prod(send.shape[1:], dtype=np.int64))
-        recv_counts = np.empty_like(counts)
-        self.comm.Alltoall(counts, recv_counts)
+        if recv_counts is None:
+            recv_counts = np.empty_like(counts)
+            self.comm.Alltoall(counts, recv_counts)
+        else:
+            recv_counts = np.ascontiguousarray(recv_counts, dtype=np.int64)
         received = np.empty((int(recv_counts.sum()), *send.shape[1:]), dtype=send.dtype)
         mpi_type = {np.dtype(np.int64): MPI.INT64_T, np.dtype(np.float32): MPI.FLOAT}[send.dtype]
         self.comm.Alltoallv(
@@ -135,28 +143,16 @@ class Communicator:
         Returns:
             float32[n_halo, D] in halo order. Part ``i``'s send list towards ``j`` equals
             ``j``'s halo vertices owned by ``i`` in ``VID_o`` order, so the rows from ``i``
-            fill the positions ``halo_owner == i`` in order.
+            fill the positions ``halo_owner == i`` in order (no count exchange needed).
         """
-        dim = rows.shape[1]
-        send = np.ascontiguousarray(np.take(rows, np.asarray(send_ids), axis=0), np.float32)
-        send_counts = np.diff(send_ptr).astype(np.int64)
-        order = np.argsort(halo_owner, kind="stable")
-        recv_counts = np.bincount(halo_owner, minlength=self.size).astype(np.int64)
-        recv = np.empty((halo_owner.shape[0], dim), dtype=np.float32)
-        self.comm.Alltoallv(
-            [
-                send,
-                (send_counts * dim, _offsets(send_counts) * dim),
-                _mpi().FLOAT,
-            ],
-            [
-                recv,
-                (recv_counts * dim, _offsets(recv_counts) * dim),
-                _mpi().FLOAT,
-            ],
+        send = np.take(rows, np.asarray(send_ids), axis=0).astype(np.float32, copy=False)
+        _, recv = self.alltoallv(
+            np.diff(send_ptr),
+            send,
+            recv_counts=np.bincount(halo_owner, minlength=self.size),
         )
         out = np.empty_like(recv)
-        out[order] = recv
+        out[np.argsort(halo_owner, kind="stable")] = recv
         return out
 
 

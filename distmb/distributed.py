@@ -51,7 +51,6 @@ class DistributedTrainer(Trainer):
         self.rank = comm.rank
         self.num_ranks = comm.size
         self.store = store
-        self.hec_config = hec
         local = LocalGraph.from_store(store)
         super().__init__(local, config, grad_sync=comm.allreduce_gradients, log=log)
         if exact_remote:  # no halo leaves: no caches, no pushes

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from distmb.comm import Communicator
+from distmb.data.graph import csr_row_positions
 from distmb.data.store import PartitionStore
 from distmb.sampling import Block, NeighborSampler
 
@@ -58,12 +59,9 @@ class ExactBatchSampler:
         self.features = store.features
         #: Bytes sent to other ranks since the last :meth:`reset_stats`.
         self.bytes_sent = 0
-        #: Remote input-feature rows received since the last :meth:`reset_stats`.
-        self.rows_fetched = 0
 
     def reset_stats(self) -> None:
         self.bytes_sent = 0
-        self.rows_fetched = 0
 
     # -- one mini-batch --------------------------------------------------------------------
     def sample(
@@ -106,17 +104,20 @@ class ExactBatchSampler:
         else:
             indptr, neighbours = np.zeros(1, dtype=np.int64), np.empty(0, dtype=np.int64)
         degree = np.diff(indptr)[inverse]
-        answer = neighbours[_segments(indptr[:-1][inverse], degree)]
+        answer = neighbours[csr_row_positions(indptr[:-1][inverse], degree)]
         requester = np.repeat(np.arange(size), req_counts)
         answer_counts = np.bincount(requester, weights=degree, minlength=size).astype(np.int64)
-        _, degree_back = self._exchange(req_counts, degree)
-        _, answer_back = self._exchange(answer_counts, answer)
+        _, degree_back = self._exchange(req_counts, degree, recv_counts=counts)
+        answers_per_owner = np.bincount(
+            np.repeat(np.arange(size), counts), weights=degree_back, minlength=size
+        ).astype(np.int64)
+        _, answer_back = self._exchange(answer_counts, answer, recv_counts=answers_per_owner)
         # Requester side: the answers come in owner order; put them back in dst order.
         deg = np.empty_like(degree_back)
         deg[order] = degree_back
         start = np.empty_like(degree_back)
         start[order] = np.cumsum(degree_back) - degree_back
-        edge_src = answer_back[_segments(start, deg)]
+        edge_src = answer_back[csr_row_positions(start, deg)]
         new = np.setdiff1d(edge_src, dst)  # sorted, distinct
         src = np.concatenate([dst, new])
         sorter = np.argsort(src, kind="stable")
@@ -139,11 +140,10 @@ class ExactBatchSampler:
         order = np.argsort(owner, kind="stable")
         counts = np.bincount(owner, minlength=self.comm.size).astype(np.int64)
         req_counts, requests = self._exchange(counts, vertices[order])
-        rows = np.ascontiguousarray(np.take(self.features, self._local(requests), axis=0))
-        _, back = self._exchange(req_counts, rows.astype(np.float32, copy=False))
+        rows = np.take(self.features, self._local(requests), axis=0)  # float32 (PartitionStore)
+        _, back = self._exchange(req_counts, rows, recv_counts=counts)
         out = np.empty_like(back)
         out[order] = back
-        self.rows_fetched += int(counts.sum() - counts[self.comm.rank])
         return out
 
     # -- helpers -----------------------------------------------------------------------------
@@ -158,19 +158,17 @@ class ExactBatchSampler:
             )
         return self._by_orig[pos]
 
-    def _exchange(self, counts: np.ndarray, send: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """:meth:`Communicator.alltoallv`, counting the bytes sent to other ranks (rows and
-        the per-peer counts)."""
-        recv_counts, received = self.comm.alltoallv(counts, send)
+    def _exchange(
+        self, counts: np.ndarray, send: np.ndarray, recv_counts: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`Communicator.alltoallv`, counting the bytes sent to other ranks (rows, and
+        the per-peer counts when they have to be exchanged). An answer's ``recv_counts`` are
+        the request's ``counts``, so answers skip the count exchange."""
+        exchanged_counts = recv_counts is None
+        recv_counts, received = self.comm.alltoallv(counts, send, recv_counts)
         row_bytes = send.itemsize * int(np.prod(send.shape[1:], dtype=np.int64))
         remote = int(counts.sum() - counts[self.comm.rank])
-        self.bytes_sent += remote * row_bytes + (self.comm.size - 1) * ID_BYTES
+        self.bytes_sent += remote * row_bytes
+        if exchanged_counts:
+            self.bytes_sent += (self.comm.size - 1) * ID_BYTES
         return recv_counts, received
-
-
-def _segments(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """int64 positions ``starts[i] + [0, lengths[i])`` for every ``i``, concatenated."""
-    lengths = np.asarray(lengths, dtype=np.int64)
-    total = int(lengths.sum())
-    base = np.repeat(np.asarray(starts, dtype=np.int64) - (np.cumsum(lengths) - lengths), lengths)
-    return base + np.arange(total, dtype=np.int64)

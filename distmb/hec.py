@@ -289,14 +289,14 @@ class HistoricalEmbeddingCache:
         if ages.shape != tags.shape or (ages.size and int(ages.min()) < 0):
             raise ValueError("ages must be non-negative and match tags in length")
         self.clear()
+        if tags.size == 0:
+            return
         order = np.argsort(-ages, kind="stable")
         tags, ages, rows = tags[order], ages[order], rows[order]
         bounds = np.flatnonzero(np.diff(ages)) + 1
         starts = np.concatenate([[0], bounds]).astype(np.int64)
         ends = np.concatenate([bounds, [tags.size]]).astype(np.int64)
         for start, end in zip(starts, ends, strict=True):
-            if start == end:
-                continue
             self.store(tags[start:end], rows[start:end])
             next_age = int(ages[end]) if end < tags.size else 0
             for _ in range(int(ages[start]) - next_age):

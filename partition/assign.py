@@ -14,7 +14,7 @@ import warnings
 
 import numpy as np
 
-from distmb.data.graph import Graph
+from distmb.data.graph import Graph, csr_row_positions
 
 METHODS = ("metis", "random")
 
@@ -224,7 +224,6 @@ def _neighbour_part_counts(
     starts, ends = graph.indptr[vertices], graph.indptr[vertices + 1]
     deg = ends - starts
     row = np.repeat(np.arange(vertices.size, dtype=np.int64), deg)
-    first_edge_of_row = np.repeat(starts - (np.cumsum(deg) - deg), deg)
-    edge = first_edge_of_row + np.arange(int(deg.sum()), dtype=np.int64)
+    edge = csr_row_positions(starts, deg)
     flat = np.bincount(row * parts + part_of[graph.indices[edge]], minlength=vertices.size * parts)
     return flat.reshape(vertices.size, parts)

@@ -411,3 +411,25 @@ def test_stream_copy() -> None:
     dst = torch.empty_like(src)
     fused.stream_copy(src, dst)
     assert torch.equal(src, dst)
+
+
+def test_transposed_csr_is_checked_alike_by_every_backward_kernel() -> None:
+    """aggregate, GAT attention and weighted aggregation backward share one check of the
+    transposed CSR: it must start at 0 and end at the block's edge count."""
+    ip = np.array([0, 1, 2], dtype=np.int64)
+    ix = np.array([0, 1], dtype=np.int64)
+    edges = np.array([0, 1], dtype=np.int64)
+    f32 = lambda *shape: np.zeros(shape, dtype=np.float32)  # noqa: E731
+    for t_ip in (np.array([1, 1, 2], np.int64), np.array([0, 1, 1], np.int64)):
+        with pytest.raises(ValueError, match="aggregate_backward: t_indptr must start at 0"):
+            _C.aggregate_backward(ip, t_ip, edges, f32(2, 3), 3, "sum", f32(2, 3))
+        with pytest.raises(ValueError, match="gat_attention_backward: t_indptr must start at 0"):
+            _C.gat_attention_backward(
+                ip, ix, t_ip, edges, f32(2), f32(2), f32(2), f32(2), 1, 0.2, None, None
+            )
+        with pytest.raises(
+            ValueError, match="weighted_aggregate_backward: t_indptr must start at 0"
+        ):
+            _C.weighted_aggregate_backward(
+                t_ip, edges, edges, f32(2), f32(2, 3), f32(2, 3), 2, 1, 3, None, None
+            )

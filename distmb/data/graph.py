@@ -237,6 +237,14 @@ class Graph:
         )
 
 
+def csr_row_positions(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """int64[lengths.sum()]: the positions ``starts[i] + [0, lengths[i])`` of every row ``i``,
+    concatenated (the entries of CSR rows ``i`` given their ``indptr`` starts and lengths)."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    first = np.asarray(starts, dtype=np.int64) - (np.cumsum(lengths) - lengths)
+    return np.repeat(first, lengths) + np.arange(int(lengths.sum()), dtype=np.int64)
+
+
 def _check(ok: bool, source: str, message: str) -> None:
     if not ok:
         raise InputError(f"{source}: {message}")
