@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from distmb import _C
-from distmb.hec import HEC_MISS, HistoricalEmbeddingCache
+from distmb.halo.cache import HEC_MISS, HistoricalEmbeddingCache
 from distmb.report import write_json
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"

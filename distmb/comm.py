@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from distmb.units import row_message_bytes
+
 #: Growth factor of reusable communication buffers when a message does not fit.
 BUFFER_GROWTH = 1.5
 
@@ -127,17 +129,17 @@ class Communicator:
     # -- exact evaluation --------------------------------------------------------------------
     def halo_exchange(
         self,
-        rows: np.ndarray,
+        send_rows: np.ndarray,
         send_ptr: np.ndarray,
-        send_ids: np.ndarray,
         halo_owner: np.ndarray,
     ) -> np.ndarray:
-        """Synchronous exchange: every rank sends ``rows[send_list(j)]`` to each peer ``j``
-        and receives the rows of its own halo vertices.
+        """Synchronous exchange: every rank sends its rows of ``send_list(j)`` to each peer
+        ``j`` and receives the rows of its own halo vertices.
 
         Args:
-            rows: float32[n_solid, D], this rank's values for its solid vertices.
-            send_ptr, send_ids: this part's send lists (``PartitionStore``).
+            send_rows: float32[n_send, D], this rank's rows of ``send_ids`` (its send lists
+                concatenated, peer by peer).
+            send_ptr: int64[size + 1], this part's send-list offsets (``PartitionStore``).
             halo_owner: int32[n_halo], owner of each halo vertex.
 
         Returns:
@@ -145,15 +147,40 @@ class Communicator:
             ``j``'s halo vertices owned by ``i`` in ``VID_o`` order, so the rows from ``i``
             fill the positions ``halo_owner == i`` in order (no count exchange needed).
         """
-        send = np.take(rows, np.asarray(send_ids), axis=0).astype(np.float32, copy=False)
         _, recv = self.alltoallv(
             np.diff(send_ptr),
-            send,
+            np.asarray(send_rows, dtype=np.float32),
             recv_counts=np.bincount(halo_owner, minlength=self.size),
         )
         out = np.empty_like(recv)
         out[np.argsort(halo_owner, kind="stable")] = recv
         return out
+
+
+class SingleProcess:
+    """The ranks of a run started without MPI: one rank, and every collective of
+    :class:`Communicator` is the identity (nothing to reduce, gather or wait for)."""
+
+    rank = 0
+    size = 1
+
+    def allreduce_max(self, value: float) -> float:
+        return value
+
+    def allreduce_min(self, value: float) -> float:
+        return value
+
+    def allreduce_sum(self, values: np.ndarray) -> np.ndarray:
+        return np.array(values, copy=True)
+
+    def allgather(self, obj):
+        return [obj]
+
+    def barrier(self) -> None:
+        pass
+
+    def allreduce_gradients(self, model: torch.nn.Module) -> None:
+        pass
 
 
 @dataclass
@@ -244,7 +271,7 @@ class EmbeddingPush:
         ]
         self._inflight.append((requests, buf, n_recv))
         self.stats.rows_sent += n_send
-        self.stats.bytes_sent += n_send * (8 + 4 * dim)
+        self.stats.bytes_sent += n_send * row_message_bytes(dim)
 
     def finish(self) -> tuple[np.ndarray, np.ndarray]:
         """Wait for the oldest exchange; returns (ids int64[n], rows float32[n, dim]) views

@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from distmb.engine.timers import PHASE_LABELS, PHASES
 from distmb.errors import InputError, exit_on_user_error
-from distmb.timers import PHASE_LABELS, PHASES
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:

@@ -17,11 +17,12 @@ import pytest
 import torch
 from conftest import FAST_FLAGS, SMALL
 
-from distmb.checkpoint import CHECKPOINT_FILE
+from distmb.config import TrainConfig
 from distmb.data import Graph, load_dataset
 from distmb.data.local import LocalGraph
-from distmb.trainer import TrainConfig, Trainer, split_batches
-from partition import partition_graph
+from distmb.engine import Trainer, split_batches
+from distmb.engine.checkpoint import CHECKPOINT_FILE
+from distmb.partition import partition_graph
 
 SCRIPTS = Path(__file__).parent / "mpi_scripts"
 FAST = [*FAST_FLAGS, "--threads", "1"]

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from distmb import _C
-from distmb.checkpoint import load_cache_state, save_cache_state
+from distmb.engine.checkpoint import load_cache_state, save_cache_state
 from distmb.errors import InputError
-from distmb.hec import (
+from distmb.halo.cache import (
     COUNTER_KEYS,
     HEC_MISS,
     LIFESPAN_UNBOUNDED,

@@ -13,10 +13,10 @@ from conftest import random_graph
 
 from distmb.data import Graph, PartitionStore, load_dataset
 from distmb.errors import InputError, PartitionError
-from partition import partition_graph
-from partition import writer as writer_module
-from partition.assign import random_parts, rebalance_train_and_vertices
-from partition.cli import main as cli_main
+from distmb.partition import partition_graph
+from distmb.partition import writer as writer_module
+from distmb.partition.assign import random_parts, rebalance_train_and_vertices
+from distmb.partition.cli import main as cli_main
 
 
 def edge_keys(graph: Graph) -> np.ndarray:
@@ -353,7 +353,7 @@ def test_sparsify_symmetric_kernel():
 
 
 def test_memory_budget_sparsifies_metis_input(tmp_path, cora_dir):
-    from partition.assign import METIS_BYTES_PER_ENTRY, metis_edge_fraction
+    from distmb.partition.assign import METIS_BYTES_PER_ENTRY, metis_edge_fraction
 
     graph = load_dataset(f"planetoid:{cora_dir}")
     graph_bytes = sum(a.nbytes for a in (graph.indptr, graph.indices, graph.features, graph.labels))

@@ -15,8 +15,8 @@ from conftest import random_graph
 
 from distmb import _C
 from distmb.data import PartitionStore
+from distmb.partition import partition_graph
 from distmb.sampling import FANOUT_ALL, Block, NeighborSampler
-from partition import partition_graph
 
 #: Significance level of the uniformity tests (fixed seeds: a failure is reproducible).
 P_MIN = 1e-3

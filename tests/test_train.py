@@ -10,12 +10,13 @@ import pytest
 import torch
 from conftest import FAST_FLAGS, SMALL
 
-from distmb.checkpoint import CHECKPOINT_FILE
+from distmb.config import TrainConfig
 from distmb.data import load_dataset
 from distmb.data.local import LocalGraph
+from distmb.engine import Trainer
+from distmb.engine.checkpoint import CHECKPOINT_FILE
 from distmb.report import main as report_main
 from distmb.train import main as train_main
-from distmb.trainer import TrainConfig, Trainer
 
 FAST = [*FAST_FLAGS, "--eval-every", "1"]
 
@@ -125,7 +126,7 @@ def test_resume_refuses_other_dataset_or_model(tmp_path, capsys):
 
 
 def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, capsys, monkeypatch):
-    import distmb.trainer as trainer_module
+    import distmb.engine.trainer as trainer_module
 
     real_loss = trainer_module.F.cross_entropy
     calls = {"n": 0}
@@ -227,7 +228,7 @@ def test_synthetic_gnn_beats_mlp():
 
 
 def test_part_dir_single_part_equals_dataset(tmp_path, capsys):
-    from partition import partition_graph
+    from distmb.partition import partition_graph
 
     graph = load_dataset(SMALL)
     partition_graph(graph, 1, tmp_path / "p1")

@@ -24,6 +24,9 @@ class LocalGraph:
         train_idx, val_idx, test_idx: int64 VID_p of solid vertices.
         num_classes: number of classes.
         identity: what identifies the graph (name, sizes, sha256), for checkpoints.
+        halo_features: float32[n_local - n_solid, feat_dim] replicated halo rows, or None.
+        store: the part this view was opened from (send lists, owners), or None for a whole
+            graph.
     """
 
     indptr: np.ndarray
@@ -37,6 +40,8 @@ class LocalGraph:
     test_idx: np.ndarray
     num_classes: int
     identity: dict[str, Any]
+    halo_features: np.ndarray | None = None
+    store: PartitionStore | None = None
 
     @property
     def feat_dim(self) -> int:
@@ -82,4 +87,6 @@ class LocalGraph:
             test_idx=np.asarray(store.test_idx),
             num_classes=store.num_classes,
             identity=store.graph_identity(),
+            halo_features=store.halo_features,
+            store=store,
         )

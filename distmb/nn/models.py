@@ -2,7 +2,8 @@
 
 Common interface (:class:`BlockModel`):
 
-- ``forward(blocks, x, halo_inputs=None)``: layer ``l`` consumes ``blocks[l]``. Layer ``l``'s
+- ``forward(blocks, x, halo_inputs=None, *, layer_input=None)``: the one layer loop; layer
+  ``l`` consumes ``blocks[l]``. Layer ``l``'s
   output has ``blocks[l].n_dst`` rows, the computed (solid) sources of ``blocks[l + 1]``; if
   ``blocks[l + 1]`` has halo leaves, their input rows come from ``halo_inputs(l + 1, block)``
   (the historical embedding cache) and are appended below. ``x`` holds all sources of
@@ -25,6 +26,10 @@ from distmb.sampling import Block
 #: ``halo_inputs(l, block) -> float[block.n_halo, layer_dims()[l]]``: input rows of the halo
 #: leaves of ``block`` (the block of layer ``l >= 1``).
 HaloInputs = Callable[[int, Block], Tensor]
+
+#: ``layer_input(l, block, h) -> float[block.n_src, layer_dims()[l]]``: the whole input of
+#: layer ``l`` given its computed sources' rows ``h`` (a halo scheme's per-layer hook).
+LayerInput = Callable[[int, Block, Tensor], Tensor]
 
 #: Model names accepted by :func:`build_model`.
 MODELS = ("sage", "gat")
@@ -58,13 +63,22 @@ class BlockModel(nn.Module):
         blocks: Sequence[Block],
         x: Tensor,
         halo_inputs: HaloInputs | None = None,
+        *,
+        layer_input: LayerInput | None = None,
     ) -> Tensor:
-        """Args:
+        """The one layer loop (training, tests and the trainer's halo schemes all use it).
+
+        Args:
             blocks: ``num_layers`` consistent blocks (``blocks[l + 1].n_computed ==
                 blocks[l].n_dst``).
-            x: float[blocks[0].n_src, in_dim], the input rows of all sources of ``blocks[0]``.
+            x: without ``layer_input``: float[blocks[0].n_src, in_dim], the input rows of all
+                sources of ``blocks[0]``; with it: float[blocks[0].n_computed, in_dim], the
+                computed sources' rows.
             halo_inputs: supplies the halo rows of ``blocks[l]``, ``l >= 1``; required when
-                any of those blocks has ``n_halo > 0``.
+                any of those blocks has ``n_halo > 0`` (and no ``layer_input`` is given).
+            layer_input: ``layer_input(l, block, h)`` turns the computed sources' rows ``h``
+                of every layer (``l = 0`` included) into the layer's whole input (a halo
+                scheme appends the halo rows, and may push ``h`` to other ranks).
 
         Returns:
             float[blocks[-1].n_dst, num_classes] (logits).
@@ -75,27 +89,36 @@ class BlockModel(nn.Module):
         """
         if len(blocks) != self.num_layers:
             raise ValueError(f"expected {self.num_layers} blocks, got {len(blocks)}")
-        if x.shape[0] != blocks[0].n_src:
-            raise ValueError(
-                f"x has {x.shape[0]} rows but blocks[0] has n_src={blocks[0].n_src} sources"
-            )
         h = x
         for l, block in enumerate(blocks):
-            if l > 0:
+            if layer_input is not None:
+                self._check_computed(l, block, h)
+                h = layer_input(l, block, h)
+            elif l > 0:
                 h = self._layer_input(l, block, h, halo_inputs)
+            if h.shape[0] != block.n_src:
+                where = "x" if l == 0 else f"the input of layer {l}"
+                raise ValueError(
+                    f"{where} has {h.shape[0]} rows but blocks[{l}] has n_src={block.n_src} sources"
+                )
             h = self.forward_layer(l, block, h)
         return h
+
+    @staticmethod
+    def _check_computed(l: int, block: Block, h: Tensor) -> None:
+        if h.shape[0] != block.n_computed:
+            source = "x" if l == 0 else f"layer {l - 1}"
+            raise ValueError(
+                f"{source} produced {h.shape[0]} rows but blocks[{l}] has "
+                f"{block.n_computed} computed sources (n_src={block.n_src}, "
+                f"n_halo={block.n_halo})"
+            )
 
     def _layer_input(
         self, l: int, block: Block, h: Tensor, halo_inputs: HaloInputs | None
     ) -> Tensor:
         """Input of layer ``l >= 1``: the previous output, then the halo rows if any."""
-        if h.shape[0] != block.n_computed:
-            raise ValueError(
-                f"layer {l - 1} produced {h.shape[0]} rows but blocks[{l}] has "
-                f"{block.n_computed} computed sources (n_src={block.n_src}, "
-                f"n_halo={block.n_halo})"
-            )
+        self._check_computed(l, block, h)
         if block.n_halo == 0:
             return h
         if halo_inputs is None:

@@ -11,10 +11,12 @@ import sys
 
 import numpy as np
 
-from distmb.aep import HecConfig
 from distmb.comm import Communicator
-from distmb.distributed import DistributedTrainer, open_part
-from distmb.trainer import TrainConfig
+from distmb.config import TrainConfig
+from distmb.data.local import LocalGraph
+from distmb.engine import Trainer
+from distmb.halo import make_halo_scheme
+from distmb.launch import open_part
 
 part_dir, epochs = sys.argv[1], int(sys.argv[2])
 comm = Communicator()
@@ -28,18 +30,22 @@ config = TrainConfig(
     eval_every=10**6,
     progress=False,
     dropout=0.5,
+    hec_size=100_000,
+    hec_nc=10**9,
+    hec_lifespan=10**6,
+    hec_delay=1,
 )
-hec = HecConfig(size=100_000, nc=10**9, lifespan=10**6, delay=1)
-trainer = DistributedTrainer(comm, store, config, hec, log=lambda _: None)
+halo = make_halo_scheme(comm, store, config)
+trainer = Trainer(LocalGraph.from_store(store), config, comm=comm, halo=halo, log=lambda _: None)
 events: list[tuple] = []
 clock = {"epoch": 0}
 
 
 def record(kind, k, layer, tags, rows, extra):
-    events.append((kind, trainer.aep.epoch, k, layer, tags, rows, extra))
+    events.append((kind, trainer.halo.epoch, k, layer, tags, rows, extra))
 
 
-trainer.aep.record = record
+trainer.halo.record = record
 trainer.fit()
 everything = comm.allgather(events)
 iters = comm.allgather(len(trainer.epoch_batches(0)))

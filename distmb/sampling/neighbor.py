@@ -18,83 +18,18 @@ Contract (docs/design.md, "Sampler and blocks"):
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from distmb import _C
+from distmb.sampling.blocks import Block
 
 #: Fan-out meaning "every in-neighbour" (exact, full-neighbour blocks for evaluation).
 FANOUT_ALL = -1
 
 #: Exclusive upper bound of ``seed``, ``epoch`` and ``iteration`` (they are uint64 in C++).
 _UINT64_END = 1 << 64
-
-
-@dataclass
-class Block:
-    """One layer of a mini-batch: a bipartite graph from ``n_src`` sources to ``n_dst``
-    destinations.
-
-    Attributes:
-        n_dst: number of destinations (outputs of this layer).
-        n_src: number of sources (inputs of this layer), ``n_src >= n_dst``.
-        n_halo: the last ``n_halo`` sources are halo leaves (their input comes from the
-            historical embedding cache, not from the previous layer).
-        indptr: int64[n_dst + 1], CSR over destinations.
-        indices: int64[num_edges], source position in ``[0, n_src)`` of every edge.
-        src_ids: int64[n_src], VID_p of every source; ``src_ids[:n_dst]`` are the
-            destinations.
-    """
-
-    n_dst: int
-    n_src: int
-    n_halo: int
-    indptr: torch.Tensor
-    indices: torch.Tensor
-    src_ids: torch.Tensor
-
-    @property
-    def num_edges(self) -> int:
-        return int(self.indices.shape[0])
-
-    @property
-    def n_computed(self) -> int:
-        """Sources whose input is computed by the previous layer (or read from features)."""
-        return self.n_src - self.n_halo
-
-    @property
-    def dst_ids(self) -> torch.Tensor:
-        """int64[n_dst]: VID_p of the destinations."""
-        return self.src_ids[: self.n_dst]
-
-    def dst_of_edges(self) -> torch.Tensor:
-        """int64[num_edges]: destination position of every edge (CSR expanded)."""
-        counts = self.indptr[1:] - self.indptr[:-1]
-        return torch.repeat_interleave(torch.arange(self.n_dst, dtype=torch.int64), counts)
-
-    def drop_sources(self, keep: torch.Tensor) -> Block:
-        """The block without the edges whose source has ``keep[src] == False``.
-
-        Used for halo leaves that miss in the cache: their edges are removed before
-        aggregation, so mean and softmax normalise over the edges that remain. Source
-        numbering is unchanged (dropped sources simply have no edges).
-
-        Args:
-            keep: bool[n_src].
-        """
-        edge_keep = keep[self.indices]
-        counts = torch.zeros(self.n_dst + 1, dtype=torch.int64)
-        counts[1:] = torch.cumsum(
-            torch.zeros(self.n_dst, dtype=torch.int64).index_add_(
-                0, self.dst_of_edges(), edge_keep.to(torch.int64)
-            ),
-            0,
-        )
-        return Block(
-            self.n_dst, self.n_src, self.n_halo, counts, self.indices[edge_keep], self.src_ids
-        )
 
 
 def _index_array(values: np.ndarray | torch.Tensor, name: str) -> np.ndarray:
@@ -143,6 +78,9 @@ class NeighborSampler:
         ValueError: malformed CSR (wrong dtype or length, decreasing ``indptr``, an index
             outside ``[0, n_local)``), empty fan-out list, fan-out 0 or below -1.
     """
+
+    #: Sampling reads this rank's part only (safe on a background thread).
+    uses_collectives = False
 
     def __init__(
         self,
@@ -215,7 +153,7 @@ class NeighborSampler:
         """One block: up to ``fanout`` (or :data:`FANOUT_ALL`) in-neighbours of every
         ``dst_ids`` entry (int64[n], distinct solid VID_p), drawn like one layer of
         :meth:`sample` keyed by ``(epoch, iteration)``. For samplers that grow a mini-batch one
-        hop at a time across parts (:mod:`distmb.exact`)."""
+        hop at a time across parts (:mod:`distmb.sampling.exact`)."""
         return self._run(dst_ids, self._check_fanouts([fanout]), epoch, iteration)[0]
 
     def full_block(self, dst_ids: torch.Tensor | np.ndarray) -> Block:

@@ -10,14 +10,14 @@ import numpy as np
 
 from distmb.data.graph import Graph
 from distmb.errors import InputError
-from distmb.progress import Progress, peak_rss_bytes
-from partition.assign import (
+from distmb.partition.assign import (
     METHODS,
     assign_parts,
     metis_edge_fraction,
     rebalance_train_and_vertices,
 )
-from partition.writer import write_partition
+from distmb.partition.writer import write_partition
+from distmb.progress import Progress, peak_rss_bytes
 
 #: Default allowed training-vertex imbalance after rebalancing (max/mean - 1).
 DEFAULT_TRAIN_TOLERANCE = 0.02

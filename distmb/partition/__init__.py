@@ -1,5 +1,5 @@
 """Offline partitioner: ``distmb-partition`` (METIS, train-balanced) -> format version 1."""
 
-from partition.pipeline import partition_graph
+from distmb.partition.pipeline import partition_graph
 
 __all__ = ["partition_graph"]

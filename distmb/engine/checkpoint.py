@@ -10,14 +10,13 @@ from typing import Any, BinaryIO
 import numpy as np
 import torch
 
+from distmb.config import RESUME_MUST_MATCH
 from distmb.errors import InputError
 
 #: File name of the latest checkpoint inside ``--checkpoint-dir``.
 CHECKPOINT_FILE = "checkpoint.pt"
 #: Bump when the checkpoint's contents change incompatibly.
 CHECKPOINT_VERSION = 1
-#: Arguments that must match for a checkpoint to be resumed (they shape the model or data).
-RESUME_MUST_MATCH = ("model", "layers", "hidden", "heads", "fanout", "aggr")
 
 
 def save_checkpoint(directory: str | Path, state: dict[str, Any]) -> Path:

@@ -1,159 +1,121 @@
-"""Asynchronous Embedding Push (Algorithm 2 of DistGNN-MB) over per-layer HECs.
+"""The historical-embedding-cache halo scheme: Asynchronous Embedding Push (Algorithm 2 of
+DistGNN-MB) over per-layer HECs.
 
-Per iteration ``k`` of ``M`` (all ranks run the same ``M``), for every layer ``l``:
+Per iteration (step) ``k`` of ``M`` (all ranks run the same ``M``), for every layer ``l``:
 
-1. :meth:`AsyncEmbeddingPush.prepare` (before the forward pass): if ``k >= d``, finish the
+1. :meth:`HistoricalCache.after_sample` (before the forward pass): if ``k >= d``, finish the
    exchange started at ``k - d`` and store what arrived in ``HEC[l]``; then look up this
    batch's halo leaves of block ``l``. Misses lose their edges (``Block.drop_sources``).
    Layer 0 reads replicated halo features instead when the partition has them.
-2. :meth:`AsyncEmbeddingPush.push` (during the forward pass, once layer ``l``'s input is
+2. :meth:`HistoricalCache.layer_input` (during the forward pass, once layer ``l``'s input is
    known): if ``k < M - d``, take block ``l``'s solid sources that some peer holds as halo
    (``send_lists``), keep at most ``nc`` per peer (sampled without replacement with
    probability proportional to in-degree), and start the non-blocking all-to-all-v of their
    ``VID_o`` and detached layer-``l`` inputs.
-3. :meth:`AsyncEmbeddingPush.end_iteration`: every cache's ages advance by one.
+3. :meth:`HistoricalCache.end_iteration`: every cache's ages advance by one.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from distmb.comm import Communicator, EmbeddingPush
+from distmb.config import HecSettings
 from distmb.data.graph import csr_row_positions
 from distmb.data.store import PartitionStore
-from distmb.hec import LIFESPAN_UNBOUNDED, HistoricalEmbeddingCache
-from distmb.sampling import Block
+from distmb.halo.base import HaloScheme
+from distmb.halo.cache import LIFESPAN_UNBOUNDED, HistoricalEmbeddingCache
+from distmb.loader.minibatch import MiniBatch
+from distmb.sampling.blocks import Block
 
-#: Paper defaults (DESIGN.md): lines per layer, rows per peer, life-span, delay.
-DEFAULT_HEC_SIZE = 1_000_000
-DEFAULT_HEC_NC = 2000
-DEFAULT_HEC_LIFESPAN = 2
-DEFAULT_HEC_DELAY = 1
-
-
-@dataclass
-class HecConfig:
-    """``--hec-*`` flags. ``enabled=False`` (``--no-hec``) drops every halo leaf."""
-
-    enabled: bool = True
-    size: int = DEFAULT_HEC_SIZE
-    nc: int = DEFAULT_HEC_NC
-    lifespan: int = DEFAULT_HEC_LIFESPAN
-    delay: int = DEFAULT_HEC_DELAY
+#: The arrays of one cache's checkpoint (:meth:`HistoricalEmbeddingCache.state`).
+CACHE_STATE_KEYS = ("tags", "ages", "rows")
 
 
-class AsyncEmbeddingPush:
+class HistoricalCache(HaloScheme):
     """The AEP state of one rank: one cache and one push queue per layer that needs them.
 
     Args:
         comm: the ranks.
         store: this rank's part (send lists, ``orig_ids``, ``in_degree``, halo features).
-        layer_dims: input width of every layer (``model.layer_dims()``).
         config: cache size, push cap, life-span, delay.
         seed: seed of the degree-weighted push sampling.
     """
 
+    name = "hec"
+    stateful = True
+
     def __init__(
-        self,
-        comm: Communicator,
-        store: PartitionStore,
-        layer_dims: list[int],
-        config: HecConfig,
-        seed: int,
+        self, comm: Communicator, store: PartitionStore, config: HecSettings, seed: int
     ) -> None:
+        super().__init__()
         self.comm = comm
         self.cfg = config
         self.seed = seed
         self.n_solid = store.n_solid
         self.orig_ids = np.asarray(store.orig_ids)
-        self.halo_features = store.halo_features
+        self.replicated_halo = store.halo_features is not None
         self.degree = np.asarray(store.in_degree[: store.n_solid], dtype=np.float64)
         self.peer_ptr, self.peer_ids = _peers_of_solid(store, comm.size)
-        self.num_layers = len(layer_dims)
-        self.layer_dims = list(layer_dims)
-        # Layer 0 needs no cache when halo features are replicated.
-        self.uses_cache = [
-            config.enabled and not (layer == 0 and self.halo_features is not None)
-            for layer in range(self.num_layers)
-        ]
-        self.caches: list[HistoricalEmbeddingCache | None] = [
-            HistoricalEmbeddingCache(
-                config.size, dim, LIFESPAN_UNBOUNDED if layer == 0 else config.lifespan
-            )
-            if self.uses_cache[layer]
-            else None
-            for layer, dim in enumerate(layer_dims)
-        ]
-        self.pushes: list[EmbeddingPush | None] = [
-            EmbeddingPush(comm, dim, config.delay) if self.uses_cache[layer] else None
-            for layer, dim in enumerate(layer_dims)
-        ]
-        self.epoch = 0
-        #: Halo rows the batches needed per layer from other ranks: the traffic of an exact
-        #: pull (layer 0 counted even when replicated features make it free here).
-        self.rows_needed = [0] * self.num_layers
+        self.caches: list[HistoricalEmbeddingCache | None] = []
+        self.pushes: list[EmbeddingPush | None] = []
         #: Optional recorder for tests: receives ("push"|"load", k, layer, tags, rows, hit).
         self.record = None
 
-    # -- before the forward pass -----------------------------------------------------------
-    def prepare(
-        self, blocks: list[Block], k: int, num_iters: int
-    ) -> tuple[list[Block], list[torch.Tensor]]:
-        """Receive and store delayed pushes, then load every block's halo leaves.
+    def setup(self, layer_dims: list[int]) -> None:
+        super().setup(layer_dims)
+        # Layer 0 needs no cache when halo features are replicated.
+        uses_cache = [not (layer == 0 and self.replicated_halo) for layer in range(self.num_layers)]
+        self.caches = [
+            HistoricalEmbeddingCache(
+                self.cfg.size, dim, LIFESPAN_UNBOUNDED if layer == 0 else self.cfg.lifespan
+            )
+            if uses_cache[layer]
+            else None
+            for layer, dim in enumerate(layer_dims)
+        ]
+        self.pushes = [
+            EmbeddingPush(self.comm, dim, self.cfg.delay) if uses_cache[layer] else None
+            for layer, dim in enumerate(layer_dims)
+        ]
 
-        Returns:
-            The blocks (halo leaves that missed lose their edges) and, per layer,
-            float32[n_halo, dim] halo input rows (zeros for misses).
-        """
-        out_blocks, halo_rows = [], []
-        for layer, block in enumerate(blocks):
-            push = self.pushes[layer]
-            if push is not None and k >= self.cfg.delay:
-                tags, rows = push.finish()
-                self.caches[layer].store(tags, rows)
-            halo_p = block.src_ids[block.n_computed :].numpy()
-            dim = self.layer_dims[layer]
-            self.rows_needed[layer] += block.n_halo  # what an exact pull would move
-            if block.n_halo == 0:
-                out_blocks.append(block)
-                halo_rows.append(torch.empty((0, dim)))
-            elif layer == 0 and self.halo_features is not None:
-                out_blocks.append(block)
-                idx = halo_p - self.n_solid
-                halo_rows.append(torch.from_numpy(np.take(self.halo_features, idx, axis=0)))
-            elif self.caches[layer] is None:  # --no-hec: drop every halo leaf
-                keep = torch.ones(block.n_src, dtype=torch.bool)
-                keep[block.n_computed :] = False
-                out_blocks.append(block.drop_sources(keep))
-                halo_rows.append(torch.zeros((block.n_halo, dim)))
-            else:
-                tags = self.orig_ids[halo_p]
-                full = torch.empty((block.n_halo, dim))
-                hit = self.caches[layer].lookup_into(tags, full)  # misses come back as zeros
-                if self.record is not None:
-                    self.record("load", k, layer, tags, full.numpy().copy(), hit.numpy().copy())
-                if bool(hit.all()):
-                    out_blocks.append(block)
-                else:
-                    keep = torch.ones(block.n_src, dtype=torch.bool)
-                    keep[block.n_computed :] = hit
-                    out_blocks.append(block.drop_sources(keep))
-                halo_rows.append(full)
-        return out_blocks, halo_rows
+    # -- before the forward pass -----------------------------------------------------------
+    def after_sample(self, batch: MiniBatch, step: int, num_steps: int) -> None:
+        """Receive and store the pushes started ``d`` steps ago, then load every block's
+        halo leaves (misses come back as zero rows and lose their edges)."""
+        if step >= self.cfg.delay:
+            for push, cache in zip(self.pushes, self.caches, strict=True):
+                if push is not None:
+                    tags, rows = push.finish()
+                    cache.store(tags, rows)
+        super().after_sample(batch, step, num_steps)
+
+    def _fill(self, layer: int, block: Block, step: int) -> tuple[Block, torch.Tensor]:
+        halo_p = block.src_ids[block.n_computed :].numpy()
+        tags = self.orig_ids[halo_p]
+        full = torch.empty((block.n_halo, self.layer_dims[layer]))
+        hit = self.caches[layer].lookup_into(tags, full)  # misses come back as zeros
+        if self.record is not None:
+            self.record("load", step, layer, tags, full.numpy().copy(), hit.numpy().copy())
+        if bool(hit.all()):
+            return block, full
+        keep = torch.ones(block.n_src, dtype=torch.bool)
+        keep[block.n_computed :] = hit
+        return block.drop_sources(keep), full
 
     # -- during the forward pass -----------------------------------------------------------
-    def push(
+    def layer_input(
+        self, batch: MiniBatch, layer: int, h: torch.Tensor, step: int, num_steps: int
+    ) -> torch.Tensor:
+        """Start pushing this batch's boundary rows of layer ``layer`` (``h``, the computed
+        sources' rows, detached) to the peers, then return the layer's input."""
+        self._push(layer, batch.blocks[layer], h, step, num_steps)
+        return super().layer_input(batch, layer, h, step, num_steps)
+
+    def _push(
         self, layer: int, block: Block, x_computed: torch.Tensor, k: int, num_iters: int
     ) -> None:
-        """Start pushing this batch's boundary rows of layer ``layer`` to the peers.
-
-        Args:
-            x_computed: float32[block.n_computed, dim], the layer's input rows of the
-                block's solid sources (detached here).
-        """
         push = self.pushes[layer]
         if push is None or k >= num_iters - self.cfg.delay:
             return
@@ -199,7 +161,7 @@ class AsyncEmbeddingPush:
                 cache.advance()
 
     # -- checkpointing ----------------------------------------------------------------------
-    def cache_state(self) -> dict[str, np.ndarray]:
+    def state(self) -> dict[str, np.ndarray]:
         """The valid lines of every cache, as ``layer{l}_tags`` / ``_ages`` / ``_rows`` arrays
         (see :meth:`HistoricalEmbeddingCache.state`). Taken between epochs, when no push is
         in flight (pushes stop ``d`` iterations before the end of an epoch)."""
@@ -210,52 +172,44 @@ class AsyncEmbeddingPush:
                     out[f"layer{layer}_{key}"] = value
         return out
 
-    def cache_keys(self) -> set[str]:
-        """The array names :meth:`cache_state` returns for this rank's caches."""
+    def state_keys(self) -> set[str]:
         return {
             f"layer{layer}_{key}"
             for layer, cache in enumerate(self.caches)
             if cache is not None
-            for key in ("tags", "ages", "rows")
+            for key in CACHE_STATE_KEYS
         }
 
-    def restore_caches(self, arrays: dict[str, np.ndarray]) -> None:
-        """Inverse of :meth:`cache_state`.
+    def restore(self, arrays: dict[str, np.ndarray]) -> None:
+        """Inverse of :meth:`state`.
 
         Raises:
             ValueError: the arrays do not hold exactly this rank's caches (other layers, or
                 rows of another width or dtype: :meth:`HistoricalEmbeddingCache.store`).
         """
-        expected = self.cache_keys()
+        expected = self.state_keys()
         if set(arrays) != expected:
             raise ValueError(f"cache state holds {sorted(arrays)}, expected {sorted(expected)}")
         for layer, cache in enumerate(self.caches):
             if cache is not None:
-                cache.restore(
-                    {key: arrays[f"layer{layer}_{key}"] for key in ("tags", "ages", "rows")}
-                )
+                cache.restore({key: arrays[f"layer{layer}_{key}"] for key in CACHE_STATE_KEYS})
 
     # -- statistics ------------------------------------------------------------------------
-    def stats(self) -> dict[str, list[float]]:
-        """Per layer: lookups, hits, rows and bytes pushed, communication wait (seconds)."""
-        out: dict[str, list[float]] = {
-            k: [] for k in ("lookups", "hits", "rows_pushed", "bytes_pushed", "comm_wait")
-        }
-        out["bytes_needed"] = [
-            n * (8 + 4 * dim) for n, dim in zip(self.rows_needed, self.layer_dims, strict=True)
-        ]
-        for cache, push in zip(self.caches, self.pushes, strict=True):
-            c = cache.counters() if cache is not None else {"lookups": 0, "hits": 0}
-            out["lookups"].append(c["lookups"])
-            out["hits"].append(c["hits"])
-            s = push.stats if push is not None else None
-            out["rows_pushed"].append(s.rows_sent if s else 0)
-            out["bytes_pushed"].append(s.bytes_sent if s else 0)
-            out["comm_wait"].append(s.wait_s if s else 0.0)
+    def stats(self) -> dict[str, np.ndarray]:
+        out = super().stats()
+        for layer, (cache, push) in enumerate(zip(self.caches, self.pushes, strict=True)):
+            if cache is not None:
+                counters = cache.counters()
+                out["lookups"][layer] = counters["lookups"]
+                out["hits"][layer] = counters["hits"]
+            if push is not None:
+                out["rows_pushed"][layer] = push.stats.rows_sent
+                out["bytes_pushed"][layer] = push.stats.bytes_sent
+                out["comm_wait"][0] += push.stats.wait_s
         return out
 
     def reset_stats(self) -> None:
-        self.rows_needed = [0] * self.num_layers
+        super().reset_stats()
         for cache, push in zip(self.caches, self.pushes, strict=True):
             if cache is not None:
                 cache.reset_counters()

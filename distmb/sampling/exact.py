@@ -10,10 +10,11 @@ iteration. Each rank grows its batch one hop at a time from its seeds, output la
 3. the hop's sources (destinations first, then the new vertices) are the next hop's
    destinations.
 
-Finally the input features of block 0's sources are fetched from their owners. The blocks
-have no halo leaves, every remote vertex is computed with the current weights and gradients
-flow through it: one rank holding the whole graph would compute the same (up to which
-neighbours the sampler draws). Every exchange is a synchronous all-to-all-v (counts first);
+The input features of block 0's sources are fetched from their owners by the BatchLoader's
+gather stage (:class:`~distmb.features.RemoteFeatures`): here ``src_ids`` are ``VID_o``, the
+ids that feature source reads. The blocks have no halo leaves, every remote vertex is
+computed with the current weights and gradients flow through it: one rank holding the whole
+graph would compute the same (up to which neighbours the sampler draws). Every exchange is a synchronous all-to-all-v (counts first);
 the bytes sent to other ranks are counted per epoch.
 """
 
@@ -24,11 +25,10 @@ import torch
 
 from distmb.comm import Communicator
 from distmb.data.graph import csr_row_positions
-from distmb.data.store import PartitionStore
-from distmb.sampling import Block, NeighborSampler
-
-#: Bytes of one vertex id or degree on the wire (int64).
-ID_BYTES = 8
+from distmb.data.owners import VertexOwners
+from distmb.sampling.blocks import Block
+from distmb.sampling.neighbor import NeighborSampler
+from distmb.units import ID_BYTES
 
 
 class ExactBatchSampler:
@@ -36,27 +36,26 @@ class ExactBatchSampler:
 
     Args:
         comm: the ranks (every rank calls :meth:`sample` once per iteration).
-        store: this rank's part (``orig_ids``, features, ``node_part.npy``).
+        owners: the owner table and this part's ``VID_o -> VID_p`` map.
         sampler: the sampler of this rank's local graph.
         fanouts: per layer, input layer first (as ``--fanout``).
     """
 
+    #: Every hop is an all-to-all-v: sampling must run on the training thread, in step order.
+    uses_collectives = True
+
     def __init__(
         self,
         comm: Communicator,
-        store: PartitionStore,
+        owners: VertexOwners,
         sampler: NeighborSampler,
         fanouts: list[int] | tuple[int, ...],
     ) -> None:
         self.comm = comm
+        self.owners = owners
         self.sampler = sampler
         self.fanouts = [int(f) for f in fanouts]
-        self.node_part = store.node_part()
-        self.orig_ids = np.asarray(store.orig_ids, dtype=np.int64)
-        solid = self.orig_ids[: store.n_solid]
-        self._by_orig = np.argsort(solid, kind="stable")  # VID_p sorted by VID_o
-        self._sorted_orig = solid[self._by_orig]
-        self.features = store.features
+        self.orig_ids = owners.orig_ids
         #: Bytes sent to other ranks since the last :meth:`reset_stats`.
         self.bytes_sent = 0
 
@@ -64,17 +63,15 @@ class ExactBatchSampler:
         self.bytes_sent = 0
 
     # -- one mini-batch --------------------------------------------------------------------
-    def sample(
-        self, seeds: np.ndarray, epoch: int, iteration: int
-    ) -> tuple[list[Block], torch.Tensor]:
-        """The blocks of one batch and the input features of ``blocks[0]``'s sources.
+    def sample(self, seeds: np.ndarray, epoch: int, iteration: int) -> list[Block]:
+        """The blocks of one batch.
 
         Args:
             seeds: int64[batch], distinct solid VID_p of this rank.
 
         Returns:
-            ``(blocks, x)``: ``len(fanouts)`` blocks without halo leaves whose ``src_ids`` are
-            positions in the batch (``arange(n_src)``), and float32[blocks[0].n_src, F].
+            ``len(fanouts)`` blocks without halo leaves whose ``src_ids`` are the sources'
+            ``VID_o`` (destinations first; ``blocks[-1].dst_ids`` are the seeds' ``VID_o``).
         """
         num_layers = len(self.fanouts)
         dst = self.orig_ids[np.asarray(seeds, dtype=np.int64)]
@@ -85,20 +82,20 @@ class ExactBatchSampler:
             block, dst = self._hop(dst, fanout, epoch, key)
             blocks.append(block)
         blocks.reverse()
-        return blocks, torch.from_numpy(self._fetch_features(dst))
+        return blocks
 
     def _hop(self, dst: np.ndarray, fanout: int, epoch: int, key: int) -> tuple[Block, np.ndarray]:
         """One hop for destinations ``dst`` (int64 VID_o, distinct): the block and its
         sources (VID_o, destinations first)."""
         size = self.comm.size
-        owner = self.node_part[dst]
+        owner = self.owners.owner(dst)
         order = np.argsort(owner, kind="stable")
         counts = np.bincount(owner, minlength=size).astype(np.int64)
         req_counts, requests = self._exchange(counts, dst[order])
         # Owner side: sample every distinct requested vertex once, answer per request.
         uniq, inverse = np.unique(requests, return_inverse=True)
         if uniq.size:
-            sampled = self.sampler.sample_hop(self._local(uniq), fanout, epoch, key)
+            sampled = self.sampler.sample_hop(self.owners.local(uniq), fanout, epoch, key)
             indptr = sampled.indptr.numpy()
             neighbours = self.orig_ids[sampled.src_ids.numpy()[sampled.indices.numpy()]]
         else:
@@ -130,33 +127,9 @@ class ExactBatchSampler:
             n_halo=0,
             indptr=torch.from_numpy(block_indptr),
             indices=torch.from_numpy(indices.astype(np.int64)),
-            src_ids=torch.arange(src.size, dtype=torch.int64),
+            src_ids=torch.from_numpy(src.astype(np.int64)),
         )
         return block, src
-
-    def _fetch_features(self, vertices: np.ndarray) -> np.ndarray:
-        """float32[n, F]: the input features of ``vertices`` (VID_o), from their owners."""
-        owner = self.node_part[vertices]
-        order = np.argsort(owner, kind="stable")
-        counts = np.bincount(owner, minlength=self.comm.size).astype(np.int64)
-        req_counts, requests = self._exchange(counts, vertices[order])
-        rows = np.take(self.features, self._local(requests), axis=0)  # float32 (PartitionStore)
-        _, back = self._exchange(req_counts, rows, recv_counts=counts)
-        out = np.empty_like(back)
-        out[order] = back
-        return out
-
-    # -- helpers -----------------------------------------------------------------------------
-    def _local(self, orig: np.ndarray) -> np.ndarray:
-        """VID_p of solid vertices given as VID_o (they must be solid here)."""
-        pos = np.searchsorted(self._sorted_orig, orig)
-        pos = np.minimum(pos, max(self._sorted_orig.size - 1, 0))
-        if orig.size and not np.array_equal(self._sorted_orig[pos], orig):
-            raise RuntimeError(
-                f"rank {self.comm.rank} was asked for vertices it does not own: node_part.npy "
-                "disagrees with the part's orig_ids"
-            )
-        return self._by_orig[pos]
 
     def _exchange(
         self, counts: np.ndarray, send: np.ndarray, recv_counts: np.ndarray | None = None

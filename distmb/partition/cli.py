@@ -6,9 +6,8 @@ import argparse
 import sys
 
 from distmb.errors import exit_on_user_error
-from distmb.progress import Progress
-from partition.assign import METHODS
-from partition.pipeline import (
+from distmb.partition.assign import METHODS
+from distmb.partition.pipeline import (
     DEFAULT_TRAIN_TOLERANCE,
     DEFAULT_VERTEX_TOLERANCE,
     check_partition_args,
@@ -17,6 +16,7 @@ from partition.pipeline import (
     graph_nbytes,
     partition_graph,
 )
+from distmb.progress import Progress
 
 
 def build_parser() -> argparse.ArgumentParser:

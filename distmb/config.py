@@ -1,0 +1,628 @@
+"""The options of ``python -m distmb.train``, each declared exactly once.
+
+Every option is a field of :class:`TrainConfig` declared with :func:`option`: the field gives
+its name, type and default; the field's metadata (an :class:`OptionSpec`) gives its flag,
+help, group, constraints and markers. Everything else is derived from these declarations:
+
+- :func:`build_parser`: the argparse parser of ``python -m distmb.train``;
+- :func:`config_from_args` and :func:`parse_config`: a validated :class:`TrainConfig` from
+  the flags (every constraint is checked generically, a few relations between options are
+  written out in :meth:`TrainConfig.validate`);
+- :data:`RESUME_MUST_MATCH`: the options a checkpoint must share with the run resuming it;
+- :func:`flag_table_markdown`: ``docs/flags.md``, written by
+  ``python -m distmb.config --markdown > docs/flags.md``.
+
+This module imports neither torch nor the C++ extension; the aggregator names are looked up
+in :data:`distmb.nn.AGGREGATORS` only when an ``--aggr`` value is checked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import numbers
+import sys
+import types
+import typing
+from collections.abc import Callable, Sequence
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any, Literal
+
+from distmb.errors import InputError
+
+__all__ = [
+    "DEFAULT_FANOUT",
+    "DEFAULT_HEC_DELAY",
+    "DEFAULT_HEC_LIFESPAN",
+    "DEFAULT_HEC_NC",
+    "DEFAULT_HEC_SIZE",
+    "DEFAULT_LR",
+    "DEFAULT_PARTITION_CACHE",
+    "DEFAULT_PREFETCH",
+    "GROUP_DATA_LOADING",
+    "GROUP_HEC",
+    "GROUP_MAIN",
+    "KERNELS",
+    "MODELS",
+    "OPTIONS",
+    "PROG",
+    "RESUME_MUST_MATCH",
+    "HaloScheme",
+    "HecSettings",
+    "Option",
+    "OptionSpec",
+    "TrainConfig",
+    "build_parser",
+    "config_from_args",
+    "flag_table_markdown",
+    "main",
+    "option",
+    "parse_config",
+]
+
+#: The command whose flags this module declares.
+PROG = "python -m distmb.train"
+#: ``--help``'s description of :data:`PROG`.
+DESCRIPTION = (
+    "Mini-batch GNN training (GraphSAGE / GAT) with local thread-parallel sampling and exact "
+    "layer-wise evaluation."
+)
+
+#: Paper's learning rates (Table 2, single socket), one per model, when ``--lr`` is not given.
+DEFAULT_LR: dict[str, float] = {"sage": 0.003, "gat": 0.001}
+#: The models of ``--model`` (those with a default learning rate).
+MODELS: tuple[str, ...] = tuple(DEFAULT_LR)
+#: The implementations of ``--kernels``.
+KERNELS: tuple[str, ...] = ("fused", "torch")
+#: Neighbours sampled per layer, input layer first (paper's Table 2; three layers).
+DEFAULT_FANOUT: tuple[int, ...] = (5, 10, 15)
+#: HEC defaults of the paper (docs/design.md): lines per layer (cs), rows pushed per peer and
+#: layer per iteration (nc), life-span in iterations (ls), delay of a push in iterations (d).
+DEFAULT_HEC_SIZE = 1_000_000
+DEFAULT_HEC_NC = 2000
+DEFAULT_HEC_LIFESPAN = 2
+DEFAULT_HEC_DELAY = 1
+#: Mini-batches prepared ahead of the one that trains (0: none, synchronous).
+DEFAULT_PREFETCH = 2
+#: Where ``--dataset`` is partitioned for a multi-rank run without ``--part-dir``.
+DEFAULT_PARTITION_CACHE = ".cache/distmb-parts"
+
+#: Argument groups (their titles), in the order of ``--help`` and ``docs/flags.md``.
+#: :data:`GROUP_MAIN` is the title of the parser's own group.
+GROUP_MAIN = "options"
+GROUP_DATA_LOADING = "data loading"
+GROUP_HEC = "multi-rank (mpirun -np P): historical embedding cache"
+
+#: How halo (remote) leaves of a multi-rank mini-batch are handled, see
+#: :attr:`TrainConfig.halo_scheme`.
+HaloScheme = Literal["hec", "drop", "exact"]
+
+#: Key of the :class:`OptionSpec` in a field's metadata.
+_SPEC = "distmb.option"
+
+
+@dataclass(frozen=True)
+class OptionSpec:
+    """Everything an option declares beyond its name, type and default.
+
+    Args:
+        help: ``--help`` text.
+        flag: the flag; ``None`` means ``--`` and the field name with dashes.
+        group: title of the argument group (:data:`GROUP_MAIN`: the parser's own).
+        exclusive: options of one group with the same name here exclude each other.
+        choices: the allowed values, checked by argparse (``invalid choice``).
+        allowed: returns the allowed values; checked after parsing (an :class:`InputError`),
+            so that they can be looked up lazily.
+        min: lower bound (``None`` values always pass: they mean "the default").
+        min_open: the lower bound itself is excluded (``> min`` instead of ``>= min``).
+        max: upper bound.
+        max_open: the upper bound itself is excluded.
+        inverted: a ``bool`` option whose flag turns it off (``--no-progress``).
+        resume_must_match: a checkpoint can only be resumed with the same value (it shapes
+            the model or the sampled data).
+    """
+
+    help: str
+    flag: str | None = None
+    group: str = GROUP_MAIN
+    exclusive: str | None = None
+    choices: tuple[str, ...] | None = None
+    allowed: Callable[[], Sequence[str]] | None = None
+    min: float | None = None
+    min_open: bool = False
+    max: float | None = None
+    max_open: bool = False
+    inverted: bool = False
+    resume_must_match: bool = False
+
+
+def option(default: Any, help: str, **spec: Any) -> Any:
+    """Declare a :class:`TrainConfig` field as an option.
+
+    Args:
+        default: the default, in Python and on the command line.
+        help: ``--help`` text.
+        **spec: the other fields of :class:`OptionSpec`.
+
+    Returns:
+        a :func:`dataclasses.field` carrying the :class:`OptionSpec` in its metadata.
+    """
+    return field(default=default, metadata={_SPEC: OptionSpec(help=help, **spec)})
+
+
+def _aggregators() -> tuple[str, ...]:
+    from distmb.nn import AGGREGATORS  # imports torch: only when an --aggr value is checked
+
+    return tuple(AGGREGATORS)
+
+
+@dataclass(frozen=True)
+class HecSettings:
+    """The historical embedding cache of a multi-rank run (:attr:`TrainConfig.hec`).
+
+    Args:
+        enabled: ``False`` (``--no-hec``) drops every halo leaf instead.
+        size: cache lines per layer (cs).
+        nc: rows pushed per peer and layer per iteration at most.
+        lifespan: iterations a cached embedding stays usable (ls).
+        delay: iterations between a push and its use (d).
+    """
+
+    enabled: bool
+    size: int
+    nc: int
+    lifespan: int
+    delay: int
+
+
+@dataclass(kw_only=True)
+class TrainConfig:
+    """Hyper-parameters and run options: the flags of ``python -m distmb.train``.
+
+    Built in Python, unset fields take the command line's defaults; ``lr=None`` (the
+    default) becomes the model's :data:`DEFAULT_LR` at construction. Every construction is
+    validated (:meth:`validate`): an invalid value raises an :class:`InputError` naming its
+    flag. Fields assigned later are not re-validated (call :meth:`validate`), and ``lr`` is
+    not re-resolved when ``model`` changes.
+    """
+
+    dataset: str | None = option(
+        None,
+        "dataset spec (synthetic[:k=v,...] | planetoid:DIR | npz:FILE | ogb:DIR | "
+        "edgelist:DIR); default: synthetic",
+        exclusive="input",
+    )
+    part_dir: str | None = option(None, "partition directory (distmb-partition)", exclusive="input")
+    model: str = option("sage", "GNN model", choices=MODELS, resume_must_match=True)
+    layers: int = option(3, "number of GNN layers", min=1, resume_must_match=True)
+    hidden: int = option(256, "hidden width (per head for GAT)", min=1, resume_must_match=True)
+    heads: int = option(4, "attention heads (GAT)", min=1, resume_must_match=True)
+    fanout: tuple[int, ...] = option(
+        DEFAULT_FANOUT,
+        "neighbours sampled per layer, input layer first (one per layer; -1 = all)",
+        resume_must_match=True,
+    )
+    aggr: str = option(
+        "mean",
+        "GraphSAGE aggregator: mean, sum or gcn",
+        allowed=_aggregators,
+        resume_must_match=True,
+    )
+    batch_size: int = option(1000, "seed vertices per mini-batch", min=1)
+    lr: float | None = option(
+        None,
+        "Adam learning rate (default: "
+        + ", ".join(f"{lr} for {model}" for model, lr in DEFAULT_LR.items())
+        + ")",
+        min=0,
+        min_open=True,
+    )
+    weight_decay: float = option(0.0, "Adam weight decay", min=0)
+    dropout: float = option(0.5, "dropout after hidden layers", min=0, max=1, max_open=True)
+    epochs: int = option(40, "training epochs", min=1)
+    seed: int = option(0, "seed of model init, shuffling, sampling")
+    threads: int | None = option(
+        None, "threads for sampling and PyTorch (default: all cores)", min=1
+    )
+    eval_every: int = option(1, "evaluate every N epochs", min=1)
+    eval_batch_size: int = option(4096, "destinations per block in layer-wise evaluation", min=1)
+    checkpoint_dir: str | None = option(None, "write a checkpoint here after every epoch (atomic)")
+    resume: bool = option(False, "continue from --checkpoint-dir's checkpoint")
+    results: str | None = option(
+        None,
+        "append one JSON object per epoch to this file (plot: python -m distmb.report FILE)",
+    )
+    progress: bool = option(True, "no progress bar", flag="--no-progress", inverted=True)
+    kernels: str = option(
+        "fused", "UPDATE/AGG implementation: fused C++ kernels or PyTorch ops", choices=KERNELS
+    )
+    prefetch: int = option(
+        DEFAULT_PREFETCH,
+        "mini-batches sampled and gathered ahead by a background thread while the current "
+        "one trains (0 = synchronous)",
+        group=GROUP_DATA_LOADING,
+        min=0,
+    )
+    hec_size: int = option(DEFAULT_HEC_SIZE, "cache lines per layer (cs)", group=GROUP_HEC, min=1)
+    hec_nc: int = option(
+        DEFAULT_HEC_NC,
+        "rows pushed per peer and layer per iteration at most (nc)",
+        group=GROUP_HEC,
+        min=1,
+    )
+    hec_lifespan: int = option(
+        DEFAULT_HEC_LIFESPAN,
+        "iterations a cached embedding stays usable (ls)",
+        group=GROUP_HEC,
+        min=0,
+    )
+    hec_delay: int = option(
+        DEFAULT_HEC_DELAY, "iterations between a push and its use (d)", group=GROUP_HEC, min=1
+    )
+    no_hec: bool = option(
+        False, "drop halo leaves instead (communication-free lower bound)", group=GROUP_HEC
+    )
+    exact_remote: bool = option(
+        False,
+        "DistDGL-like exact baseline instead of the HEC: sample remote neighbours at their "
+        "owners and fetch remote features every iteration (no cache, no staleness)",
+        group=GROUP_HEC,
+    )
+    partition_cache: str = option(
+        DEFAULT_PARTITION_CACHE,
+        "where --dataset is partitioned for P ranks (rank 0 writes it)",
+        group=GROUP_HEC,
+    )
+
+    def __post_init__(self) -> None:
+        if isinstance(self.fanout, list):
+            self.fanout = tuple(self.fanout)
+        if self.lr is None:
+            self.lr = DEFAULT_LR.get(self.model)  # an unknown model is reported by validate()
+        self.validate()
+
+    def validate(self) -> None:
+        """Check every option's constraints, then the relations between options.
+
+        Raises:
+            InputError: naming the flag, the constraint and the value.
+        """
+        for opt in OPTIONS:
+            opt.check(getattr(self, opt.name))
+        _check_fanout(self.fanout, self.layers)
+        for a, b in _exclusive_pairs():
+            if getattr(self, a.name) != a.default and getattr(self, b.name) != b.default:
+                raise InputError(f"{a.flag} and {b.flag} exclude each other")
+        if self.exact_remote and self.no_hec:
+            raise InputError(
+                "--exact-remote and --no-hec exclude each other (pick one halo scheme)"
+            )
+        if self.resume and not self.checkpoint_dir:
+            raise InputError("--resume needs --checkpoint-dir")
+
+    @property
+    def hec(self) -> HecSettings:
+        """The ``--hec-*`` and ``--no-hec`` flags."""
+        return HecSettings(
+            enabled=not self.no_hec,
+            size=self.hec_size,
+            nc=self.hec_nc,
+            lifespan=self.hec_lifespan,
+            delay=self.hec_delay,
+        )
+
+    @property
+    def halo_scheme(self) -> HaloScheme:
+        """``"exact"`` (``--exact-remote``), ``"drop"`` (``--no-hec``) or ``"hec"``."""
+        if self.exact_remote:
+            return "exact"
+        return "drop" if self.no_hec else "hec"
+
+    def as_dict(self) -> dict[str, Any]:
+        """Every option by field name (tuples as lists): the JSON record's and the
+        checkpoint's ``"args"``."""
+        record = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            record[f.name] = list(value) if isinstance(value, tuple) else value
+        return record
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option: a :class:`TrainConfig` field and its :class:`OptionSpec`.
+
+    Args:
+        name: the field's name.
+        type: the value's type without ``None``: ``bool``, ``int``, ``float``, ``str`` or
+            ``tuple`` (of ``int``, comma-separated on the command line).
+        nullable: ``None`` is a value (it means "the default described in the help").
+        default: the field's default.
+        spec: what the field declares beyond that.
+    """
+
+    name: str
+    type: type
+    nullable: bool
+    default: Any
+    spec: OptionSpec
+
+    @property
+    def flag(self) -> str:
+        """The command-line flag, e.g. ``--batch-size``."""
+        return self.spec.flag or "--" + self.name.replace("_", "-")
+
+    @property
+    def dest(self) -> str:
+        """The flag's attribute in argparse's namespace, e.g. ``no_progress``."""
+        return self.flag[2:].replace("-", "_")
+
+    @property
+    def cli_default(self) -> Any:
+        """The default as the parser holds it (``--fanout``: ``"5,10,15"``)."""
+        if self.type is bool:
+            return False
+        if self.type is tuple:
+            return ",".join(map(str, self.default))
+        return self.default
+
+    def allowed_values(self) -> Sequence[str] | None:
+        """The allowed values (``choices`` or ``allowed``), ``None`` if unrestricted."""
+        if self.spec.choices is not None:
+            return self.spec.choices
+        return self.spec.allowed() if self.spec.allowed is not None else None
+
+    def add_to(self, container: argparse._ActionsContainer) -> None:
+        """Add the flag to a parser, argument group or mutually exclusive group."""
+        kwargs: dict[str, Any] = {"help": self.spec.help}
+        if self.type is bool:
+            kwargs["action"] = "store_true"
+        else:
+            if self.type in (int, float):
+                kwargs["type"] = self.type
+            kwargs["default"] = self.cli_default
+            if self.spec.choices is not None:
+                kwargs["choices"] = self.spec.choices
+        container.add_argument(self.flag, **kwargs)
+
+    def from_cli(self, value: Any) -> Any:
+        """The field's value for the parsed ``value`` of the flag."""
+        if self.spec.inverted:
+            return not value
+        if self.type is tuple and isinstance(value, str):
+            try:
+                return tuple(int(v) for v in value.split(","))
+            except ValueError:
+                raise InputError(
+                    f"{self.flag} {value!r}: expected comma-separated integers"
+                ) from None
+        return value
+
+    def check(self, value: Any) -> None:
+        """Check ``value`` against the type and the constraints.
+
+        Raises:
+            InputError: naming the flag, the constraint and the value.
+        """
+        if value is None and self.nullable:
+            return
+        if not _is_a(value, self.type):
+            raise InputError(f"{self.flag} must be {_TYPE_NAMES[self.type]}, got {value!r}")
+        allowed = self.allowed_values()
+        if allowed is not None and value not in allowed:
+            raise InputError(f"{self.flag} must be one of {', '.join(allowed)}, got {value!r}")
+        bound = self.bound_text()
+        if bound and not self._within_bounds(value):
+            raise InputError(f"{self.flag} must be {bound}, got {value}")
+
+    def bound_text(self) -> str:
+        """``">= 1"``, ``"> 0"``, ``"in [0, 1)"``, or ``""`` without bounds."""
+        lo, hi, spec = self.spec.min, self.spec.max, self.spec
+        if lo is not None and hi is not None:
+            return f"in {'(' if spec.min_open else '['}{lo}, {hi}{')' if spec.max_open else ']'}"
+        if lo is not None:
+            return f"{'>' if spec.min_open else '>='} {lo}"
+        if hi is not None:
+            return f"{'<' if spec.max_open else '<='} {hi}"
+        return ""
+
+    def _within_bounds(self, value: float) -> bool:
+        # Written so that NaN fails every bound.
+        spec = self.spec
+        if spec.min is not None and not (value > spec.min if spec.min_open else value >= spec.min):
+            return False
+        return spec.max is None or bool(value < spec.max if spec.max_open else value <= spec.max)
+
+
+_TYPE_NAMES: dict[type, str] = {
+    bool: "true or false",
+    int: "an integer",
+    float: "a number",
+    str: "a string",
+    tuple: "a tuple of integers",
+}
+
+
+def _is_a(value: Any, kind: type) -> bool:
+    """Whether ``value`` fits an option of type ``kind`` (numpy integers count as ``int``)."""
+    if kind is bool:
+        return isinstance(value, bool)
+    if isinstance(value, bool):
+        return False
+    if kind is int:
+        return isinstance(value, numbers.Integral)
+    if kind is float:
+        return isinstance(value, numbers.Real)
+    if kind is tuple:
+        return isinstance(value, tuple) and all(_is_a(v, int) for v in value)
+    return isinstance(value, kind)
+
+
+def _check_fanout(fanout: tuple[int, ...], layers: int) -> None:
+    """One fan-out per layer, each >= 1 or -1 (all neighbours)."""
+    text = ",".join(map(str, fanout))
+    if len(fanout) != layers:
+        raise InputError(
+            f"--fanout {text!r} lists {len(fanout)} values but --layers is {layers}; "
+            "give one fan-out per layer"
+        )
+    if any(f == 0 or f < -1 for f in fanout):
+        raise InputError(f"--fanout {text!r}: each value must be >= 1 (or -1 for all)")
+
+
+def _options(cls: type) -> tuple[Option, ...]:
+    """The options declared by ``cls``'s fields, in field order."""
+    hints = typing.get_type_hints(cls)
+    options = []
+    for f in fields(cls):
+        spec = f.metadata.get(_SPEC)
+        if spec is None or f.default is MISSING:
+            raise TypeError(f"{cls.__name__}.{f.name} is not declared with option()")
+        kind, nullable = hints[f.name], False
+        if typing.get_origin(kind) in (typing.Union, types.UnionType):
+            members = [t for t in typing.get_args(kind) if t is not type(None)]
+            kind, nullable = members[0], len(members) < len(typing.get_args(kind))
+        kind = typing.get_origin(kind) or kind
+        if kind not in _TYPE_NAMES:
+            raise TypeError(f"{cls.__name__}.{f.name}: unsupported option type {kind!r}")
+        if kind is bool and f.default is not spec.inverted:
+            raise TypeError(f"{cls.__name__}.{f.name}: a flag's default must be {spec.inverted}")
+        options.append(Option(f.name, kind, nullable, f.default, spec))
+    return tuple(options)
+
+
+#: Every option, in the order of ``--help``.
+OPTIONS: tuple[Option, ...] = _options(TrainConfig)
+#: Options a checkpoint must share with the run that resumes it (they shape the model or
+#: the sampled data).
+RESUME_MUST_MATCH: tuple[str, ...] = tuple(o.name for o in OPTIONS if o.spec.resume_must_match)
+
+
+def _groups() -> dict[str, list[Option]]:
+    """The options by group title, groups in order of first appearance."""
+    groups: dict[str, list[Option]] = {GROUP_MAIN: []}
+    for opt in OPTIONS:
+        groups.setdefault(opt.spec.group, []).append(opt)
+    return groups
+
+
+def _exclusive_pairs() -> list[tuple[Option, Option]]:
+    """Every pair of options that exclude each other."""
+    sets: dict[tuple[str, str], list[Option]] = {}
+    for opt in OPTIONS:
+        if opt.spec.exclusive is not None:
+            sets.setdefault((opt.spec.group, opt.spec.exclusive), []).append(opt)
+    return [
+        (a, b) for members in sets.values() for i, a in enumerate(members) for b in members[i + 1 :]
+    ]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of ``python -m distmb.train``: one flag per option of :data:`OPTIONS`."""
+    parser = argparse.ArgumentParser(
+        prog=PROG, description=DESCRIPTION, formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    for title, options in _groups().items():
+        group = parser if title == GROUP_MAIN else parser.add_argument_group(title)
+        exclusive: dict[str, argparse._MutuallyExclusiveGroup] = {}
+        for opt in options:
+            container: argparse._ActionsContainer = group
+            if opt.spec.exclusive is not None:
+                if opt.spec.exclusive not in exclusive:
+                    exclusive[opt.spec.exclusive] = group.add_mutually_exclusive_group()
+                container = exclusive[opt.spec.exclusive]
+            opt.add_to(container)
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    """Validate the parsed flags and turn them into a :class:`TrainConfig`.
+
+    Args:
+        args: the namespace of :func:`build_parser`.
+
+    Raises:
+        InputError: naming the flag and what was expected.
+    """
+    return TrainConfig(**{opt.name: opt.from_cli(getattr(args, opt.dest)) for opt in OPTIONS})
+
+
+def parse_config(argv: list[str] | None = None) -> TrainConfig:
+    """Parse and validate the flags of ``python -m distmb.train``.
+
+    Args:
+        argv: the arguments after the program name; ``None``: ``sys.argv[1:]``.
+
+    Raises:
+        SystemExit: argparse's errors (unknown flag, bad type or choice) and ``--help``.
+        InputError: a value outside its constraints, or options that do not fit together.
+    """
+    return config_from_args(build_parser().parse_args(argv))
+
+
+#: The line of ``docs/flags.md`` that names its generator.
+GENERATED_NOTE = (
+    "Generated by `python -m distmb.config --markdown > docs/flags.md` from the option "
+    "declarations in `distmb/config.py`; do not edit by hand."
+)
+
+
+def _md(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def _type_text(opt: Option) -> str:
+    if opt.type is bool:
+        return "flag"
+    allowed = opt.allowed_values()
+    if allowed is not None:
+        return " \\| ".join(f"`{v}`" for v in allowed)
+    text = "int list" if opt.type is tuple else opt.type.__name__
+    bound = opt.bound_text()
+    return f"{text}, {bound}" if bound else text
+
+
+def _default_text(opt: Option) -> str:
+    if opt.type is bool:
+        return "off"
+    return "–" if opt.cli_default is None else f"`{opt.cli_default}`"
+
+
+def flag_table_markdown() -> str:
+    """``docs/flags.md``: one markdown table (flag, type or choices, default, help) per
+    argument group, in the order of ``--help``."""
+    lines = [f"# Flags of `{PROG}`", "", GENERATED_NOTE]
+    for title, options in _groups().items():
+        lines += [
+            "",
+            f"## {title}",
+            "",
+            "| flag | type | default | help |",
+            "| --- | --- | --- | --- |",
+        ]
+        lines += [
+            f"| `{o.flag}` | {_type_text(o)} | {_default_text(o)} | {_md(o.spec.help)} |"
+            for o in options
+        ]
+        pairs = [(a, b) for a, b in _exclusive_pairs() if a.spec.group == title]
+        if pairs:
+            lines.append("")
+            lines += [f"`{a.flag}` and `{b.flag}` exclude each other." for a, b in pairs]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m distmb.config --markdown``: print :func:`flag_table_markdown`."""
+    parser = argparse.ArgumentParser(
+        prog="python -m distmb.config", description=f"The flags of {PROG}."
+    )
+    parser.add_argument(
+        "--markdown", action="store_true", help="print the flag tables of docs/flags.md"
+    )
+    if not parser.parse_args(argv).markdown:
+        parser.error("nothing to do; give --markdown")
+    sys.stdout.write(flag_table_markdown())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

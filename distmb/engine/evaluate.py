@@ -1,0 +1,110 @@
+"""Exact evaluation: layer-wise full-neighbour inference (no sampling, no dropout)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from distmb.features.base import FeatureSource
+from distmb.features.memory import ArrayFeatures, PartFeatures
+from distmb.sampling.neighbor import NeighborSampler
+
+#: Destinations per full-neighbour block during inference.
+DEFAULT_EVAL_BATCH = 4096
+
+#: ``layer_table(layer, solid) -> source``: the layer's input rows by ``VID_p`` (solid, then
+#: halo vertices), given this rank's rows of its solid vertices (multi-rank: a halo exchange).
+LayerTable = Callable[[int, FeatureSource], FeatureSource]
+
+
+@torch.no_grad()
+def layerwise_inference(
+    model: torch.nn.Module,
+    features: FeatureSource,
+    sampler: NeighborSampler,
+    batch_size: int = DEFAULT_EVAL_BATCH,
+    layer_table: LayerTable | None = None,
+) -> torch.Tensor:
+    """Outputs of ``model`` for every solid vertex, computed layer by layer over all
+    in-neighbours (as DGL's and PyG's ``inference`` do), so the result is exact.
+
+    Args:
+        features: the input features by ``VID_p`` (solid rows at least).
+        sampler: this part's sampler (its ``full_block``).
+        layer_table: supplies each layer's halo input rows when the part has halo vertices.
+
+    Returns:
+        float32[n_solid, num_classes] logits.
+    """
+    was_training = model.training
+    model.eval()
+    n_solid = sampler.n_solid
+    source = features
+    out: torch.Tensor | None = None
+    try:
+        for layer in range(model.num_layers):
+            table = source if layer_table is None else layer_table(layer, source)
+            out = None
+            for start in range(0, n_solid, batch_size):
+                dst = torch.arange(start, min(start + batch_size, n_solid))
+                block = sampler.full_block(dst)
+                y = model.forward_layer(layer, block, table.gather(block.src_ids))
+                if out is None:
+                    out = torch.empty((n_solid, y.shape[1]), dtype=y.dtype)
+                out[start : start + dst.numel()] = y
+            assert out is not None
+            source = ArrayFeatures(out)
+    finally:
+        model.train(was_training)
+    assert out is not None
+    return out
+
+
+class HaloExchange:
+    """The :data:`LayerTable` of one rank of several: layer 0 reads the replicated halo
+    features when the partition has them; otherwise, and for every later layer, one
+    synchronous halo exchange (:meth:`Communicator.halo_exchange`) supplies the halo rows.
+
+    Args:
+        comm: the ranks (every rank evaluates, layer by layer).
+        send_ptr, send_ids, halo_owner: this part's send lists and halo owners.
+        features: this part's input features (with halo rows when replicated).
+    """
+
+    def __init__(
+        self,
+        comm,
+        send_ptr: np.ndarray,
+        send_ids: np.ndarray,
+        halo_owner: np.ndarray,
+        features: PartFeatures,
+    ) -> None:
+        self.comm = comm
+        self.send_ptr = np.asarray(send_ptr)
+        self.send_ids = np.asarray(send_ids, dtype=np.int64)
+        self.halo_owner = np.asarray(halo_owner)
+        self.features = features
+
+    def __call__(self, layer: int, solid: FeatureSource) -> FeatureSource:
+        if layer == 0 and self.features.has_halo:
+            return self.features
+        send_rows = solid.gather(self.send_ids).numpy()
+        halo = self.comm.halo_exchange(send_rows, self.send_ptr, self.halo_owner)
+        return PartFeatures(solid, halo)
+
+
+def correct_counts(logits: torch.Tensor, labels: np.ndarray, idx: np.ndarray) -> tuple[int, int]:
+    """(vertices of ``idx`` whose arg-max class equals the label, ``len(idx)``)."""
+    if idx.size == 0:
+        return 0, 0
+    index = torch.from_numpy(np.array(idx, dtype=np.int64))  # small; the source may be read-only
+    pred = logits[index].argmax(dim=1)
+    return int((pred == torch.from_numpy(np.asarray(labels)[idx])).sum()), int(idx.size)
+
+
+def accuracy(logits: torch.Tensor, labels: np.ndarray, idx: np.ndarray) -> float:
+    """Share of ``idx`` whose arg-max class equals the label (nan for an empty split)."""
+    correct, total = correct_counts(logits, labels, idx)
+    return correct / total if total else float("nan")

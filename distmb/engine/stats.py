@@ -1,0 +1,94 @@
+"""Per-epoch records: the cross-rank view of an epoch, and the line printed for it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from distmb.engine.timers import PHASES
+
+
+def allreduce_named(comm, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Element-wise sums over ranks of several float64-compatible arrays in one
+    ``Allreduce``: packed by name in a fixed order, unpacked by the same names."""
+    names = sorted(arrays)
+    flat = [np.asarray(arrays[n], dtype=np.float64).reshape(-1) for n in names]
+    total = comm.allreduce_sum(np.concatenate(flat) if flat else np.zeros(0))
+    out, offset = {}, 0
+    for name, part in zip(names, flat, strict=True):
+        out[name] = total[offset : offset + part.size]
+        offset += part.size
+    return out
+
+
+def global_stats(comm, record: dict[str, Any], halo: dict[str, np.ndarray]) -> dict[str, Any]:
+    """Cross-rank view of an epoch: loss and accuracy averaged over ranks, phases (and the
+    loader's wait) at their maximum, load imbalance, halo-scheme counters summed.
+
+    Args:
+        record: this rank's epoch record (:meth:`Trainer.train_epoch`).
+        halo: this rank's halo-scheme counters (:meth:`HaloScheme.stats`).
+    """
+    total = allreduce_named(
+        comm,
+        {
+            "loss": np.array([record["loss"]]),
+            "train_acc": np.array([record["train_acc"]]),
+            **{k: v for k, v in halo.items() if k != "comm_wait"},
+        },
+    )
+    out = {
+        "loss": float(total["loss"][0] / comm.size),
+        "train_acc": float(total["train_acc"][0] / comm.size),
+        "hec_hit_rate": [
+            float(h / lk) if lk else None
+            for h, lk in zip(total["hits"], total["lookups"], strict=True)
+        ],
+        "rows_pushed": [int(r) for r in total["rows_pushed"]],
+        "bytes_pushed": int(total["bytes_pushed"].sum()),
+        "bytes_exact_pull": [int(b) for b in total["bytes_needed"]],
+        "bytes_exact_remote": int(total["bytes_exact_remote"][0]),
+        "comm_wait": round(comm.allreduce_max(float(halo["comm_wait"][0])), 4),
+        "imbalance": round(
+            comm.allreduce_max(record["epoch_time"])
+            / max(comm.allreduce_min(record["epoch_time"]), 1e-9),
+            3,
+        ),
+    }
+    for phase in ("epoch_time", *PHASES, "load_wait"):
+        out[phase] = round(comm.allreduce_max(record[phase]), 4)
+    return out
+
+
+def format_epoch(r: dict[str, Any]) -> str:
+    """One line per epoch: loss, accuracies, time and its MBC/FWD/BWD/ARed split, and how
+    long the loop waited for batches (``wait``: MBC not hidden by prefetching)."""
+    acc = f"train {100 * r['train_acc']:.2f}%"
+    if "val_acc" in r:
+        acc += f"  val {100 * r['val_acc']:.2f}%  test {100 * r['test_acc']:.2f}%"
+    return (
+        f"epoch {r['epoch']:3d}  loss {r['loss']:.4f}  {acc}  |  {r['epoch_time']:.2f}s "
+        f"(MBC {r['mbc']:.2f}  wait {r['load_wait']:.2f}  FWD {r['fwd']:.2f}  "
+        f"BWD {r['bwd']:.2f}  ARed {r['ared']:.2f})  {r['samples_per_s']:.0f} samples/s"
+    )
+
+
+def format_hec(r: dict[str, Any]) -> str:
+    """The multi-rank part of the epoch line: HEC hit rates, traffic, wait, imbalance."""
+    rates = "/".join("-" if h is None else f"{100 * h:.0f}%" for h in r["hec_hit_rate"])
+    if r.get("bytes_exact_remote"):
+        traffic = f"exact remote {r['bytes_exact_remote'] / 2**20:.1f} MiB"
+    else:
+        traffic = f"HEC hit {rates}  pushed {r['bytes_pushed'] / 2**20:.1f} MiB"
+    return f"  |  {traffic}  comm wait {r['comm_wait']:.2f}s  imbalance {r['imbalance']:.2f}"
+
+
+def append_jsonl(path: str | Path, record: dict[str, Any]) -> None:
+    """Append one JSON object as one line (a single write, flushed)."""
+    line = json.dumps(record, allow_nan=True) + "\n"
+    with open(path, "a") as f:
+        f.write(line)
+        f.flush()

@@ -1,0 +1,356 @@
+"""The mini-batch training loop of one rank, for one rank and many:
+
+BatchLoader (plan -> sample -> gather, ahead on a thread) -> MiniBatch -> halo scheme (fill
+the halo leaves) -> model (one layer loop, the scheme's per-layer hook) -> loss -> backward
+-> gradient all-reduce -> optimizer step -> halo scheme's end of iteration; exact
+evaluation, checkpoints and a JSON record per epoch.
+
+Every rank calls the same collectives in the same order: the epoch's batch count and
+global batch sizes (two all-reduces), per iteration the halo scheme's exchanges and the
+gradient all-reduce, per epoch the statistics, the evaluation's halo exchanges and the
+checkpoint's gather and barrier. One rank is P = 1 (:class:`SingleProcess`): every
+collective is the identity and the halo scheme has nothing to do.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from distmb.comm import SingleProcess
+from distmb.data.local import LocalGraph
+from distmb.engine.checkpoint import (
+    load_cache_state,
+    load_checkpoint,
+    remove_cache_states,
+    save_cache_state,
+    save_checkpoint,
+)
+from distmb.engine.evaluate import HaloExchange, correct_counts, layerwise_inference
+from distmb.engine.stats import append_jsonl, format_epoch, format_hec, global_stats
+from distmb.engine.timers import PhaseTimer
+from distmb.errors import DistmbError, InputError
+from distmb.features.memory import PartFeatures
+from distmb.halo.base import HaloScheme
+from distmb.loader.loader import BatchLoader
+from distmb.loader.minibatch import MiniBatch
+from distmb.nn import build_model
+from distmb.nn.backend import set_kernels
+from distmb.sampling.neighbor import NeighborSampler
+
+#: Multiplier and rank stride of :func:`dropout_seed` (two primes: seeds of different runs
+#: and ranks do not collide for any realistic seed or rank count).
+DROPOUT_SEED_MULTIPLIER = 1_000_003
+DROPOUT_SEED_RANK_STRIDE = 7_919
+#: Dropout seeds stay in the non-negative int64 range ``torch.manual_seed`` accepts.
+SEED_MODULUS = 2**63
+
+
+class TrainingDiverged(DistmbError):
+    """The loss became NaN or infinite; the last good checkpoint is kept."""
+
+    exit_code = 3
+
+
+class Trainer:
+    """Trains one model on one rank's :class:`LocalGraph`.
+
+    Args:
+        local: the graph this rank samples from (a whole graph, or one part).
+        config: the run's configuration (:class:`distmb.config.TrainConfig`).
+        comm: the ranks (default: :class:`SingleProcess`, one rank without MPI).
+        halo: what to do about halo leaves (default: nothing, one rank;
+            :func:`distmb.halo.make_halo_scheme` picks one for P > 1).
+        log: prints one line (rank 0 only in multi-rank runs).
+    """
+
+    def __init__(
+        self,
+        local: LocalGraph,
+        config,
+        *,
+        comm=None,
+        halo: HaloScheme | None = None,
+        log=print,
+    ) -> None:
+        self.local = local
+        self.cfg = config
+        self.comm = comm if comm is not None else SingleProcess()
+        self.rank = self.comm.rank
+        self.num_ranks = self.comm.size
+        self.log = log
+        set_kernels(config.kernels)
+        torch.manual_seed(config.seed)  # identical model initialisation on every rank
+        self.model = build_model(
+            config.model,
+            in_dim=local.feat_dim,
+            hidden=config.hidden,
+            num_classes=local.num_classes,
+            num_layers=config.layers,
+            heads=config.heads,
+            dropout=config.dropout,
+            aggr=config.aggr,
+        )
+        self.optimizer = torch.optim.Adam(
+            self.model.parameters(), lr=config.lr, weight_decay=config.weight_decay
+        )
+        self.sampler = NeighborSampler(
+            local.indptr, local.indices, local.n_solid, local.n_local, config.fanout, config.seed
+        )
+        self.features = PartFeatures(local.features, local.halo_features)
+        self.halo = halo if halo is not None else HaloScheme()
+        self.halo.setup(self.model.layer_dims())
+        self.loader = BatchLoader(
+            self.halo.batch_sampler(self.sampler),
+            self.halo.feature_source(self.features),
+            local.labels,
+            prefetch=config.prefetch,
+            threads=config.threads,
+        )
+        store = local.store
+        self.eval_table = (
+            HaloExchange(self.comm, store.send_ptr, store.send_ids, store.halo_owner, self.features)
+            if self.num_ranks > 1 and store is not None
+            else None
+        )
+        torch.manual_seed(dropout_seed(config.seed, self.rank))
+        self.timer = PhaseTimer()
+        self.start_epoch = 0
+        self.history: list[dict[str, Any]] = []
+        self._global_batch = np.zeros(0, dtype=np.int64)
+        if config.resume:
+            self._resume()
+
+    # -- checkpoints -------------------------------------------------------------------------
+    def _state(self, epoch: int) -> dict[str, Any]:
+        return {
+            "epoch": epoch,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "torch_rng": torch.get_rng_state(),
+            "args": self.cfg.as_dict(),
+            "identity": self.local.identity,
+            "ranks": self.num_ranks,
+        }
+
+    def _save(self, epoch: int) -> None:
+        """Every rank writes its halo scheme's state for ``epoch`` (if it has any); then rank
+        0 writes the checkpoint (model, optimizer, every rank's RNG state) that names
+        ``epoch``; then the ranks drop their older cache files. A crash at any point leaves a
+        checkpoint whose cache files exist (or, between the first two steps, an older
+        checkpoint with its own files)."""
+        directory = self.cfg.checkpoint_dir
+        if self.halo.stateful:
+            save_cache_state(directory, epoch, self.rank, self.halo.state())
+        states = self.comm.allgather(torch.get_rng_state())  # also: every cache file is written
+        if self.rank == 0:
+            state = self._state(epoch)
+            state["torch_rng_per_rank"] = states
+            save_checkpoint(directory, state)
+        self.comm.barrier()  # nobody runs ahead of a checkpoint that is still being written
+        remove_cache_states(directory, self.rank, keep_epoch=epoch)
+
+    def _resume(self) -> None:
+        if not self.cfg.checkpoint_dir:
+            raise InputError("--resume needs --checkpoint-dir")
+        state = load_checkpoint(
+            self.cfg.checkpoint_dir, identity=self.local.identity, args=self.cfg.as_dict()
+        )
+        saved_ranks = state.get("ranks", 1)
+        if saved_ranks != self.num_ranks:
+            raise InputError(
+                f"--resume: the checkpoint in {self.cfg.checkpoint_dir} was written by "
+                f"{saved_ranks} ranks, this run has {self.num_ranks}"
+            )
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        rng_states = state.get("torch_rng_per_rank", [state["torch_rng"]])
+        torch.set_rng_state(rng_states[self.rank])
+        self.start_epoch = int(state["epoch"]) + 1
+        if self.halo.stateful:
+            self._restore_halo_state()
+        if self.rank == 0:
+            self.log(f"resumed from {self.cfg.checkpoint_dir} after epoch {state['epoch']}")
+
+    def _restore_halo_state(self) -> None:
+        """Refill the caches as they were after the resumed epoch, so a resumed run repeats an
+        uninterrupted one exactly. When some rank has no file, or the saved caches are not
+        this run's (``--no-hec`` or ``--exact-remote`` changed between the runs), all ranks
+        start with empty caches, which refill within ``d + ls`` iterations."""
+        arrays = load_cache_state(self.cfg.checkpoint_dir, self.start_epoch - 1, self.rank)
+        usable = arrays is not None and set(arrays) == self.halo.state_keys()
+        if self.comm.allreduce_min(1.0 if usable else 0.0) == 1.0:
+            self.halo.restore(arrays)
+        elif self.rank == 0:
+            self.log(
+                "resume: the checkpoint holds no matching HEC state for every rank; "
+                "caches start empty"
+            )
+
+    # -- one epoch ---------------------------------------------------------------------------
+    def epoch_batches(self, epoch: int) -> list[np.ndarray]:
+        """The same number M of batches on every rank: ``M = max over ranks of
+        ceil(n_train / batch_size)`` (``Allreduce MAX``), and each rank splits its shuffled
+        training vertices into M batches whose sizes differ by at most one. Every training
+        vertex is seen once per epoch and no batch exceeds ``--batch-size``; a rank with
+        fewer than M training vertices repeats them, one per batch, so no batch is empty."""
+        order = self.shuffled_train(epoch)
+        num_iters = int(self.comm.allreduce_max(-(-order.size // self.cfg.batch_size)))
+        return split_batches(order, num_iters)
+
+    def shuffled_train(self, epoch: int) -> np.ndarray:
+        """int64[n_train]: this rank's training vertices in the epoch's order."""
+        rng = np.random.default_rng([self.cfg.seed, epoch])
+        return self.local.train_idx[rng.permutation(self.local.train_idx.size)]
+
+    def loss_weight(self, step: int) -> float:
+        """``P / global batch size`` of step ``step``: after the gradient all-reduce averages
+        over the P ranks, every seed of the global batch has the same weight, whatever its
+        rank's share (one rank: the mean over the batch)."""
+        return self.num_ranks / float(self._global_batch[step])
+
+    def train_epoch(self, epoch: int) -> dict[str, Any]:
+        """One pass over the training vertices; returns loss, accuracy and timings."""
+        self.model.train()
+        self.timer.reset()
+        self.loader.load_wait = 0.0
+        self.halo.begin_epoch(epoch)
+        plan = self.loader.plan(epoch, self.epoch_batches(epoch))
+        # Global batch size of every step (``Allreduce SUM``), in production order.
+        sizes = np.array([plan.batches[i].size for i in plan.order], dtype=np.int64)
+        self._global_batch = self.comm.allreduce_sum(sizes)
+        num_steps = len(plan)
+        total_loss, correct, seen, mbc = 0.0, 0, 0, 0.0
+        bar = tqdm(
+            total=num_steps,
+            desc=f"epoch {epoch}",
+            leave=False,
+            file=sys.stderr,
+            disable=not (self.cfg.progress and sys.stderr.isatty() and self.rank == 0),
+        )
+        start = time.perf_counter()
+        for step, batch in enumerate(self.loader(plan)):
+            mbc += batch.sample_s + batch.gather_s
+            with self.timer("fwd"):
+                logits = self.forward(batch, step, num_steps)
+                loss_sum = F.cross_entropy(logits, batch.labels, reduction="sum")
+                loss = loss_sum * self.loss_weight(step)
+            loss_value = loss_sum.item() / max(batch.size, 1)
+            if not math.isfinite(loss_value):
+                kept = (
+                    f"; the last good checkpoint is kept in {self.cfg.checkpoint_dir}"
+                    if self.cfg.checkpoint_dir
+                    else ""
+                )
+                raise TrainingDiverged(
+                    f"loss is {loss_value} at epoch {epoch}, iteration {step}{kept}; "
+                    "try a lower --lr"
+                )
+            with self.timer("bwd"):
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+            with self.timer("ared"):
+                self.comm.allreduce_gradients(self.model)
+            with self.timer("opt"):
+                self.optimizer.step()
+            self.halo.end_iteration()
+            total_loss += loss_value * batch.size
+            correct += int((logits.argmax(1) == batch.labels).sum())
+            seen += batch.size
+            bar.update()
+            bar.set_postfix(loss=f"{loss_value:.4f}")
+        bar.close()
+        train_time = time.perf_counter() - start
+        self.timer.seconds["mbc"] = mbc
+        return {
+            "epoch": epoch,
+            "iterations": num_steps,
+            "loss": total_loss / max(seen, 1),
+            "train_acc": correct / max(seen, 1),
+            "epoch_time": round(train_time, 4),
+            **self.timer.as_dict(),
+            "load_wait": round(self.loader.load_wait, 4),
+            "samples_per_s": round(seen / train_time, 1) if train_time > 0 else 0.0,
+        }
+
+    def forward(self, batch: MiniBatch, step: int, num_steps: int) -> torch.Tensor:
+        """Logits of the batch's seeds: the halo scheme fills the halo leaves, then the
+        model's layer loop runs with the scheme's per-layer hook."""
+        self.halo.after_sample(batch, step, num_steps)
+
+        def layer_input(layer: int, _block, h: torch.Tensor) -> torch.Tensor:
+            return self.halo.layer_input(batch, layer, h, step, num_steps)
+
+        return self.model(batch.blocks, batch.x, layer_input=layer_input)
+
+    def evaluate(self) -> dict[str, float]:
+        """Exact val/test accuracy (layer-wise full-neighbour inference over every part, one
+        synchronous halo exchange per layer with several ranks; counts summed over ranks)."""
+        start = time.perf_counter()
+        logits = layerwise_inference(
+            self.model, self.features, self.sampler, self.cfg.eval_batch_size, self.eval_table
+        )
+        labels = self.local.labels
+        counts = np.array(
+            [
+                *correct_counts(logits, labels, self.local.val_idx),
+                *correct_counts(logits, labels, self.local.test_idx),
+            ],
+            dtype=np.int64,
+        )
+        total = self.comm.allreduce_sum(counts)
+        return {
+            "val_acc": float(total[0] / total[1]) if total[1] else float("nan"),
+            "test_acc": float(total[2] / total[3]) if total[3] else float("nan"),
+            "eval_time": round(time.perf_counter() - start, 4),
+        }
+
+    # -- the run -----------------------------------------------------------------------------
+    def fit(self) -> list[dict[str, Any]]:
+        """Train from ``start_epoch`` to ``epochs``; returns the per-epoch records."""
+        cfg = self.cfg
+        for epoch in range(self.start_epoch, cfg.epochs):
+            record = self.train_epoch(epoch)
+            record.update(global_stats(self.comm, record, self.halo.stats()))
+            if (epoch + 1) % cfg.eval_every == 0 or epoch == cfg.epochs - 1:
+                record.update(self.evaluate())
+            self.history.append(record)
+            if self.rank == 0:
+                line = format_epoch(record)
+                self.log(line + format_hec(record) if self.num_ranks > 1 else line)
+                if cfg.results:
+                    append_jsonl(
+                        cfg.results,
+                        {
+                            **record,
+                            "model": cfg.model,
+                            "ranks": self.num_ranks,
+                            "dataset": self.local.identity["graph_name"],
+                        },
+                    )
+            if cfg.checkpoint_dir:
+                self._save(epoch)
+        return self.history
+
+
+def split_batches(order: np.ndarray, num_batches: int) -> list[np.ndarray]:
+    """Split ``order`` into ``num_batches`` consecutive batches whose sizes differ by at most
+    one. With fewer vertices than batches, batch ``i`` is ``order[i % n]`` alone, so no batch
+    is ever empty (a rank must not skip an iteration's collectives)."""
+    if order.size == 0:
+        raise ValueError("split_batches: no training vertices")
+    if order.size >= num_batches:
+        return np.array_split(order, num_batches)
+    return [order[i % order.size : i % order.size + 1] for i in range(num_batches)]
+
+
+def dropout_seed(seed: int, rank: int) -> int:
+    """Seed of the dropout RNG of ``rank`` (ranks draw different masks; reproducible)."""
+    return (seed * DROPOUT_SEED_MULTIPLIER + rank * DROPOUT_SEED_RANK_STRIDE + 1) % SEED_MODULUS

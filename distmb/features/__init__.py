@@ -1,0 +1,13 @@
+"""Input features: one protocol (:class:`FeatureSource`) for "rows of a table by id".
+
+- :class:`ArrayFeatures`: one in-memory or memory-mapped table.
+- :class:`ConcatFeatures`: two sources stacked by id.
+- :class:`PartFeatures`: a part's solid rows, then its replicated halo rows, by ``VID_p``.
+- :class:`RemoteFeatures`: rows fetched from their owners by ``VID_o`` (``--exact-remote``).
+"""
+
+from distmb.features.base import FeatureSource
+from distmb.features.memory import ArrayFeatures, ConcatFeatures, PartFeatures
+from distmb.features.remote import RemoteFeatures
+
+__all__ = ["ArrayFeatures", "ConcatFeatures", "FeatureSource", "PartFeatures", "RemoteFeatures"]

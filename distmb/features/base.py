@@ -1,0 +1,102 @@
+"""The FeatureSource protocol: rows of an input-feature table by vertex id."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import numpy as np
+import torch
+
+
+class FeatureSource(ABC):
+    """Rows of a float32 feature table, addressed by vertex id.
+
+    Every place that reads input features (the BatchLoader's gather stage, layer-wise
+    evaluation, the halo schemes, the exact baseline's remote fetch) goes through one of
+    these, so a new storage (out-of-core file, cache, device memory) is one new subclass.
+
+    Attributes:
+        num_rows: ids are in ``[0, num_rows)``; what an id means (``VID_p`` of a part,
+            ``VID_o`` of the whole graph) is the subclass's contract.
+        dim: row width ``F``.
+        rows_served: rows returned since the last :meth:`reset_counters`.
+        bytes_read: bytes read from the backing storage since then (a cache hit or a row
+            received from another rank reads nothing here).
+        uses_collectives: a gather talks to other ranks (every rank must call it, in the same
+            order, from the training thread), so it cannot run on a prefetch thread.
+    """
+
+    uses_collectives: bool = False
+
+    def __init__(self, num_rows: int, dim: int) -> None:
+        self.num_rows = int(num_rows)
+        self.dim = int(dim)
+        self.rows_served = 0
+        self.bytes_read = 0
+
+    def gather(self, ids: np.ndarray | torch.Tensor) -> torch.Tensor:
+        """float32[n, dim]: the rows of ``ids`` (int64[n]) in that order, in a new tensor."""
+        ids_np = self._check_ids(ids)
+        out = torch.empty((ids_np.size, self.dim), dtype=torch.float32)
+        self._read_into(ids_np, out)
+        self.rows_served += ids_np.size
+        return out
+
+    def gather_into(self, ids: np.ndarray | torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """Write the rows of ``ids`` into ``out`` (float32[n, dim], contiguous, CPU) and
+        return it: for callers that reuse a preallocated buffer."""
+        ids_np = self._check_ids(ids)
+        if (
+            out.dtype != torch.float32
+            or tuple(out.shape) != (ids_np.size, self.dim)
+            or not out.is_contiguous()
+        ):
+            raise ValueError(
+                f"{type(self).__name__}.gather_into: out must be a contiguous float32"
+                f"[{ids_np.size}, {self.dim}] tensor, got {out.dtype}{list(out.shape)}"
+            )
+        self._read_into(ids_np, out)
+        self.rows_served += ids_np.size
+        return out
+
+    def counters(self) -> dict[str, int]:
+        return {"rows_served": self.rows_served, "bytes_read": self.bytes_read}
+
+    def reset_counters(self) -> None:
+        self.rows_served = 0
+        self.bytes_read = 0
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(num_rows={self.num_rows}, dim={self.dim})"
+
+    @abstractmethod
+    def _read_into(self, ids: np.ndarray, out: torch.Tensor) -> None:
+        """Fill ``out`` (float32[ids.size, dim]) with the rows of ``ids`` (checked int64)."""
+
+    def _check_ids(self, ids: np.ndarray | torch.Tensor) -> np.ndarray:
+        if isinstance(ids, torch.Tensor):
+            ids = ids.detach().cpu().numpy()
+        arr = np.asarray(ids)
+        if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
+            raise ValueError(
+                f"{type(self).__name__}: ids must be a 1-D integer array, got "
+                f"{arr.dtype}{list(arr.shape)}"
+            )
+        arr = np.ascontiguousarray(arr, dtype=np.int64)
+        if arr.size and (int(arr.min()) < 0 or int(arr.max()) >= self.num_rows):
+            raise IndexError(
+                f"{type(self).__name__}: ids must be in [0, {self.num_rows}), got "
+                f"[{int(arr.min())}, {int(arr.max())}]"
+            )
+        return arr
+
+
+def take_rows(table: np.ndarray | torch.Tensor, ids: np.ndarray, out: torch.Tensor) -> None:
+    """``out[:] = table[ids]`` for a numpy array (possibly a read-only memory map) or a CPU
+    tensor, without an intermediate copy when the dtypes agree."""
+    if isinstance(table, torch.Tensor):
+        torch.index_select(table.to(torch.float32), 0, torch.from_numpy(ids), out=out)
+    elif table.dtype == np.float32:
+        np.take(table, ids, axis=0, out=out.numpy())
+    else:
+        out.copy_(torch.from_numpy(np.take(table, ids, axis=0).astype(np.float32)))

@@ -1,0 +1,82 @@
+"""Feature tables in this process's memory (or memory-mapped from a partition's files)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from distmb.features.base import FeatureSource, take_rows
+from distmb.units import FLOAT32_BYTES
+
+
+class ArrayFeatures(FeatureSource):
+    """One table: ids are its row numbers.
+
+    Args:
+        table: float[num_rows, dim], a numpy array (a read-only ``np.memmap`` is read in
+            place, through the OS page cache) or a CPU tensor.
+    """
+
+    def __init__(self, table: np.ndarray | torch.Tensor) -> None:
+        if table.ndim != 2:
+            raise ValueError(f"ArrayFeatures: table must be 2-D, got shape {list(table.shape)}")
+        super().__init__(table.shape[0], table.shape[1])
+        self.table = table
+
+    def _read_into(self, ids: np.ndarray, out: torch.Tensor) -> None:
+        take_rows(self.table, ids, out)
+        self.bytes_read += ids.size * self.dim * FLOAT32_BYTES
+
+
+class ConcatFeatures(FeatureSource):
+    """Two sources stacked: ids ``[0, head.num_rows)`` read ``head``, the next
+    ``tail.num_rows`` ids read ``tail`` (shifted down by ``head.num_rows``)."""
+
+    def __init__(self, head: FeatureSource, tail: FeatureSource) -> None:
+        if head.dim != tail.dim:
+            raise ValueError(f"ConcatFeatures: row widths differ ({head.dim} and {tail.dim})")
+        super().__init__(head.num_rows + tail.num_rows, head.dim)
+        self.head = head
+        self.tail = tail
+
+    def _read_into(self, ids: np.ndarray, out: torch.Tensor) -> None:
+        split = self.head.num_rows
+        if not ids.size or int(ids.max()) < split:
+            self.head.gather_into(ids, out)
+            return
+        in_tail = ids >= split
+        head_pos = torch.from_numpy(np.flatnonzero(~in_tail))
+        tail_pos = torch.from_numpy(np.flatnonzero(in_tail))
+        out[head_pos] = self.head.gather(ids[~in_tail])
+        out[tail_pos] = self.tail.gather(ids[in_tail] - split)
+
+    def counters(self) -> dict[str, int]:
+        return {
+            "rows_served": self.rows_served,
+            "bytes_read": self.head.bytes_read + self.tail.bytes_read,
+        }
+
+
+class PartFeatures(ConcatFeatures):
+    """A part's features by ``VID_p``: solid rows ``[0, n_solid)``, then the halo vertices'
+    rows (replicated by ``--replicate-halo-features``, or received in an exchange) when
+    there are any.
+
+    Args:
+        solid: float32[n_solid, F] (may be memory-mapped) or a source of them.
+        halo: float32[n_halo, F] or None: then only solid ids can be gathered
+            (:attr:`has_halo` is False and halo rows come from the halo scheme).
+    """
+
+    def __init__(
+        self, solid: np.ndarray | torch.Tensor | FeatureSource, halo: np.ndarray | None = None
+    ) -> None:
+        head = solid if isinstance(solid, FeatureSource) else ArrayFeatures(solid)
+        tail = ArrayFeatures(halo if halo is not None else np.empty((0, head.dim), np.float32))
+        super().__init__(head, tail)
+        self.n_solid = head.num_rows
+
+    @property
+    def has_halo(self) -> bool:
+        """Whether halo ids (``>= n_solid``) can be gathered."""
+        return self.tail.num_rows > 0

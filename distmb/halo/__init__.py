@@ -1,0 +1,46 @@
+"""Halo schemes: what a rank does about the halo leaves of its mini-batches.
+
+- :class:`HaloScheme`: no halo leaves to fill (one rank); the base of the others.
+- :class:`DropHalo`: ``--no-hec``, halo leaves lose their edges.
+- :class:`HistoricalCache`: the default with P > 1, historical embedding caches filled by
+  asynchronous embedding pushes (DistGNN-MB).
+- :class:`ExactRemote`: ``--exact-remote``, exact batches sampled and gathered across ranks.
+
+:func:`make_halo_scheme` picks one from the configuration.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from distmb.halo.base import LAYER_COUNTERS, DropHalo, HaloScheme
+from distmb.halo.exact import ExactRemote
+from distmb.halo.hec import HistoricalCache
+
+if TYPE_CHECKING:
+    from distmb.comm import Communicator
+    from distmb.config import TrainConfig
+    from distmb.data.store import PartitionStore
+
+__all__ = [
+    "LAYER_COUNTERS",
+    "DropHalo",
+    "ExactRemote",
+    "HaloScheme",
+    "HistoricalCache",
+    "make_halo_scheme",
+]
+
+
+def make_halo_scheme(comm: Communicator, store: PartitionStore, config: TrainConfig) -> HaloScheme:
+    """The scheme of one rank of ``comm`` on part ``store``: nothing to do on one rank;
+    else by ``config.halo_scheme``: ``--exact-remote``, ``--no-hec`` or the historical cache
+    (the default)."""
+    if comm.size == 1:
+        return HaloScheme()
+    scheme = config.halo_scheme
+    if scheme == "exact":
+        return ExactRemote(comm, store, config.fanout)
+    if scheme == "drop":
+        return DropHalo()
+    return HistoricalCache(comm, store, config.hec, config.seed)

@@ -1,0 +1,87 @@
+"""Starting a run: one rank's part (opened and checked on every rank), the on-the-fly
+partition of ``--dataset`` for P ranks, and whether an MPI launcher started us.
+
+This module sits above both the runtime and the partitioner (``distmb.partition``), so
+neither imports the other's entry points: the runtime packages never import the partitioner.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+from distmb.comm import Communicator
+from distmb.data.store import PartitionStore, read_meta
+from distmb.errors import InputError, PartitionError
+
+#: Environment variables that MPI launchers (mpirun, mpiexec, srun) set in every rank.
+MPI_LAUNCH_MARKERS = (
+    "PMI_RANK",
+    "PMI_SIZE",
+    "PMIX_RANK",
+    "OMPI_COMM_WORLD_SIZE",
+    "MPI_LOCALNRANKS",
+)
+
+
+def open_part(comm: Communicator, part_dir: str) -> PartitionStore:
+    """Open part ``rank`` of ``part_dir`` on every rank, after checking on every rank that
+    the partition has one part per rank and that all ranks see the same graph."""
+    num_parts = int(read_meta(part_dir)["num_parts"])  # every rank reads the same file
+    if num_parts != comm.size:
+        raise PartitionError(
+            f"--part-dir {part_dir} has {num_parts} parts but {comm.size} ranks run; "
+            f"use mpirun -np {num_parts}"
+        )
+    store = PartitionStore(part_dir, comm.rank)
+    mine = (store.meta["graph_sha256"], store.num_parts, store.meta["partitioner"].get("seed"))
+    everyone = comm.allgather(mine)
+    odd = [r for r, other in enumerate(everyone) if other != everyone[0]]
+    if odd:
+        raise PartitionError(
+            f"--part-dir {part_dir}: rank(s) {odd} opened a partition of another graph or "
+            f"partitioning than rank 0 (graph sha256 {everyone[0][0][:12]}...)"
+        )
+    train_counts = comm.allgather(int(store.counts["n_train"]))
+    empty = [r for r, n in enumerate(train_counts) if n == 0]
+    if empty:
+        raise PartitionError(
+            f"--part-dir {part_dir}: part(s) {empty} have no training vertices; use fewer ranks"
+        )
+    return store
+
+
+def partition_cache_dir(cache_root: str, spec: str, parts: int, seed: int) -> Path:
+    """Where ``--dataset SPEC`` is partitioned for ``parts`` ranks."""
+    key = hashlib.sha256(f"{spec}|{parts}|{seed}".encode()).hexdigest()[:16]
+    name = "".join(c if c.isalnum() else "-" for c in spec.split(":")[0])
+    return Path(cache_root) / f"{name}-p{parts}-{key}"
+
+
+def ensure_partition(comm: Communicator, spec: str, cache_root: str, seed: int, log) -> str:
+    """Rank 0 partitions ``spec`` into the cache (unless already there); the others wait.
+    An error on rank 0 is re-raised on every rank, so nobody waits forever."""
+    out = partition_cache_dir(cache_root, spec, comm.size, seed)
+    error = None
+    if comm.rank == 0 and not (out / "partition.json").is_file():
+        try:
+            from distmb.data import load_dataset
+            from distmb.partition import partition_graph
+
+            graph = load_dataset(spec, seed=seed)
+            log(f"partitioning {graph.summary()} into {comm.size} parts at {out}")
+            partition_graph(
+                graph, comm.size, out, seed=seed, replicate_halo_features=True, overwrite=True
+            )
+        except Exception as exc:  # noqa: BLE001 - forwarded to every rank below
+            error = f"{type(exc).__name__}: {exc}"
+    error = comm.comm.bcast(error, root=0)
+    if error is not None:
+        raise InputError(f"--dataset {spec}: partitioning on rank 0 failed: {error}")
+    return str(out)
+
+
+def is_mpi_launch() -> bool:
+    """Whether this process was started by an MPI launcher (mpirun, mpiexec, srun)."""
+    return any(m in os.environ for m in MPI_LAUNCH_MARKERS)

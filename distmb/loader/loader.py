@@ -1,0 +1,228 @@
+"""The BatchLoader: an epoch's seed order -> MiniBatches, in stages, optionally ahead.
+
+Stages per batch: **plan** (the epoch's batches are known up front; a *superbatch* is the
+next K of them, in production order), **sample** (a batch sampler: the local C++ sampler, or
+the exact baseline's sampler across ranks), **gather** (input features through a
+:class:`~distmb.features.FeatureSource`), and later **to device**.
+
+A batch's identity (:attr:`MiniBatch.index`, its position in the epoch's plan) fixes its
+random stream; the production order is separate (:attr:`EpochPlan.order`), so a reordering
+policy may permute the batches of a superbatch without changing what any batch contains.
+
+With ``prefetch = N > 0`` a background thread samples and gathers up to N batches ahead of
+the one being trained (the C++ sampler and numpy's row gathers release the GIL). Results
+are bit-identical to ``prefetch = 0``: the stages use no random state of the training
+thread. Stages that talk to other ranks (``uses_collectives``) always run synchronously on
+the training thread, in step order.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from distmb import _C
+from distmb.features.base import FeatureSource
+from distmb.loader.minibatch import MiniBatch
+from distmb.sampling.blocks import Block
+
+#: Default number of batches prepared ahead by the background thread (``--prefetch``).
+DEFAULT_PREFETCH = 2
+
+#: Seconds the producer waits on a full window before checking whether it was stopped.
+_POLL_S = 0.1
+
+#: ``reorder(epoch, indices, batches) -> indices permuted``: production order of the batches
+#: ``indices`` (one superbatch; ``batches[i]`` are batch ``i``'s seeds).
+Reorder = Callable[[int, list[int], Sequence[np.ndarray]], list[int]]
+
+
+class BatchSampler(Protocol):
+    """What the sample stage calls: blocks for one batch's seeds."""
+
+    uses_collectives: bool
+
+    def sample(self, seeds: np.ndarray, epoch: int, iteration: int) -> list[Block]: ...
+
+
+@dataclass
+class EpochPlan:
+    """An epoch's batches, known ahead.
+
+    Attributes:
+        epoch: the epoch.
+        batches: ``batches[i]`` is batch ``i``'s seeds (int64, ``VID_p``).
+        order: the production order, a permutation of ``range(len(batches))`` that only
+            permutes within consecutive superbatches.
+        superbatch: K, batches per superbatch.
+    """
+
+    epoch: int
+    batches: list[np.ndarray]
+    order: list[int]
+    superbatch: int
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def superbatches(self) -> list[list[int]]:
+        """The production order cut into consecutive superbatches of K indices."""
+        k = self.superbatch
+        return [self.order[i : i + k] for i in range(0, len(self.order), k)]
+
+
+class BatchLoader:
+    """Turns an epoch's batches into :class:`MiniBatch` objects (see the module docstring).
+
+    Args:
+        sampler: the sample stage.
+        features: the gather stage's feature source; ids are ``blocks[0].src_ids``. When it
+            can serve halo ids (:attr:`PartFeatures.has_halo`), block 0's halo rows are
+            gathered too (``MiniBatch.x_halo``).
+        labels: int64[n] labels by seed id.
+        prefetch: batches prepared ahead on a background thread (0: synchronous).
+        superbatch: K, batches per superbatch (the unit a reorder policy permutes).
+        reorder: optional production-order policy applied to each superbatch.
+        threads: OpenMP threads of the background thread's kernels (``None``: this thread's).
+    """
+
+    def __init__(
+        self,
+        sampler: BatchSampler,
+        features: FeatureSource,
+        labels: np.ndarray,
+        *,
+        prefetch: int = DEFAULT_PREFETCH,
+        superbatch: int = 1,
+        reorder: Reorder | None = None,
+        threads: int | None = None,
+    ) -> None:
+        if prefetch < 0:
+            raise ValueError(f"prefetch must be >= 0, got {prefetch}")
+        if superbatch < 1:
+            raise ValueError(f"superbatch must be >= 1, got {superbatch}")
+        self.sampler = sampler
+        self.features = features
+        self.labels = labels
+        self.prefetch = prefetch
+        self.superbatch = superbatch
+        self.reorder = reorder
+        self.threads = threads if threads is not None else int(_C.get_num_threads())
+        self._gather_halo = bool(getattr(features, "has_halo", False))
+        #: Seconds the consumer waited for its next batch, since the last reset.
+        self.load_wait = 0.0
+
+    @property
+    def synchronous(self) -> bool:
+        """Whether batches are made on the consumer's thread (no prefetch, or a stage that
+        uses collectives)."""
+        return self.prefetch == 0 or self.sampler.uses_collectives or self.features.uses_collectives
+
+    # -- plan ----------------------------------------------------------------------------------
+    def plan(self, epoch: int, batches: list[np.ndarray]) -> EpochPlan:
+        """The epoch's plan: batch ``i`` is ``batches[i]``; production order by superbatch,
+        each permuted by the reorder policy if there is one."""
+        order: list[int] = []
+        for start in range(0, len(batches), self.superbatch):
+            indices = list(range(start, min(start + self.superbatch, len(batches))))
+            if self.reorder is not None:
+                permuted = [int(i) for i in self.reorder(epoch, indices, batches)]
+                if sorted(permuted) != indices:
+                    raise ValueError(
+                        f"reorder policy returned {permuted}, not a permutation of {indices}"
+                    )
+                indices = permuted
+            order.extend(indices)
+        return EpochPlan(epoch, batches, order, self.superbatch)
+
+    # -- sample + gather -------------------------------------------------------------------------
+    def make_batch(self, epoch: int, index: int, seeds: np.ndarray) -> MiniBatch:
+        """Sample and gather batch ``index`` of ``epoch`` (any thread)."""
+        start = time.perf_counter()
+        blocks = self.sampler.sample(seeds, epoch, index)
+        sampled = time.perf_counter()
+        first = blocks[0]
+        x = self.features.gather(first.src_ids[: first.n_computed])
+        x_halo = (
+            self.features.gather(first.src_ids[first.n_computed :])
+            if self._gather_halo and first.n_halo
+            else None
+        )
+        labels = torch.from_numpy(np.ascontiguousarray(self.labels[seeds], dtype=np.int64))
+        return MiniBatch(
+            epoch=epoch,
+            index=index,
+            seeds=seeds,
+            blocks=blocks,
+            labels=labels,
+            x=x,
+            x_halo=x_halo,
+            sample_s=sampled - start,
+            gather_s=time.perf_counter() - sampled,
+        )
+
+    # -- the epoch -------------------------------------------------------------------------------
+    def __call__(self, plan: EpochPlan) -> Iterator[MiniBatch]:
+        """The plan's MiniBatches in production order. Time spent waiting for each batch is
+        added to :attr:`load_wait`. Closing the iterator early stops the producer."""
+        if self.synchronous:
+            return self._synchronous(plan)
+        return self._prefetched(plan)
+
+    def _synchronous(self, plan: EpochPlan) -> Iterator[MiniBatch]:
+        for index in plan.order:
+            start = time.perf_counter()
+            batch = self.make_batch(plan.epoch, index, plan.batches[index])
+            self.load_wait += time.perf_counter() - start
+            yield batch
+
+    def _prefetched(self, plan: EpochPlan) -> Iterator[MiniBatch]:
+        ready: deque[MiniBatch | BaseException] = deque()
+        available = threading.Condition()
+        window = threading.Semaphore(self.prefetch)  # batches made but not yet consumed
+        stop = threading.Event()
+
+        def produce() -> None:
+            _C.set_num_threads(self.threads)  # OpenMP settings are per thread
+            try:
+                for index in plan.order:
+                    while not window.acquire(timeout=_POLL_S):
+                        if stop.is_set():
+                            return
+                    if stop.is_set():
+                        return
+                    item: MiniBatch | BaseException = self.make_batch(
+                        plan.epoch, index, plan.batches[index]
+                    )
+                    with available:
+                        ready.append(item)
+                        available.notify()
+            except BaseException as exc:  # noqa: BLE001 - re-raised on the consumer's thread
+                with available:
+                    ready.append(exc)
+                    available.notify()
+
+        producer = threading.Thread(target=produce, name="distmb-batch-loader", daemon=True)
+        producer.start()
+        try:
+            for _ in plan.order:
+                start = time.perf_counter()
+                with available:
+                    while not ready:
+                        available.wait()
+                    item = ready.popleft()
+                self.load_wait += time.perf_counter() - start
+                if isinstance(item, BaseException):
+                    raise item
+                window.release()
+                yield item
+        finally:
+            stop.set()
+            producer.join()

@@ -1,0 +1,60 @@
+"""One training iteration's data: seeds, blocks, inputs by role, labels, features."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from distmb.sampling.blocks import Block
+
+
+@dataclass
+class MiniBatch:
+    """What the BatchLoader produces for one batch, and the halo scheme completes.
+
+    Attributes:
+        epoch: the epoch the batch belongs to.
+        index: the batch's identity, its position in the epoch's plan: with the seed and the
+            epoch it fixes the batch's random stream, so a batch holds the same vertices and
+            edges whatever order the loader produces batches in.
+        seeds: int64[batch], the seed vertices (``VID_p``, solid).
+        blocks: one per layer, ``blocks[0]`` feeding the input layer.
+        labels: int64[batch], the seeds' labels.
+        x: float32[blocks[0].n_computed, F], input features of block 0's computed (solid)
+            sources; None until the gather stage ran.
+        x_halo: float32[blocks[0].n_halo, F], input features of block 0's halo leaves when
+            the feature source holds them (replicated halo features), else None: the halo
+            scheme supplies those rows.
+        halo_rows: per layer, float32[blocks[l].n_halo, dim_l], the halo leaves' input rows;
+            filled by the halo scheme before the forward pass.
+        sample_s, gather_s: seconds the sample and gather stages took (on whichever thread
+            ran them).
+    """
+
+    epoch: int
+    index: int
+    seeds: np.ndarray
+    blocks: list[Block]
+    labels: torch.Tensor
+    x: torch.Tensor | None = None
+    x_halo: torch.Tensor | None = None
+    halo_rows: list[torch.Tensor] = field(default_factory=list)
+    sample_s: float = 0.0
+    gather_s: float = 0.0
+
+    @property
+    def size(self) -> int:
+        """Number of seeds."""
+        return int(self.seeds.size)
+
+    def solid_ids(self, layer: int) -> torch.Tensor:
+        """int64[n_computed]: ids of ``blocks[layer]``'s computed (solid) sources."""
+        block = self.blocks[layer]
+        return block.src_ids[: block.n_computed]
+
+    def halo_ids(self, layer: int) -> torch.Tensor:
+        """int64[n_halo]: ids of ``blocks[layer]``'s halo leaves."""
+        block = self.blocks[layer]
+        return block.src_ids[block.n_computed :]

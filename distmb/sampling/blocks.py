@@ -1,0 +1,72 @@
+"""Message-flow-graph blocks: one layer of a mini-batch as a bipartite CSR graph."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Block:
+    """One layer of a mini-batch: a bipartite graph from ``n_src`` sources to ``n_dst``
+    destinations.
+
+    Attributes:
+        n_dst: number of destinations (outputs of this layer).
+        n_src: number of sources (inputs of this layer), ``n_src >= n_dst``.
+        n_halo: the last ``n_halo`` sources are halo leaves (their input comes from the
+            historical embedding cache, not from the previous layer).
+        indptr: int64[n_dst + 1], CSR over destinations.
+        indices: int64[num_edges], source position in ``[0, n_src)`` of every edge.
+        src_ids: int64[n_src], VID_p of every source; ``src_ids[:n_dst]`` are the
+            destinations.
+    """
+
+    n_dst: int
+    n_src: int
+    n_halo: int
+    indptr: torch.Tensor
+    indices: torch.Tensor
+    src_ids: torch.Tensor
+
+    @property
+    def num_edges(self) -> int:
+        return int(self.indices.shape[0])
+
+    @property
+    def n_computed(self) -> int:
+        """Sources whose input is computed by the previous layer (or read from features)."""
+        return self.n_src - self.n_halo
+
+    @property
+    def dst_ids(self) -> torch.Tensor:
+        """int64[n_dst]: VID_p of the destinations."""
+        return self.src_ids[: self.n_dst]
+
+    def dst_of_edges(self) -> torch.Tensor:
+        """int64[num_edges]: destination position of every edge (CSR expanded)."""
+        counts = self.indptr[1:] - self.indptr[:-1]
+        return torch.repeat_interleave(torch.arange(self.n_dst, dtype=torch.int64), counts)
+
+    def drop_sources(self, keep: torch.Tensor) -> Block:
+        """The block without the edges whose source has ``keep[src] == False``.
+
+        Used for halo leaves that miss in the cache: their edges are removed before
+        aggregation, so mean and softmax normalise over the edges that remain. Source
+        numbering is unchanged (dropped sources simply have no edges).
+
+        Args:
+            keep: bool[n_src].
+        """
+        edge_keep = keep[self.indices]
+        counts = torch.zeros(self.n_dst + 1, dtype=torch.int64)
+        counts[1:] = torch.cumsum(
+            torch.zeros(self.n_dst, dtype=torch.int64).index_add_(
+                0, self.dst_of_edges(), edge_keep.to(torch.int64)
+            ),
+            0,
+        )
+        return Block(
+            self.n_dst, self.n_src, self.n_halo, counts, self.indices[edge_keep], self.src_ids
+        )
