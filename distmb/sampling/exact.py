@@ -14,8 +14,8 @@ The input features of block 0's sources are fetched from their owners by the Bat
 gather stage (:class:`~distmb.features.RemoteFeatures`): here ``src_ids`` are ``VID_o``, the
 ids that feature source reads. The blocks have no halo leaves, every remote vertex is
 computed with the current weights and gradients flow through it: one rank holding the whole
-graph would compute the same (up to which neighbours the sampler draws). Every exchange is a synchronous all-to-all-v (counts first);
-the bytes sent to other ranks are counted per epoch.
+graph would compute the same (up to which neighbours the sampler draws). Every exchange is a
+synchronous all-to-all-v (counts first); the bytes sent to other ranks are counted per epoch.
 """
 
 from __future__ import annotations
