@@ -38,6 +38,8 @@ __all__ = [
     "DEFAULT_LR",
     "DEFAULT_PARTITION_CACHE",
     "DEFAULT_PREFETCH",
+    "DESCRIPTION",
+    "GENERATED_NOTE",
     "GROUP_DATA_LOADING",
     "GROUP_HEC",
     "GROUP_MAIN",
@@ -576,7 +578,7 @@ def _type_text(opt: Option) -> str:
     allowed = opt.allowed_values()
     if allowed is not None:
         return " \\| ".join(f"`{v}`" for v in allowed)
-    text = "int list" if opt.type is tuple else opt.type.__name__
+    text = "comma-separated ints" if opt.type is tuple else opt.type.__name__
     bound = opt.bound_text()
     return f"{text}, {bound}" if bound else text
 

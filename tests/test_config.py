@@ -1,0 +1,331 @@
+"""distmb.config: one declaration per option, and the parser, defaults, validation,
+checkpoint list and docs table derived from it."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from distmb.config import (
+    DEFAULT_LR,
+    OPTIONS,
+    RESUME_MUST_MATCH,
+    HecSettings,
+    TrainConfig,
+    build_parser,
+    config_from_args,
+    flag_table_markdown,
+    main,
+    parse_config,
+)
+from distmb.errors import InputError
+
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "flags.md"
+
+#: Every flag of ``python -m distmb.train`` and the TrainConfig field it sets, written out
+#: independently of the declarations.
+FLAG_FIELDS = {
+    "--dataset": "dataset",
+    "--part-dir": "part_dir",
+    "--model": "model",
+    "--layers": "layers",
+    "--hidden": "hidden",
+    "--heads": "heads",
+    "--fanout": "fanout",
+    "--aggr": "aggr",
+    "--batch-size": "batch_size",
+    "--lr": "lr",
+    "--weight-decay": "weight_decay",
+    "--dropout": "dropout",
+    "--epochs": "epochs",
+    "--seed": "seed",
+    "--threads": "threads",
+    "--eval-every": "eval_every",
+    "--eval-batch-size": "eval_batch_size",
+    "--checkpoint-dir": "checkpoint_dir",
+    "--resume": "resume",
+    "--results": "results",
+    "--no-progress": "progress",
+    "--kernels": "kernels",
+    "--prefetch": "prefetch",
+    "--hec-size": "hec_size",
+    "--hec-nc": "hec_nc",
+    "--hec-lifespan": "hec_lifespan",
+    "--hec-delay": "hec_delay",
+    "--no-hec": "no_hec",
+    "--exact-remote": "exact_remote",
+    "--partition-cache": "partition_cache",
+}
+
+#: A value each constrained flag must refuse, and the message naming it.
+BAD_VALUES = [
+    ("--layers", "0", "--layers must be >= 1, got 0"),
+    ("--hidden", "0", "--hidden must be >= 1, got 0"),
+    ("--heads", "0", "--heads must be >= 1, got 0"),
+    ("--batch-size", "-5", "--batch-size must be >= 1, got -5"),
+    ("--lr", "0", "--lr must be > 0, got 0.0"),
+    ("--lr", "nan", "--lr must be > 0, got nan"),
+    ("--weight-decay", "-0.1", "--weight-decay must be >= 0, got -0.1"),
+    ("--dropout", "1.0", "--dropout must be in [0, 1), got 1.0"),
+    ("--dropout", "-0.5", "--dropout must be in [0, 1), got -0.5"),
+    ("--epochs", "0", "--epochs must be >= 1, got 0"),
+    ("--threads", "0", "--threads must be >= 1, got 0"),
+    ("--eval-every", "0", "--eval-every must be >= 1, got 0"),
+    ("--eval-batch-size", "0", "--eval-batch-size must be >= 1, got 0"),
+    ("--aggr", "max", "--aggr must be one of mean, sum, gcn, got 'max'"),
+    ("--prefetch", "-1", "--prefetch must be >= 0, got -1"),
+    ("--hec-size", "0", "--hec-size must be >= 1, got 0"),
+    ("--hec-nc", "0", "--hec-nc must be >= 1, got 0"),
+    ("--hec-lifespan", "-1", "--hec-lifespan must be >= 0, got -1"),
+    ("--hec-delay", "0", "--hec-delay must be >= 1, got 0"),
+]
+
+
+#: Fields a probe of ``test_every_flag_maps_to_one_field_and_back`` changes beside its own.
+ALSO_CHANGED = {"--resume": {"checkpoint_dir"}, "--layers": {"fanout"}, "--model": {"lr"}}
+
+
+def _actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
+    return [a for a in parser._actions if not isinstance(a, argparse._HelpAction)]
+
+
+def test_every_flag_maps_to_one_field_and_back():
+    parser = build_parser()
+    flags = [s for a in _actions(parser) for s in a.option_strings]
+    assert sorted(flags) == sorted(FLAG_FIELDS)  # one spelling per flag, no more, no fewer
+    field_names = [f.name for f in dataclasses.fields(TrainConfig)]
+    assert sorted(field_names) == sorted(FLAG_FIELDS.values())
+    assert {o.flag: o.name for o in OPTIONS} == FLAG_FIELDS
+    # Each flag sets its own field: a non-default value for it changes that field only.
+    default = TrainConfig().as_dict()
+    probes = {
+        "--dataset": ["cora"],
+        "--part-dir": ["parts"],
+        "--model": ["gat"],
+        "--fanout": ["1,2,3"],
+        "--aggr": ["sum"],
+        "--lr": ["0.5"],
+        "--weight-decay": ["0.1"],
+        "--dropout": ["0.25"],
+        "--threads": ["3"],
+        "--checkpoint-dir": ["ck"],
+        "--resume": ["--checkpoint-dir", "ck"],
+        "--layers": ["1", "--fanout", "4"],
+        "--results": ["r.jsonl"],
+        "--kernels": ["torch"],
+        "--partition-cache": ["pc"],
+    }
+    for flag, name in FLAG_FIELDS.items():
+        action = next(a for a in _actions(parser) if flag in a.option_strings)
+        if flag in probes:
+            value = probes[flag]
+        else:  # a flag, or a number
+            value = [] if action.nargs == 0 else [str(action.default + 7)]
+        changed = {k for k, v in parse_config([flag, *value]).as_dict().items() if v != default[k]}
+        assert changed == {name} | ALSO_CHANGED.get(flag, set()), flag
+
+
+def test_parser_shape():
+    parser = build_parser()
+    assert parser.prog == "python -m distmb.train"
+    assert parser.formatter_class is argparse.ArgumentDefaultsHelpFormatter
+    titles = [g.title for g in parser._action_groups]
+    assert titles[-2:] == [
+        "data loading",
+        "multi-rank (mpirun -np P): historical embedding cache",
+    ]
+    [exclusive] = parser._mutually_exclusive_groups
+    assert [a.dest for a in exclusive._group_actions] == ["dataset", "part_dir"]
+    help_text = parser.format_help()
+    assert "--prefetch PREFETCH" in help_text and "(default: 2)" in help_text
+
+
+def test_cli_defaults_equal_dataclass_defaults():
+    assert parse_config([]) == TrainConfig()
+    assert config_from_args(build_parser().parse_args([])) == TrainConfig()
+    expected = dict(
+        dataset=None, part_dir=None, model="sage", layers=3, hidden=256, heads=4,
+        fanout=(5, 10, 15), aggr="mean", batch_size=1000, lr=0.003, weight_decay=0.0,
+        dropout=0.5, epochs=40, seed=0, threads=None, eval_every=1, eval_batch_size=4096,
+        checkpoint_dir=None, resume=False, results=None, progress=True, kernels="fused",
+        prefetch=2, hec_size=1_000_000, hec_nc=2000, hec_lifespan=2, hec_delay=1,
+        no_hec=False, exact_remote=False, partition_cache=".cache/distmb-parts",
+    )  # fmt: skip
+    assert dataclasses.asdict(TrainConfig()) == expected
+
+
+def test_python_construction_keeps_working():
+    cfg = TrainConfig(layers=2, fanout=(4, 4), hidden=16, batch_size=100, epochs=3, progress=False)
+    assert (cfg.layers, cfg.fanout, cfg.lr, cfg.prefetch) == (2, (4, 4), 0.003, 2)
+    assert TrainConfig(layers=2, fanout=[4, 4]).fanout == (4, 4)
+    with pytest.raises(TypeError):
+        TrainConfig("sage")  # keyword-only: fields are ordered as in --help
+    with pytest.raises(InputError, match="--layers must be an integer, got '3'"):
+        TrainConfig(layers="3")
+    with pytest.raises(InputError, match="--model must be one of sage, gat, got 'gcn'"):
+        TrainConfig(model="gcn")
+
+
+@pytest.mark.parametrize(("flag", "value", "message"), BAD_VALUES)
+def test_constraint_rejects_bad_value(flag, value, message):
+    with pytest.raises(InputError) as info:
+        parse_config([f"{flag}={value}"])
+    assert str(info.value) == message
+
+
+def test_every_constrained_option_is_tested():
+    constrained = {
+        o.flag
+        for o in OPTIONS
+        if o.spec.min is not None or o.spec.max is not None or o.spec.allowed is not None
+    }
+    assert constrained == {flag for flag, _, _ in BAD_VALUES}
+
+
+@pytest.mark.parametrize(
+    ("argv", "ok"),
+    [
+        (["--prefetch", "0"], True),
+        (["--hec-lifespan", "0"], True),
+        (["--dropout", "0"], True),
+        (["--weight-decay", "0"], True),
+        (["--lr", "1e-9"], True),
+        (["--weight-decay", "nan"], False),
+        (["--dropout", "nan"], False),
+    ],
+)
+def test_bounds(argv, ok):
+    if ok:
+        parse_config(argv)
+    else:
+        with pytest.raises(InputError, match=argv[0]):
+            parse_config(argv)
+
+
+def test_no_progress_inverts_progress():
+    assert parse_config([]).progress is True
+    assert parse_config(["--no-progress"]).progress is False
+    assert build_parser().parse_args(["--no-progress"]).no_progress is True
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--layers", "2", "--fanout", "5,10,15"], "lists 3 values but --layers is 2"),
+        (["--fanout", "5,x,15"], "--fanout '5,x,15': expected comma-separated integers"),
+        (["--fanout", ""], "expected comma-separated integers"),
+        (["--fanout", "5,0,15"], "--fanout '5,0,15': each value must be >= 1 (or -1 for all)"),
+        (["--fanout=5,-2,15"], "each value must be >= 1 (or -1 for all)"),
+        (["--layers", "2"], "--fanout '5,10,15' lists 3 values but --layers is 2"),
+    ],
+)
+def test_fanout_errors(argv, message):
+    with pytest.raises(InputError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        parse_config(argv)
+
+
+def test_fanout_all_neighbours():
+    assert parse_config(["--layers", "2", "--fanout=-1,5"]).fanout == (-1, 5)
+
+
+def test_lr_default_per_model():
+    assert DEFAULT_LR == {"sage": 0.003, "gat": 0.001}
+    assert parse_config([]).lr == 0.003
+    assert parse_config(["--model", "gat"]).lr == 0.001
+    assert parse_config(["--model", "gat", "--lr", "0.02"]).lr == 0.02
+    assert TrainConfig(model="gat").lr == 0.001
+    assert TrainConfig(model="gat", lr=0.5).lr == 0.5
+    assert TrainConfig(model="gat").as_dict()["lr"] == 0.001
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--exact-remote", "--no-hec"], "--exact-remote and --no-hec exclude each other"),
+        (["--resume"], "--resume needs --checkpoint-dir"),
+    ],
+)
+def test_relations(argv, message):
+    with pytest.raises(InputError, match=message):
+        parse_config(argv)
+
+
+def test_dataset_and_part_dir_exclude_each_other():
+    with pytest.raises(SystemExit):  # argparse: "not allowed with argument --dataset"
+        parse_config(["--dataset", "cora", "--part-dir", "p"])
+    with pytest.raises(InputError, match="--dataset and --part-dir exclude each other"):
+        TrainConfig(dataset="cora", part_dir="p")
+
+
+def test_unknown_choice_is_argparse_error(capsys):
+    with pytest.raises(SystemExit) as info:
+        parse_config(["--model", "gcnii"])
+    assert info.value.code == 2 and "invalid choice: 'gcnii'" in capsys.readouterr().err
+
+
+def test_resume_must_match():
+    assert RESUME_MUST_MATCH == ("model", "layers", "hidden", "heads", "fanout", "aggr")
+
+
+def test_hec_view_and_halo_scheme():
+    assert TrainConfig().hec == HecSettings(
+        enabled=True, size=1_000_000, nc=2000, lifespan=2, delay=1
+    )
+    hec = parse_config(["--hec-size", "7", "--hec-nc", "3", "--hec-lifespan", "0"]).hec
+    assert (hec.size, hec.nc, hec.lifespan, hec.delay) == (7, 3, 0, 1)
+    assert parse_config(["--no-hec"]).hec.enabled is False
+    assert TrainConfig().halo_scheme == "hec"
+    assert parse_config(["--no-hec"]).halo_scheme == "drop"
+    assert parse_config(["--exact-remote"]).halo_scheme == "exact"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        TrainConfig().hec.size = 1  # type: ignore[misc]
+
+
+def test_as_dict_is_json_with_lists():
+    record = parse_config(["--model", "gat", "--layers", "2", "--fanout", "4,4"]).as_dict()
+    assert record["fanout"] == [4, 4] and record["lr"] == 0.001
+    assert set(record) == set(FLAG_FIELDS.values())
+    assert json.loads(json.dumps(record)) == record
+
+
+def test_help_texts_agree_with_their_lists():
+    from distmb.nn import AGGREGATORS, MODELS
+
+    help_of = {o.name: o.spec.help for o in OPTIONS}
+    assert help_of["aggr"] == "GraphSAGE aggregator: " + ", ".join(AGGREGATORS[:-1]) + (
+        f" or {AGGREGATORS[-1]}"
+    )
+    assert set(MODELS) == set(DEFAULT_LR)
+    assert all(f"{lr} for {m}" in help_of["lr"] for m, lr in DEFAULT_LR.items())
+
+
+def test_docs_flag_table_is_up_to_date():
+    assert DOCS.read_text() == flag_table_markdown(), (
+        "docs/flags.md is stale: run python -m distmb.config --markdown > docs/flags.md"
+    )
+
+
+def test_flag_table_lists_every_flag_once():
+    table = flag_table_markdown()
+    assert "python -m distmb.config --markdown > docs/flags.md" in table.splitlines()[2]
+    rows = [line for line in table.splitlines() if line.startswith("| `--")]
+    assert sorted(row.split("`")[1] for row in rows) == sorted(FLAG_FIELDS)
+    assert all(row.count(" | ") == 3 for row in rows)  # '|' inside help is escaped
+
+
+def test_main_markdown(capsys):
+    assert main(["--markdown"]) == 0
+    assert capsys.readouterr().out == flag_table_markdown()
+    with pytest.raises(SystemExit):
+        main([])
+
+
+def test_nan_is_refused_everywhere():
+    for name in ("lr", "dropout", "weight_decay"):
+        with pytest.raises(InputError):
+            TrainConfig(**{name: math.nan})
