@@ -39,7 +39,8 @@ def read_records(path: Path) -> list[dict[str, Any]]:
 
 
 def plot(records: list[dict[str, Any]], out: Path, title: str) -> None:
-    """Draw the three panels into ``out`` (PNG, written atomically)."""
+    """Draw loss, accuracy, time per epoch and (multi-rank runs with the historical cache) the
+    HEC hit rate per layer into ``out`` (PNG, written atomically)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -47,7 +48,10 @@ def plot(records: list[dict[str, Any]], out: Path, title: str) -> None:
 
     x = list(range(len(records)))
     epochs = [r["epoch"] for r in records]
-    fig, (ax_loss, ax_acc, ax_time) = plt.subplots(1, 3, figsize=(15, 4))
+    hit_rates = [r.get("hec_hit_rate") or [] for r in records]
+    with_hec = any(h is not None for rates in hit_rates for h in rates)
+    fig, axes = plt.subplots(1, 4 if with_hec else 3, figsize=(20 if with_hec else 15, 4))
+    ax_loss, ax_acc, ax_time = axes[:3]
     ax_loss.plot(x, [r["loss"] for r in records], "o-", ms=3)
     ax_loss.set_ylabel("training loss")
     for key, label in (
@@ -60,14 +64,33 @@ def plot(records: list[dict[str, Any]], out: Path, title: str) -> None:
             ax_acc.plot(*zip(*pts, strict=True), "o-", ms=3, label=label)
     ax_acc.set_ylabel("accuracy (%)")
     ax_acc.legend()
+    # Stacked: what the epoch waited for. With prefetching, MBC overlaps the compute, so the
+    # loader's wait is stacked and the whole MBC is drawn as a line.
+    prefetched = all("load_wait" in r for r in records)
+    stacked = ("load_wait" if prefetched else "mbc", *PHASES[1:], "eval_time")
+    labels = {**PHASE_LABELS, "load_wait": "batch wait", "eval_time": "eval"}
     bottom = [0.0] * len(records)
-    for phase in (*PHASES, "eval_time"):
+    for phase in stacked:
         values = [float(r.get(phase, 0.0)) for r in records]
-        ax_time.bar(x, values, bottom=bottom, label=PHASE_LABELS.get(phase, "eval"))
+        ax_time.bar(x, values, bottom=bottom, label=labels.get(phase, phase))
         bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    if prefetched:
+        ax_time.plot(x, [r["mbc"] for r in records], "k.--", label="MBC (overlapped)")
     ax_time.set_ylabel("seconds per epoch")
     ax_time.legend(fontsize=8)
-    for ax in (ax_loss, ax_acc, ax_time):
+    if with_hec:
+        ax_hec = axes[3]
+        for layer in range(max(len(rates) for rates in hit_rates)):
+            pts = [
+                (i, 100 * rates[layer])
+                for i, rates in enumerate(hit_rates)
+                if layer < len(rates) and rates[layer] is not None
+            ]
+            if pts:
+                ax_hec.plot(*zip(*pts, strict=True), "o-", ms=3, label=f"layer {layer}")
+        ax_hec.set_ylabel("HEC hit rate (%)")
+        ax_hec.legend(fontsize=8)
+    for ax in axes:
         ax.set_xlabel("epoch")
         ax.set_xticks(x[:: max(1, len(x) // 10)], [str(e) for e in epochs[:: max(1, len(x) // 10)]])
         ax.grid(alpha=0.3)

@@ -149,7 +149,7 @@ def train(local, config: TrainConfig, *, comm=None, halo=None, log=print) -> lis
         + (f", {config.heads} heads" if config.model == "gat" else "")
         + f", {params} parameters), fan-out {','.join(map(str, config.fanout))}, batch "
         f"{config.batch_size}{per_rank}, lr {config.lr}, {config.epochs} epochs, "
-        f"{torch.get_num_threads()} threads{per_rank}, {loading}{halo_text}"
+        f"{torch.get_num_threads()} thread(s){per_rank}, {loading}{halo_text}"
     )
     history = trainer.fit()
     last = next((r for r in reversed(history) if "test_acc" in r), None)

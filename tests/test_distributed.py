@@ -256,6 +256,32 @@ def test_aep_delivers_exactly_the_pushed_rows(small_parts, parts):
 # ---- checkpoints -------------------------------------------------------------------------
 
 
+#: Record keys that are measured times (they differ between identical runs).
+TIMING_KEYS = {
+    "epoch_time", "mbc", "load_wait", "fwd", "bwd", "ared", "opt", "samples_per_s",
+    "eval_time", "comm_wait", "imbalance",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("scheme", [[], ["--no-hec"]])
+def test_prefetch_gives_identical_multi_rank_training(small_parts, tmp_path, scheme):
+    """2 ranks with the HEC (or without it): prefetching changes no loss, accuracy, hit
+    rate or byte count."""
+    argv = ["--part-dir", str(small_parts[2]), *FAST, "--epochs", "3", *scheme]
+    runs = [
+        [
+            {k: v for k, v in r.items() if k not in TIMING_KEYS}
+            for r in train_results(
+                2, [*argv, "--prefetch", prefetch], tmp_path / f"p{prefetch}.jsonl"
+            )
+        ]
+        for prefetch in ("0", "2")
+    ]
+    assert runs[0] == runs[1]
+    if not scheme:
+        assert all(r["bytes_pushed"] > 0 for r in runs[0])
+
+
 def test_killed_job_resumes_to_the_same_accuracy(small_parts, tmp_path):
     argv = ["--part-dir", str(small_parts[2]), *FAST, "--epochs", "30", "--eval-every", "30"]
     straight = train_results(2, argv, tmp_path / "straight.jsonl")
