@@ -244,6 +244,13 @@ class TrainConfig:
         group=GROUP_DATA_LOADING,
         min=0,
     )
+    loader_threads: int | None = option(
+        None,
+        "OpenMP threads of the prefetch thread's sampling kernels (default: --threads); "
+        "with prefetching, sampling and training share the cores",
+        group=GROUP_DATA_LOADING,
+        min=1,
+    )
     hec_size: int = option(DEFAULT_HEC_SIZE, "cache lines per layer (cs)", group=GROUP_HEC, min=1)
     hec_nc: int = option(
         DEFAULT_HEC_NC,

@@ -53,6 +53,7 @@ FLAG_FIELDS = {
     "--no-progress": "progress",
     "--kernels": "kernels",
     "--prefetch": "prefetch",
+    "--loader-threads": "loader_threads",
     "--hec-size": "hec_size",
     "--hec-nc": "hec_nc",
     "--hec-lifespan": "hec_lifespan",
@@ -79,6 +80,7 @@ BAD_VALUES = [
     ("--eval-batch-size", "0", "--eval-batch-size must be >= 1, got 0"),
     ("--aggr", "max", "--aggr must be one of mean, sum, gcn, got 'max'"),
     ("--prefetch", "-1", "--prefetch must be >= 0, got -1"),
+    ("--loader-threads", "0", "--loader-threads must be >= 1, got 0"),
     ("--hec-size", "0", "--hec-size must be >= 1, got 0"),
     ("--hec-nc", "0", "--hec-nc must be >= 1, got 0"),
     ("--hec-lifespan", "-1", "--hec-lifespan must be >= 0, got -1"),
@@ -113,6 +115,7 @@ def test_every_flag_maps_to_one_field_and_back():
         "--weight-decay": ["0.1"],
         "--dropout": ["0.25"],
         "--threads": ["3"],
+        "--loader-threads": ["3"],
         "--checkpoint-dir": ["ck"],
         "--resume": ["--checkpoint-dir", "ck"],
         "--layers": ["1", "--fanout", "4"],
@@ -153,7 +156,7 @@ def test_cli_defaults_equal_dataclass_defaults():
         fanout=(5, 10, 15), aggr="mean", batch_size=1000, lr=0.003, weight_decay=0.0,
         dropout=0.5, epochs=40, seed=0, threads=None, eval_every=1, eval_batch_size=4096,
         checkpoint_dir=None, resume=False, results=None, progress=True, kernels="fused",
-        prefetch=2, hec_size=1_000_000, hec_nc=2000, hec_lifespan=2, hec_delay=1,
+        prefetch=2, loader_threads=None, hec_size=1_000_000, hec_nc=2000, hec_lifespan=2, hec_delay=1,
         no_hec=False, exact_remote=False, partition_cache=".cache/distmb-parts",
     )  # fmt: skip
     assert dataclasses.asdict(TrainConfig()) == expected

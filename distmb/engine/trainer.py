@@ -112,7 +112,7 @@ class Trainer:
             self.halo.feature_source(self.features),
             local.labels,
             prefetch=config.prefetch,
-            threads=config.threads,
+            threads=config.loader_threads or config.threads,
         )
         store = local.store
         self.eval_table = (
