@@ -54,6 +54,8 @@ def run_epochs(local: LocalGraph, config: TrainConfig, epochs: int) -> list[dict
             {
                 "epoch_time": r["epoch_time"],
                 "mbc": r["mbc"],
+                "sample": r["sample"],
+                "gather": r["gather"],
                 "load_wait": r["load_wait"],
                 "compute": round(sum(r[k] for k in COMPUTE), 4),
             }
@@ -120,7 +122,10 @@ def main() -> None:
             print(f"repeat {repeat} prefetch {n}: {records}", flush=True)
     settings = []
     for n in args.prefetch:
-        med = {k: median(timed[n], k) for k in ("epoch_time", "mbc", "load_wait", "compute")}
+        med = {
+            k: median(timed[n], k)
+            for k in ("epoch_time", "mbc", "sample", "gather", "load_wait", "compute")
+        }
         settings.append({"prefetch": n, "label": f"prefetch {n}", "median": med})
     sync = next((s for s in settings if s["prefetch"] == 0), None)
     if sync is not None:

@@ -156,7 +156,8 @@ def test_cli_defaults_equal_dataclass_defaults():
         fanout=(5, 10, 15), aggr="mean", batch_size=1000, lr=0.003, weight_decay=0.0,
         dropout=0.5, epochs=40, seed=0, threads=None, eval_every=1, eval_batch_size=4096,
         checkpoint_dir=None, resume=False, results=None, progress=True, kernels="fused",
-        prefetch=2, loader_threads=None, hec_size=1_000_000, hec_nc=2000, hec_lifespan=2, hec_delay=1,
+        prefetch=2, loader_threads=None, hec_size=1_000_000, hec_nc=2000, hec_lifespan=2,
+        hec_delay=1,
         no_hec=False, exact_remote=False, partition_cache=".cache/distmb-parts",
     )  # fmt: skip
     assert dataclasses.asdict(TrainConfig()) == expected

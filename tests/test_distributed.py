@@ -259,7 +259,7 @@ def test_aep_delivers_exactly_the_pushed_rows(small_parts, parts):
 #: Record keys that are measured times (they differ between identical runs).
 TIMING_KEYS = {
     "epoch_time", "mbc", "load_wait", "fwd", "bwd", "ared", "opt", "samples_per_s",
-    "eval_time", "comm_wait", "imbalance",
+    "eval_time", "comm_wait", "imbalance", "sample", "gather",
 }  # fmt: skip
 
 

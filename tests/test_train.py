@@ -103,7 +103,7 @@ def _losses(tmp_path, name: str, argv: list[str], capsys) -> list[float]:
 #: Record keys that are measured times (they differ between identical runs).
 TIMING_KEYS = {
     "epoch_time", "mbc", "load_wait", "fwd", "bwd", "ared", "opt", "samples_per_s",
-    "eval_time", "comm_wait", "imbalance",
+    "eval_time", "comm_wait", "imbalance", "sample", "gather",
 }  # fmt: skip
 
 

@@ -58,7 +58,7 @@ def global_stats(comm, record: dict[str, Any], halo: dict[str, np.ndarray]) -> d
             3,
         ),
     }
-    for phase in ("epoch_time", *PHASES, "load_wait"):
+    for phase in ("epoch_time", *PHASES, "sample", "gather", "load_wait"):
         out[phase] = round(comm.allreduce_max(record[phase]), 4)
     return out
 

@@ -227,7 +227,8 @@ class Trainer:
         sizes = np.array([plan.batches[i].size for i in plan.order], dtype=np.int64)
         self._global_batch = self.comm.allreduce_sum(sizes)
         num_steps = len(plan)
-        total_loss, correct, seen, mbc = 0.0, 0, 0, 0.0
+        total_loss, correct, seen = 0.0, 0, 0
+        sample_s = gather_s = 0.0
         bar = tqdm(
             total=num_steps,
             desc=f"epoch {epoch}",
@@ -237,7 +238,8 @@ class Trainer:
         )
         start = time.perf_counter()
         for step, batch in enumerate(self.loader(plan)):
-            mbc += batch.sample_s + batch.gather_s
+            sample_s += batch.sample_s
+            gather_s += batch.gather_s
             with self.timer("fwd"):
                 logits = self.forward(batch, step, num_steps)
                 loss_sum = F.cross_entropy(logits, batch.labels, reduction="sum")
@@ -268,7 +270,7 @@ class Trainer:
             bar.set_postfix(loss=f"{loss_value:.4f}")
         bar.close()
         train_time = time.perf_counter() - start
-        self.timer.seconds["mbc"] = mbc
+        self.timer.seconds["mbc"] = sample_s + gather_s  # wherever the loader ran them
         return {
             "epoch": epoch,
             "iterations": num_steps,
@@ -276,6 +278,8 @@ class Trainer:
             "train_acc": correct / max(seen, 1),
             "epoch_time": round(train_time, 4),
             **self.timer.as_dict(),
+            "sample": round(sample_s, 4),
+            "gather": round(gather_s, 4),
             "load_wait": round(self.loader.load_wait, 4),
             "samples_per_s": round(seen / train_time, 1) if train_time > 0 else 0.0,
         }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from abc import ABC, abstractmethod
 
 import numpy as np
@@ -91,12 +92,27 @@ class FeatureSource(ABC):
         return arr
 
 
-def take_rows(table: np.ndarray | torch.Tensor, ids: np.ndarray, out: torch.Tensor) -> None:
-    """``out[:] = table[ids]`` for a numpy array (possibly a read-only memory map) or a CPU
-    tensor, without an intermediate copy when the dtypes agree."""
+def as_row_table(table: np.ndarray | torch.Tensor) -> np.ndarray | torch.Tensor:
+    """The table as a float32 CPU tensor sharing its memory when it can be one (a float32 numpy
+    array, memory maps included), so that :func:`take_rows` gathers with PyTorch's
+    thread-parallel ``index_select``; otherwise the table itself. Call it once, at
+    construction: PyTorch warns (once) about read-only arrays, which are never written here."""
     if isinstance(table, torch.Tensor):
-        torch.index_select(table.to(torch.float32), 0, torch.from_numpy(ids), out=out)
-    elif table.dtype == np.float32:
-        np.take(table, ids, axis=0, out=out.numpy())
+        return table
+    if table.dtype == np.float32 and table.ndim == 2 and table.flags.c_contiguous:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # "non-writable array": read only
+            return torch.from_numpy(table)
+    return table
+
+
+def take_rows(table: np.ndarray | torch.Tensor, ids: np.ndarray, out: torch.Tensor) -> None:
+    """``out[:] = table[ids]`` for a CPU tensor (thread-parallel ``index_select``) or a
+    numpy array of another dtype or layout (``np.take``, then cast)."""
+    if isinstance(table, torch.Tensor):
+        if table.dtype == torch.float32:
+            torch.index_select(table, 0, torch.from_numpy(ids), out=out)
+        else:
+            out.copy_(torch.index_select(table, 0, torch.from_numpy(ids)))
     else:
         out.copy_(torch.from_numpy(np.take(table, ids, axis=0).astype(np.float32)))

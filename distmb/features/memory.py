@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from distmb.features.base import FeatureSource, take_rows
+from distmb.features.base import FeatureSource, as_row_table, take_rows
 from distmb.units import FLOAT32_BYTES
 
 
@@ -22,9 +22,10 @@ class ArrayFeatures(FeatureSource):
             raise ValueError(f"ArrayFeatures: table must be 2-D, got shape {list(table.shape)}")
         super().__init__(table.shape[0], table.shape[1])
         self.table = table
+        self._rows = as_row_table(table)
 
     def _read_into(self, ids: np.ndarray, out: torch.Tensor) -> None:
-        take_rows(self.table, ids, out)
+        take_rows(self._rows, ids, out)
         self.bytes_read += ids.size * self.dim * FLOAT32_BYTES
 
 
