@@ -1,5 +1,6 @@
 // Declarations of the distmb C++ kernels. Kernels work on raw buffers and std::vector
-// outputs; csrc/bindings.cpp is the only file that knows about Python.
+// outputs and know nothing about Python: only the binding files (csrc/<family>_bindings.cpp,
+// csrc/module.cpp, csrc/binding_utils.h) do.
 #pragma once
 
 #include <cstdint>

@@ -1,0 +1,47 @@
+// Shared helpers of the Python bindings (module distmb._C). The binding files are the only ones
+// that include pybind11: csrc/<family>_bindings.cpp binds one kernel family (bind_<family>,
+// declared below) and csrc/module.cpp defines the module and calls each. A binding checks
+// buffers, releases the GIL around each kernel, and hands std::vector results to numpy without
+// copying (the array owns the vector through a capsule).
+#pragma once
+
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace distmb {
+
+namespace py = pybind11;
+
+template <class T>
+using carray = py::array_t<T, py::array::c_style | py::array::forcecast>;
+
+// Move a vector into a 1-D numpy array without copying.
+template <class T>
+py::array_t<T> to_numpy(std::vector<T>&& v) {
+  auto* owned = new std::vector<T>(std::move(v));
+  py::capsule free_when_done(owned, [](void* p) { delete static_cast<std::vector<T>*>(p); });
+  return py::array_t<T>(static_cast<py::ssize_t>(owned->size()), owned->data(), free_when_done);
+}
+
+template <class T>
+void require_1d(const carray<T>& a, const char* name) {
+  if (a.ndim() != 1) throw py::value_error(std::string(name) + " must be a 1-D array");
+}
+
+inline bool is_c_contiguous(const py::array& a) {
+  return (a.flags() & py::array::c_style) == py::array::c_style;
+}
+
+// Registration of each family's functions, classes and constants on the module.
+void bind_graph(py::module_& m);      // csrc/graph_bindings.cpp
+void bind_partition(py::module_& m);  // csrc/partition_bindings.cpp
+void bind_sampler(py::module_& m);    // csrc/sampler_bindings.cpp
+void bind_hec(py::module_& m);        // csrc/hec_bindings.cpp
+void bind_aggregate(py::module_& m);  // csrc/aggregate_bindings.cpp
+void bind_update(py::module_& m);     // csrc/update_bindings.cpp
+
+}  // namespace distmb
