@@ -240,9 +240,52 @@ def test_class_centroids_have_the_configured_norm(small: Graph):
         [small.features[small.labels == k].mean(axis=0) for k in range(cfg.classes)]
     )
     norms = np.linalg.norm(centroids, axis=1)
-    assert np.allclose(norms, cfg.feature_signal, rtol=0.1)
+    scale = 1.0 / np.sqrt(cfg.feat_dim)  # the noise's per-coordinate standard deviation
+    assert np.allclose(norms, cfg.feature_signal * scale, rtol=0.1)
     noise = small.features - centroids[small.labels]
-    assert noise.std() == pytest.approx(1.0, rel=0.02)
+    assert noise.std() == pytest.approx(scale, rel=0.02)
+
+
+@pytest.mark.parametrize("feat_dim", [16, 100, 1000])
+def test_feature_rows_have_a_realistic_norm(feat_dim: int):
+    """Rows have a mean squared norm of ``1 + feature_signal**2 / feat_dim`` (~1, like
+    row-normalised real features), not ``feat_dim``: see ``synthetic._features``."""
+    cfg = SyntheticConfig(nodes=2000, avg_degree=4, feat_dim=feat_dim)
+    sq_norms = (generate(cfg).features.astype(np.float64) ** 2).sum(axis=1)
+    expected = 1.0 + cfg.feature_signal**2 / feat_dim
+    assert sq_norms.mean() == pytest.approx(expected, rel=0.05)
+
+
+#: The default generator config on fewer vertices (same feature dimension and scale, same
+#: degree law and homophily): 1000 training vertices, i.e. one default-sized batch.
+DEFAULT_FEATURES_SMALL_GRAPH = dict(nodes=10_000)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_untrained_default_model_starts_at_chance_loss(seed: int):
+    """The default GraphSAGE (3 layers, hidden 256, fan-out 5,10,15, dropout 0.5, as in
+    ``python -m distmb.train``) starts at a training-mode cross-entropy within 15 % of
+    ``ln(classes)`` on the built-in features: an untrained model is unsure of every class.
+    Features of norm ``sqrt(feat_dim)`` gave ~6 for ``ln 10 = 2.3`` (issue item 8)."""
+    from distmb.data.local import LocalGraph
+    from distmb.trainer import TrainConfig, Trainer
+
+    g = generate(SyntheticConfig(**DEFAULT_FEATURES_SMALL_GRAPH))
+    trainer = Trainer(
+        LocalGraph.from_graph(g), TrainConfig(seed=seed, progress=False), log=lambda _: None
+    )
+    trainer.model.train()  # as in the first epoch: dropout on, sampled neighbourhoods
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for it, seeds in enumerate(trainer.epoch_batches(0)):
+            blocks, x = trainer.sample_batch(seeds, 0, it)
+            logits = trainer.model(blocks, x)
+            y = torch.from_numpy(g.labels[seeds])
+            total += float(torch.nn.functional.cross_entropy(logits, y, reduction="sum"))
+            count += seeds.size
+    chance = np.log(g.num_classes)
+    assert count == g.train_idx.size
+    assert abs(total / count - chance) <= 0.15 * chance, (total / count, chance)
 
 
 def test_notes_record_the_config(small: Graph):
