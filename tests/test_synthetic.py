@@ -267,8 +267,9 @@ def test_untrained_default_model_starts_at_chance_loss(seed: int):
     ``python -m distmb.train``) starts at a training-mode cross-entropy within 15 % of
     ``ln(classes)`` on the built-in features: an untrained model is unsure of every class.
     Features of norm ``sqrt(feat_dim)`` gave ~6 for ``ln 10 = 2.3`` (issue item 8)."""
+    from distmb.config import TrainConfig
     from distmb.data.local import LocalGraph
-    from distmb.trainer import TrainConfig, Trainer
+    from distmb.engine import Trainer
 
     g = generate(SyntheticConfig(**DEFAULT_FEATURES_SMALL_GRAPH))
     trainer = Trainer(
@@ -278,8 +279,8 @@ def test_untrained_default_model_starts_at_chance_loss(seed: int):
     total, count = 0.0, 0
     with torch.no_grad():
         for it, seeds in enumerate(trainer.epoch_batches(0)):
-            blocks, x = trainer.sample_batch(seeds, 0, it)
-            logits = trainer.model(blocks, x)
+            batch = trainer.loader.make_batch(0, it, seeds)
+            logits = trainer.model(batch.blocks, batch.x)
             y = torch.from_numpy(g.labels[seeds])
             total += float(torch.nn.functional.cross_entropy(logits, y, reduction="sum"))
             count += seeds.size

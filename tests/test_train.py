@@ -77,12 +77,30 @@ def test_train_prints_epochs_and_writes_results(tmp_path, capsys):
             "fwd",
             "bwd",
             "ared",
+            "load_wait",
+            "sample",
+            "gather",
             "samples_per_s",
         } <= set(r)
-        assert r["epoch_time"] >= r["mbc"] + r["fwd"] + r["bwd"]
+        # The loop's phases are disjoint parts of the epoch; MBC (sample + gather) runs on
+        # the prefetch thread and overlaps them, only the wait for batches is the loop's.
+        assert r["epoch_time"] >= r["load_wait"] + r["fwd"] + r["bwd"]
+        assert r["mbc"] == pytest.approx(r["sample"] + r["gather"], abs=2e-4)
     assert report_main([str(results)]) == 0
     png = tmp_path / "run.jsonl.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_synchronous_loading_waits_for_every_batch(tmp_path, capsys):
+    """--prefetch 0: the loop makes each batch itself, so it waits at least MBC, and MBC,
+    FWD and BWD are disjoint parts of the epoch."""
+    results = tmp_path / "run.jsonl"
+    argv = ["--dataset", SMALL, *FAST, "--epochs", "2", "--prefetch", "0"]
+    code, out, _ = run([*argv, "--results", str(results)], capsys)
+    assert code == 0 and "synchronous loading" in out
+    for r in (json.loads(line) for line in results.read_text().splitlines()):
+        assert r["load_wait"] >= r["mbc"] - 2e-4
+        assert r["epoch_time"] >= r["mbc"] + r["fwd"] + r["bwd"]
 
 
 def test_report_rejects_bad_file(tmp_path, capsys):
