@@ -143,6 +143,21 @@ def test_prefetch_yields_the_synchronous_batches(local, prefetch):
             _same_batch(a, b)
 
 
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_recycled_buffers_hold_each_batch_while_it_is_current(local, prefetch):
+    """With ``reuse_buffers`` a consumer that holds one batch at a time sees the same rows as
+    with fresh tensors, and the gather stage stops allocating after a few batches."""
+    batches = _batches(local, 12)
+    fresh = _loader(local, 0)
+    want = [b.x.clone() for b in fresh(fresh.plan(0, batches))]
+    reused = _loader(local, prefetch, reuse_buffers=True)
+    for epoch in range(3):
+        got = [b.x.clone() for b in reused(reused.plan(0, batches))]
+        assert all(torch.equal(a, b) for a, b in zip(want, got, strict=True)), epoch
+    assert fresh.buffers_allocated == 12
+    assert reused.buffers_allocated <= prefetch + 4, reused.buffers_allocated
+
+
 def test_minibatch_contents_match_sampler_and_table(local):
     loader = _loader(local, 2)
     seeds = _batches(local)[0]

@@ -113,6 +113,7 @@ class Trainer:
             local.labels,
             prefetch=config.prefetch,
             threads=config.loader_threads or config.threads,
+            reuse_buffers=True,  # the loop holds one batch at a time
         )
         store = local.store
         self.eval_table = (

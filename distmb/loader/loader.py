@@ -36,6 +36,9 @@ from distmb.sampling.blocks import Block
 #: Default number of batches prepared ahead by the background thread (``--prefetch``).
 DEFAULT_PREFETCH = 2
 
+#: Growth factor of a recycled gather buffer over the request that allocated it.
+BUFFER_GROWTH = 1.25
+
 #: Seconds the producer waits on a full window before checking whether it was stopped.
 _POLL_S = 0.1
 
@@ -91,6 +94,10 @@ class BatchLoader:
         superbatch: K, batches per superbatch (the unit a reorder policy permutes).
         reorder: optional production-order policy applied to each superbatch.
         threads: OpenMP threads of the background thread's kernels (``None``: this thread's).
+        reuse_buffers: gather into recycled buffers (no page faults for a fresh tensor, no
+            unmapping when it is freed). The consumer must then hold one batch at a time: a
+            batch's ``x`` is overwritten once the batch after next has been requested. The
+            trainer does; code that keeps batches (``list(loader(plan))``) must not set it.
     """
 
     def __init__(
@@ -103,6 +110,7 @@ class BatchLoader:
         superbatch: int = 1,
         reorder: Reorder | None = None,
         threads: int | None = None,
+        reuse_buffers: bool = False,
     ) -> None:
         if prefetch < 0:
             raise ValueError(f"prefetch must be >= 0, got {prefetch}")
@@ -116,6 +124,11 @@ class BatchLoader:
         self.reorder = reorder
         self.threads = threads if threads is not None else int(_C.get_num_threads())
         self._gather_halo = bool(getattr(features, "has_halo", False))
+        self.reuse_buffers = reuse_buffers
+        self._free: list[torch.Tensor] = []  # flat float32 buffers ready for reuse
+        self._free_lock = threading.Lock()
+        #: Buffers allocated by the gather stage so far (reuse keeps this at most prefetch + 2).
+        self.buffers_allocated = 0
         #: Seconds the consumer waited for its next batch, since the last reset.
         self.load_wait = 0.0
 
@@ -149,7 +162,9 @@ class BatchLoader:
         blocks = self.sampler.sample(seeds, epoch, index)
         sampled = time.perf_counter()
         first = blocks[0]
-        x = self.features.gather(first.src_ids[: first.n_computed])
+        buffer = self._take_buffer(first.n_computed * self.features.dim)
+        x = buffer[: first.n_computed * self.features.dim].view(first.n_computed, self.features.dim)
+        self.features.gather_into(first.src_ids[: first.n_computed], x)
         x_halo = (
             self.features.gather(first.src_ids[first.n_computed :])
             if self._gather_halo and first.n_halo
@@ -166,7 +181,30 @@ class BatchLoader:
             x_halo=x_halo,
             sample_s=sampled - start,
             gather_s=time.perf_counter() - sampled,
+            buffer=buffer if self.reuse_buffers else None,
         )
+
+    # -- gather buffers ----------------------------------------------------------------------------
+    def _take_buffer(self, numel: int) -> torch.Tensor:
+        """A flat float32 buffer of at least ``numel`` elements: a recycled one when it is
+        large enough, else a new one (grown by :data:`BUFFER_GROWTH` over the request, so a
+        few batches settle the pool's sizes)."""
+        with self._free_lock:
+            for i, buf in enumerate(self._free):
+                if buf.numel() >= numel:
+                    return self._free.pop(i)
+            if self._free:
+                self._free.pop()  # too small for this batch: let it go
+        self.buffers_allocated += 1
+        size = numel if not self.reuse_buffers else int(numel * BUFFER_GROWTH)
+        return torch.empty(max(size, 1), dtype=torch.float32)
+
+    def _recycle(self, batch: MiniBatch | None) -> None:
+        """Give ``batch``'s gather buffer back (the consumer has moved on)."""
+        if batch is not None and batch.buffer is not None:
+            with self._free_lock:
+                self._free.append(batch.buffer)
+            batch.buffer = None
 
     # -- the epoch -------------------------------------------------------------------------------
     def __call__(self, plan: EpochPlan) -> Iterator[MiniBatch]:
@@ -177,11 +215,16 @@ class BatchLoader:
         return self._prefetched(plan)
 
     def _synchronous(self, plan: EpochPlan) -> Iterator[MiniBatch]:
-        for index in plan.order:
-            start = time.perf_counter()
-            batch = self.make_batch(plan.epoch, index, plan.batches[index])
-            self.load_wait += time.perf_counter() - start
-            yield batch
+        batch: MiniBatch | None = None
+        try:
+            for index in plan.order:
+                start = time.perf_counter()
+                self._recycle(batch)
+                batch = self.make_batch(plan.epoch, index, plan.batches[index])
+                self.load_wait += time.perf_counter() - start
+                yield batch
+        finally:
+            self._recycle(batch)
 
     def _prefetched(self, plan: EpochPlan) -> Iterator[MiniBatch]:
         ready: deque[MiniBatch | BaseException] = deque()
@@ -211,9 +254,12 @@ class BatchLoader:
 
         producer = threading.Thread(target=produce, name="distmb-batch-loader", daemon=True)
         producer.start()
+        item: MiniBatch | BaseException | None = None
         try:
             for _ in plan.order:
                 start = time.perf_counter()
+                if isinstance(item, MiniBatch):
+                    self._recycle(item)  # before the window opens for one more batch
                 with available:
                     while not ready:
                         available.wait()
@@ -226,3 +272,6 @@ class BatchLoader:
         finally:
             stop.set()
             producer.join()
+            for leftover in (item, *ready):
+                if isinstance(leftover, MiniBatch):
+                    self._recycle(leftover)

@@ -31,6 +31,7 @@ class MiniBatch:
             filled by the halo scheme before the forward pass.
         sample_s, gather_s: seconds the sample and gather stages took (on whichever thread
             ran them).
+        buffer: the flat storage behind ``x`` when the loader recycles buffers, else None.
     """
 
     epoch: int
@@ -43,6 +44,7 @@ class MiniBatch:
     halo_rows: list[torch.Tensor] = field(default_factory=list)
     sample_s: float = 0.0
     gather_s: float = 0.0
+    buffer: torch.Tensor | None = field(default=None, repr=False)
 
     @property
     def size(self) -> int:
