@@ -9,8 +9,9 @@ hits both alike.
 
 Reported per setting: epoch time, MBC (sample + gather, wherever it ran), the training
 loop's wait for batches (``load_wait``) and compute (FWD + BWD + ARed + OPT). The target of
-the data-path issue: with prefetching the epoch takes at most 1.1x ``max(compute, MBC)``,
-both measured in the synchronous run (no sharing of cores between the two).
+the data-path issue: with prefetching the epoch takes at most 1.1x ``max(compute, MBC)``.
+Both readings are reported: against the phases of the synchronous run (no sharing of cores:
+the stricter bound) and against the prefetched run's own phases (which sharing inflates).
 
     python benchmarks/prefetch.py                        # prefetch 0 vs 2, --threads = all
     python benchmarks/prefetch.py --threads 12 --loader-threads 4
