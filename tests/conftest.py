@@ -17,6 +17,13 @@ FAST_FLAGS = [
     "--no-progress",
 ]  # fmt: skip
 
+#: Record keys that are measured times (they differ between identical runs).
+TIMING_KEYS = {
+    "epoch_time", "mbc", "load_wait", "fwd", "bwd", "ared", "opt", "samples_per_s",
+    "eval_time", "comm_wait", "imbalance", "sample", "gather",
+}  # fmt: skip
+
+
 #: ../shared/datasets/cora relative to the repository (the Planetoid files).
 CORA_DIR = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "cora"
 

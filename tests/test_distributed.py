@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import FAST_FLAGS, SMALL
+from conftest import FAST_FLAGS, SMALL, TIMING_KEYS
 
 from distmb.config import TrainConfig
 from distmb.data import Graph, load_dataset
@@ -254,13 +254,6 @@ def test_aep_delivers_exactly_the_pushed_rows(small_parts, parts):
 
 
 # ---- checkpoints -------------------------------------------------------------------------
-
-
-#: Record keys that are measured times (they differ between identical runs).
-TIMING_KEYS = {
-    "epoch_time", "mbc", "load_wait", "fwd", "bwd", "ared", "opt", "samples_per_s",
-    "eval_time", "comm_wait", "imbalance", "sample", "gather",
-}  # fmt: skip
 
 
 @pytest.mark.parametrize("scheme", [[], ["--no-hec"]])

@@ -8,7 +8,7 @@ import statistics
 import numpy as np
 import pytest
 import torch
-from conftest import FAST_FLAGS, SMALL
+from conftest import FAST_FLAGS, SMALL, TIMING_KEYS
 
 from distmb.config import TrainConfig
 from distmb.data import load_dataset
@@ -116,13 +116,6 @@ def _losses(tmp_path, name: str, argv: list[str], capsys) -> list[float]:
     code, _, err = run([*argv, "--results", str(results)], capsys)
     assert code == 0, err
     return [json.loads(line)["loss"] for line in results.read_text().splitlines()]
-
-
-#: Record keys that are measured times (they differ between identical runs).
-TIMING_KEYS = {
-    "epoch_time", "mbc", "load_wait", "fwd", "bwd", "ared", "opt", "samples_per_s",
-    "eval_time", "comm_wait", "imbalance", "sample", "gather",
-}  # fmt: skip
 
 
 def _records(tmp_path, name: str, argv: list[str], capsys) -> list[dict]:
