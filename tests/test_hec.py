@@ -1,5 +1,5 @@
 """HistoricalEmbeddingCache (C++ core) against a plain-Python reference model of the contract
-(distmb/hec.py module docstring), plus targeted tests of each rule."""
+(distmb/halo/cache.py module docstring), plus targeted tests of each rule."""
 
 from __future__ import annotations
 
