@@ -35,7 +35,7 @@ def run_one(nodes: int, parts: int, avg_degree: int, feat_dim: int, workdir: Pat
     cmd = [
         sys.executable,
         "-m",
-        "partition",
+        "distmb.partition",
         "--dataset",
         spec,
         "--parts",
