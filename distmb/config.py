@@ -27,6 +27,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Literal
 
+import numpy as np
+
 from distmb.errors import InputError
 
 __all__ = [
@@ -221,7 +223,7 @@ class TrainConfig:
     weight_decay: float = option(0.0, "Adam weight decay", min=0)
     dropout: float = option(0.5, "dropout after hidden layers", min=0, max=1, max_open=True)
     epochs: int = option(40, "training epochs", min=1)
-    seed: int = option(0, "seed of model init, shuffling, sampling")
+    seed: int = option(0, "seed of model init, shuffling, sampling", min=0)
     threads: int | None = option(
         None, "threads for sampling and PyTorch (default: all cores)", min=1
     )
@@ -283,8 +285,10 @@ class TrainConfig:
     )
 
     def __post_init__(self) -> None:
-        if isinstance(self.fanout, list):
-            self.fanout = tuple(self.fanout)
+        if isinstance(self.fanout, list | tuple):
+            self.fanout = tuple(_plain(v) for v in self.fanout)
+        for f in fields(self):  # numpy scalars -> Python values (JSON and weights-only loads)
+            setattr(self, f.name, _plain(getattr(self, f.name)))
         if self.lr is None:
             self.lr = DEFAULT_LR.get(self.model)  # an unknown model is reported by validate()
         self.validate()
@@ -449,6 +453,11 @@ _TYPE_NAMES: dict[type, str] = {
     str: "a string",
     tuple: "a tuple of integers",
 }
+
+
+def _plain(value: Any) -> Any:
+    """A numpy scalar as the Python value it holds (anything else unchanged)."""
+    return value.item() if isinstance(value, np.generic) else value
 
 
 def _is_a(value: Any, kind: type) -> bool:

@@ -15,6 +15,11 @@ from distmb.comm import Communicator
 from distmb.data.store import PartitionStore, read_meta
 from distmb.errors import InputError, PartitionError
 
+#: Part of the ``--partition-cache`` key: bump it when a loader's output or the partition
+#: format changes, so that no run reuses a partition of the old data (the key is computed
+#: before any rank loads the dataset). 2: the synthetic generator's features were rescaled.
+PARTITION_CACHE_REVISION = 2
+
 #: Environment variables that MPI launchers (mpirun, mpiexec, srun) set in every rank.
 MPI_LAUNCH_MARKERS = (
     "PMI_RANK",
@@ -54,7 +59,9 @@ def open_part(comm: Communicator, part_dir: str) -> PartitionStore:
 
 def partition_cache_dir(cache_root: str, spec: str, parts: int, seed: int) -> Path:
     """Where ``--dataset SPEC`` is partitioned for ``parts`` ranks."""
-    key = hashlib.sha256(f"{spec}|{parts}|{seed}".encode()).hexdigest()[:16]
+    key = hashlib.sha256(f"{spec}|{parts}|{seed}|{PARTITION_CACHE_REVISION}".encode()).hexdigest()[
+        :16
+    ]
     name = "".join(c if c.isalnum() else "-" for c in spec.split(":")[0])
     return Path(cache_root) / f"{name}-p{parts}-{key}"
 

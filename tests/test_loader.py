@@ -12,7 +12,9 @@ import pytest
 import torch
 from conftest import random_graph
 
+from distmb.config import TrainConfig
 from distmb.data.local import LocalGraph
+from distmb.engine.evaluate import HaloExchange
 from distmb.features import ArrayFeatures, ConcatFeatures, PartFeatures
 from distmb.halo import DropHalo, HaloScheme
 from distmb.loader import BatchLoader, MiniBatch
@@ -156,6 +158,37 @@ def test_recycled_buffers_hold_each_batch_while_it_is_current(local, prefetch):
         assert all(torch.equal(a, b) for a, b in zip(want, got, strict=True)), epoch
     assert fresh.buffers_allocated == 12
     assert reused.buffers_allocated <= prefetch + 4, reused.buffers_allocated
+
+
+def test_a_recycled_batch_lets_go_of_its_rows(local):
+    loader = _loader(local, 2, reuse_buffers=True)
+    it = loader(loader.plan(0, _batches(local)))
+    first = next(it)
+    assert first.x is not None
+    next(it)
+    assert first.x is None and first.buffer is None  # kept too long: fails loudly
+    it.close()
+
+
+def test_loader_refuses_zero_threads(local):
+    with pytest.raises(ValueError, match="threads must be >= 1"):
+        _loader(local, 2, threads=0)
+
+
+def test_producer_failing_at_start_raises_instead_of_hanging(local, monkeypatch):
+    import distmb.loader.loader as loader_module
+
+    class BrokenC:
+        @staticmethod
+        def set_num_threads(n):
+            raise RuntimeError("injected: OpenMP refused")
+
+        get_num_threads = staticmethod(loader_module._C.get_num_threads)
+
+    loader = _loader(local, 2)
+    monkeypatch.setattr(loader_module, "_C", BrokenC)
+    with pytest.raises(RuntimeError, match="injected: OpenMP refused"):
+        list(loader(loader.plan(0, _batches(local))))
 
 
 def test_minibatch_contents_match_sampler_and_table(local):
@@ -312,6 +345,49 @@ def test_local_scheme_refuses_halo_leaves_it_cannot_fill():
     scheme.setup([5, 8])
     with pytest.raises(RuntimeError, match="no source for their rows"):
         scheme.after_sample(_halo_batch(None), 0, 1)
+
+
+class _RecordingComm:
+    size = 2
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def halo_exchange(self, send_rows, send_ptr, halo_owner):
+        self.calls.append("halo_exchange")
+        return np.zeros((len(halo_owner), send_rows.shape[1]), dtype=np.float32)
+
+
+@pytest.mark.parametrize("replicated", [True, False])
+def test_evaluation_exchange_is_decided_by_the_partition_not_the_part(replicated):
+    """A part without halo vertices in a partition that replicates halo features must skip
+    the layer-0 exchange like every other rank (else the ranks' collectives go out of
+    step); every later layer exchanges on every rank."""
+    solid = _table(6, dim=3)
+    features = PartFeatures(solid, np.empty((0, 3), np.float32) if replicated else None)
+    comm = _RecordingComm()
+    exchange = HaloExchange(
+        comm,
+        send_ptr=np.array([0, 0, 2]),
+        send_ids=np.array([1, 4]),
+        halo_owner=np.empty(0, dtype=np.int32),
+        features=features,
+        replicated=replicated,
+    )
+    table = exchange(0, features)
+    assert comm.calls == ([] if replicated else ["halo_exchange"])
+    assert table.num_rows == 6
+    exchange(1, ArrayFeatures(solid))
+    assert comm.calls[-1] == "halo_exchange"
+
+
+def test_config_holds_plain_python_values():
+    """numpy scalars passed in Python become Python values: the checkpoint's args load with
+    ``weights_only=True`` and the JSON record serialises."""
+    cfg = TrainConfig(seed=np.int64(3), layers=2, fanout=(np.int64(4), 4), lr=np.float32(0.5))
+    values = cfg.as_dict()
+    assert type(values["seed"]) is int and values["fanout"] == [4, 4]
+    assert all(type(v) is int for v in values["fanout"]) and type(values["lr"]) is float
 
 
 # ---- layout ------------------------------------------------------------------------------

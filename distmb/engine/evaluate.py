@@ -71,6 +71,9 @@ class HaloExchange:
         comm: the ranks (every rank evaluates, layer by layer).
         send_ptr, send_ids, halo_owner: this part's send lists and halo owners.
         features: this part's input features (with halo rows when replicated).
+        replicated: whether the *partition* replicates halo features. The same on every
+            rank (a part without halo vertices still has an empty replicated table), so every
+            rank skips, or joins, the layer-0 exchange alike.
     """
 
     def __init__(
@@ -80,15 +83,17 @@ class HaloExchange:
         send_ids: np.ndarray,
         halo_owner: np.ndarray,
         features: PartFeatures,
+        replicated: bool,
     ) -> None:
         self.comm = comm
         self.send_ptr = np.asarray(send_ptr)
         self.send_ids = np.asarray(send_ids, dtype=np.int64)
         self.halo_owner = np.asarray(halo_owner)
         self.features = features
+        self.replicated = replicated
 
     def __call__(self, layer: int, solid: FeatureSource) -> FeatureSource:
-        if layer == 0 and self.features.has_halo:
+        if layer == 0 and self.replicated:
             return self.features
         send_rows = solid.gather(self.send_ids).numpy()
         halo = self.comm.halo_exchange(send_rows, self.send_ptr, self.halo_owner)

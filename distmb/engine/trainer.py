@@ -117,7 +117,14 @@ class Trainer:
         )
         store = local.store
         self.eval_table = (
-            HaloExchange(self.comm, store.send_ptr, store.send_ids, store.halo_owner, self.features)
+            HaloExchange(
+                self.comm,
+                store.send_ptr,
+                store.send_ids,
+                store.halo_owner,
+                self.features,
+                replicated=store.halo_features is not None,
+            )
             if self.num_ranks > 1 and store is not None
             else None
         )

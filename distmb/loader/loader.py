@@ -96,8 +96,9 @@ class BatchLoader:
         threads: OpenMP threads of the background thread's kernels (``None``: this thread's).
         reuse_buffers: gather into recycled buffers (no page faults for a fresh tensor, no
             unmapping when it is freed). The consumer must then hold one batch at a time: a
-            batch's ``x`` is overwritten once the batch after next has been requested. The
-            trainer does; code that keeps batches (``list(loader(plan))``) must not set it.
+            batch's ``x`` is valid until the next batch is requested (then the batch's ``x``
+            becomes None and its buffer may be refilled at once). The trainer does; code that
+            keeps batches (``list(loader(plan))``) must not set it.
     """
 
     def __init__(
@@ -116,6 +117,8 @@ class BatchLoader:
             raise ValueError(f"prefetch must be >= 0, got {prefetch}")
         if superbatch < 1:
             raise ValueError(f"superbatch must be >= 1, got {superbatch}")
+        if threads is not None and threads < 1:
+            raise ValueError(f"threads must be >= 1, got {threads}")
         self.sampler = sampler
         self.features = features
         self.labels = labels
@@ -205,6 +208,7 @@ class BatchLoader:
             with self._free_lock:
                 self._free.append(batch.buffer)
             batch.buffer = None
+            batch.x = None  # a consumer that kept the batch fails loudly, never reads new rows
 
     # -- the epoch -------------------------------------------------------------------------------
     def __call__(self, plan: EpochPlan) -> Iterator[MiniBatch]:
@@ -233,8 +237,11 @@ class BatchLoader:
         stop = threading.Event()
 
         def produce() -> None:
-            _C.set_num_threads(self.threads)  # OpenMP settings are per thread
             try:
+                # OpenMP settings are per thread, and PyTorch sets this thread's on its first
+                # call: let it do so first, then set the kernels' count.
+                torch.get_num_threads()
+                _C.set_num_threads(self.threads)
                 for index in plan.order:
                     while not window.acquire(timeout=_POLL_S):
                         if stop.is_set():
@@ -262,7 +269,10 @@ class BatchLoader:
                     self._recycle(item)  # before the window opens for one more batch
                 with available:
                     while not ready:
-                        available.wait()
+                        if not available.wait(timeout=_POLL_S) and not producer.is_alive():
+                            if ready:
+                                break
+                            raise RuntimeError("the batch loader's producer thread died")
                     item = ready.popleft()
                 self.load_wait += time.perf_counter() - start
                 if isinstance(item, BaseException):
