@@ -231,6 +231,11 @@ class TrainConfig:
     eval_batch_size: int = option(4096, "destinations per block in layer-wise evaluation", min=1)
     checkpoint_dir: str | None = option(None, "write a checkpoint here after every epoch (atomic)")
     resume: bool = option(False, "continue from --checkpoint-dir's checkpoint")
+    overwrite_checkpoint: bool = option(
+        False,
+        "start a new run in a --checkpoint-dir that already holds a checkpoint (replaced after "
+        "the first epoch); without it or --resume such a run is refused",
+    )
     results: str | None = option(
         None,
         "append one JSON object per epoch to this file (plot: python -m distmb.report FILE)",

@@ -92,10 +92,12 @@ def _report_and_abort(comm, message: str, code: int) -> None:
 
 def run_distributed(args: argparse.Namespace, comm) -> None:
     from distmb.data.local import LocalGraph
+    from distmb.engine.trainer import prepare_outputs
     from distmb.halo import make_halo_scheme
     from distmb.launch import ensure_partition, open_part
 
     config = config_from_args(args)
+    prepare_outputs(config, comm.rank)  # before partitioning or loading anything
     _set_threads(config)
 
     def log(line: str) -> None:
@@ -160,7 +162,10 @@ def train(local, config: TrainConfig, *, comm=None, halo=None, log=print) -> lis
 
 @exit_on_user_error("distmb.train")
 def main_single(argv: list[str] | None = None) -> int:
+    from distmb.engine.trainer import prepare_outputs
+
     config = config_from_args(build_parser().parse_args(argv))
+    prepare_outputs(config, rank=0)  # before loading anything
     _set_threads(config)
 
     def log(line: str) -> None:

@@ -91,6 +91,14 @@ def test_partition_of_another_graph_on_one_rank(small_parts, tmp_path):
     assert "opened a partition of another graph" in proc.stderr
 
 
+def test_unusable_results_path_stops_the_job_before_training(small_parts, tmp_path):
+    (tmp_path / "r").mkdir()
+    argv = ["--part-dir", str(small_parts[2]), *FAST, "--epochs", "5", "--results"]
+    proc = mpirun(2, ["-m", "distmb.train", *argv, str(tmp_path / "r")], 60)
+    assert proc.returncode != 0 and "is a directory, expected a file" in proc.stderr
+    assert "epoch" not in proc.stdout
+
+
 def test_failing_rank_aborts_the_job(small_parts):
     start = time.monotonic()
     proc = mpirun(2, [str(SCRIPTS / "fail_rank.py"), str(small_parts[2])], 90)

@@ -310,3 +310,42 @@ def test_cora_fused_kernels_match_torch_accuracy(cora_dir):
     torch_ = _median_test_acc(spec, TrainConfig(**CORA_SAGE, kernels="torch"), seeds)
     assert abs(fused - torch_) <= 0.015, (fused, torch_)
     assert min(fused, torch_) >= 0.78
+
+
+# ---- output paths, checked before any work -----------------------------------------------
+
+
+def test_results_parent_directories_are_created(tmp_path, capsys):
+    results = tmp_path / "runs" / "deep" / "gat.jsonl"
+    code, _, err = run(
+        ["--dataset", SMALL, *FAST, "--epochs", "1", "--results", str(results)], capsys
+    )
+    assert code == 0, err
+    assert len(results.read_text().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("make", "flag", "message"),
+    [
+        (lambda p: p.mkdir(), "--results", "is a directory, expected a file"),
+        (lambda p: p.write_text("x"), "--checkpoint-dir", "exists and is not a directory"),
+    ],
+)
+def test_unusable_output_paths_fail_before_training(tmp_path, capsys, make, flag, message):
+    target = tmp_path / "out"
+    make(target)
+    code, out, err = run(["--dataset", SMALL, *FAST, "--epochs", "1", flag, str(target)], capsys)
+    assert code == 2 and f"{flag} {target}" in err and message in err
+    assert "Traceback" not in err and "epoch" not in out  # refused before any training
+
+
+def test_existing_checkpoint_is_not_replaced_without_being_asked(tmp_path, capsys):
+    ckpt = ["--checkpoint-dir", str(tmp_path / "ckpt")]
+    base = ["--dataset", SMALL, *FAST, "--epochs", "1", *ckpt]
+    assert run(base, capsys)[0] == 0
+    first = (tmp_path / "ckpt" / CHECKPOINT_FILE).read_bytes()
+    code, out, err = run([*base, "--seed", "5"], capsys)
+    assert code == 2 and "already holds a checkpoint" in err and "--overwrite-checkpoint" in err
+    assert (tmp_path / "ckpt" / CHECKPOINT_FILE).read_bytes() == first and "epoch" not in out
+    assert run([*base, "--seed", "5", "--overwrite-checkpoint"], capsys)[0] == 0
+    assert (tmp_path / "ckpt" / CHECKPOINT_FILE).read_bytes() != first

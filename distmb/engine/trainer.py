@@ -34,6 +34,7 @@ from distmb.engine.checkpoint import (
     save_checkpoint,
 )
 from distmb.engine.evaluate import HaloExchange, correct_counts, layerwise_inference
+from distmb.engine.outputs import prepare_checkpoint_dir, prepare_results_file
 from distmb.engine.stats import append_jsonl, format_epoch, format_hec, global_stats
 from distmb.engine.timers import PhaseTimer
 from distmb.errors import DistmbError, InputError
@@ -86,6 +87,7 @@ class Trainer:
         self.rank = self.comm.rank
         self.num_ranks = self.comm.size
         self.log = log
+        prepare_outputs(config, self.rank)
         set_kernels(config.kernels)
         torch.manual_seed(config.seed)  # identical model initialisation on every rank
         self.model = build_model(
@@ -350,6 +352,17 @@ class Trainer:
             if cfg.checkpoint_dir:
                 self._save(epoch)
         return self.history
+
+
+def prepare_outputs(config, rank: int) -> None:
+    """Check and create the run's output paths before any work (every rank writes into the
+    checkpoint directory; rank 0 alone writes the results). Idempotent."""
+    if config.checkpoint_dir:
+        prepare_checkpoint_dir(
+            config.checkpoint_dir, resume=config.resume, overwrite=config.overwrite_checkpoint
+        )
+    if config.results and rank == 0:
+        prepare_results_file(config.results)
 
 
 def split_batches(order: np.ndarray, num_batches: int) -> list[np.ndarray]:

@@ -1,0 +1,63 @@
+"""Output paths, checked and created before any work: a run never dies after an epoch (or,
+under mpirun, takes the job down) because ``--results`` or ``--checkpoint-dir`` cannot be
+written, and never replaces a checkpoint it was not asked to."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+from distmb.engine.checkpoint import CHECKPOINT_FILE
+from distmb.errors import InputError
+
+
+def prepare_checkpoint_dir(directory: str, *, resume: bool, overwrite: bool) -> Path:
+    """Create ``--checkpoint-dir`` (and its parents) and check that it can be written.
+
+    Raises:
+        InputError: it is not a directory, cannot be created or written, or it holds a
+            checkpoint and the run neither resumes it nor was told to replace it.
+    """
+    path = Path(directory).expanduser()
+    if path.exists() and not path.is_dir():
+        raise InputError(f"--checkpoint-dir {directory}: exists and is not a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"--checkpoint-dir {directory}: cannot be created ({exc})") from None
+    _check_writable(path, "--checkpoint-dir", directory)
+    if (path / CHECKPOINT_FILE).exists() and not (resume or overwrite):
+        raise InputError(
+            f"--checkpoint-dir {directory} already holds a checkpoint; continue it with "
+            "--resume, or replace it with --overwrite-checkpoint"
+        )
+    return path
+
+
+def prepare_results_file(results: str) -> Path:
+    """Create ``--results``' parent directories and check that the file can be appended to
+    (an existing file is kept: records are appended).
+
+    Raises:
+        InputError: it is a directory, or it or its directory cannot be created or written.
+    """
+    path = Path(results).expanduser()
+    if path.is_dir():
+        raise InputError(f"--results {results}: is a directory, expected a file (.jsonl)")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a"):
+            pass
+    except OSError as exc:
+        raise InputError(f"--results {results}: cannot be written ({exc})") from None
+    return path
+
+
+def _check_writable(directory: Path, flag: str, given: str) -> None:
+    probe = directory / f".write-test-{socket.gethostname()}-{os.getpid()}"
+    try:
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise InputError(f"{flag} {given}: cannot be written ({exc})") from None
