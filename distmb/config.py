@@ -49,6 +49,7 @@ __all__ = [
     "MODELS",
     "OPTIONS",
     "PROG",
+    "RESUME_APPLIED",
     "RESUME_MUST_MATCH",
     "HaloScheme",
     "HecSettings",
@@ -122,7 +123,10 @@ class OptionSpec:
         max_open: the upper bound itself is excluded.
         inverted: a ``bool`` option whose flag turns it off (``--no-progress``).
         resume_must_match: a checkpoint can only be resumed with the same value (it shapes
-            the model or the sampled data).
+            the model, the sampled batches or the cache's contents).
+        resume_applied: a checkpoint may be resumed with another value, which is applied
+            (over the optimizer state it overrides, for ``--lr`` and ``--weight-decay``) and
+            logged. Options that are neither are run-time choices (paths, threads, epochs).
     """
 
     help: str
@@ -137,6 +141,7 @@ class OptionSpec:
     max_open: bool = False
     inverted: bool = False
     resume_must_match: bool = False
+    resume_applied: bool = False
 
 
 def option(default: Any, help: str, **spec: Any) -> Any:
@@ -211,7 +216,7 @@ class TrainConfig:
         allowed=_aggregators,
         resume_must_match=True,
     )
-    batch_size: int = option(1000, "seed vertices per mini-batch", min=1)
+    batch_size: int = option(1000, "seed vertices per mini-batch", min=1, resume_must_match=True)
     lr: float | None = option(
         None,
         "Adam learning rate (default: "
@@ -219,11 +224,14 @@ class TrainConfig:
         + ")",
         min=0,
         min_open=True,
+        resume_applied=True,
     )
-    weight_decay: float = option(0.0, "Adam weight decay", min=0)
-    dropout: float = option(0.5, "dropout after hidden layers", min=0, max=1, max_open=True)
+    weight_decay: float = option(0.0, "Adam weight decay", min=0, resume_applied=True)
+    dropout: float = option(
+        0.5, "dropout after hidden layers", min=0, max=1, max_open=True, resume_must_match=True
+    )
     epochs: int = option(40, "training epochs", min=1)
-    seed: int = option(0, "seed of model init, shuffling, sampling", min=0)
+    seed: int = option(0, "seed of model init, shuffling, sampling", min=0, resume_must_match=True)
     threads: int | None = option(
         None, "threads for sampling and PyTorch (default: all cores)", min=1
     )
@@ -242,7 +250,10 @@ class TrainConfig:
     )
     progress: bool = option(True, "no progress bar", flag="--no-progress", inverted=True)
     kernels: str = option(
-        "fused", "UPDATE/AGG implementation: fused C++ kernels or PyTorch ops", choices=KERNELS
+        "fused",
+        "UPDATE/AGG implementation: fused C++ kernels or PyTorch ops",
+        choices=KERNELS,
+        resume_applied=True,
     )
     prefetch: int = option(
         DEFAULT_PREFETCH,
@@ -258,21 +269,33 @@ class TrainConfig:
         group=GROUP_DATA_LOADING,
         min=1,
     )
-    hec_size: int = option(DEFAULT_HEC_SIZE, "cache lines per layer (cs)", group=GROUP_HEC, min=1)
+    hec_size: int = option(
+        DEFAULT_HEC_SIZE,
+        "cache lines per layer (cs)",
+        group=GROUP_HEC,
+        min=1,
+        resume_must_match=True,
+    )
     hec_nc: int = option(
         DEFAULT_HEC_NC,
         "rows pushed per peer and layer per iteration at most (nc)",
         group=GROUP_HEC,
         min=1,
+        resume_applied=True,
     )
     hec_lifespan: int = option(
         DEFAULT_HEC_LIFESPAN,
         "iterations a cached embedding stays usable (ls)",
         group=GROUP_HEC,
         min=0,
+        resume_must_match=True,
     )
     hec_delay: int = option(
-        DEFAULT_HEC_DELAY, "iterations between a push and its use (d)", group=GROUP_HEC, min=1
+        DEFAULT_HEC_DELAY,
+        "iterations between a push and its use (d)",
+        group=GROUP_HEC,
+        min=1,
+        resume_applied=True,
     )
     no_hec: bool = option(
         False, "drop halo leaves instead (communication-free lower bound)", group=GROUP_HEC
@@ -518,6 +541,8 @@ OPTIONS: tuple[Option, ...] = _options(TrainConfig)
 #: Options a checkpoint must share with the run that resumes it (they shape the model or
 #: the sampled data).
 RESUME_MUST_MATCH: tuple[str, ...] = tuple(o.name for o in OPTIONS if o.spec.resume_must_match)
+#: Options a resume may change: the new value is applied and logged.
+RESUME_APPLIED: tuple[str, ...] = tuple(o.name for o in OPTIONS if o.spec.resume_applied)
 
 
 def _groups() -> dict[str, list[Option]]:

@@ -14,6 +14,7 @@ import pytest
 from distmb.config import (
     DEFAULT_LR,
     OPTIONS,
+    RESUME_APPLIED,
     RESUME_MUST_MATCH,
     HecSettings,
     TrainConfig,
@@ -276,7 +277,11 @@ def test_unknown_choice_is_argparse_error(capsys):
 
 
 def test_resume_must_match():
-    assert RESUME_MUST_MATCH == ("model", "layers", "hidden", "heads", "fanout", "aggr")
+    assert RESUME_MUST_MATCH == (
+        "model", "layers", "hidden", "heads", "fanout", "aggr", "batch_size", "dropout", "seed",
+        "hec_size", "hec_lifespan",
+    )  # fmt: skip
+    assert RESUME_APPLIED == ("lr", "weight_decay", "kernels", "hec_nc", "hec_delay")
 
 
 def test_hec_view_and_halo_scheme():

@@ -349,3 +349,38 @@ def test_existing_checkpoint_is_not_replaced_without_being_asked(tmp_path, capsy
     assert (tmp_path / "ckpt" / CHECKPOINT_FILE).read_bytes() == first and "epoch" not in out
     assert run([*base, "--seed", "5", "--overwrite-checkpoint"], capsys)[0] == 0
     assert (tmp_path / "ckpt" / CHECKPOINT_FILE).read_bytes() != first
+
+
+# ---- resume that tells the truth ---------------------------------------------------------
+
+
+def test_resume_applies_a_new_lr_and_says_so(tmp_path, capsys):
+    ckpt = ["--checkpoint-dir", str(tmp_path / "ckpt")]
+    base = ["--dataset", SMALL, *FAST, *ckpt]
+    assert run([*base, "--epochs", "1", "--lr", "0.003"], capsys)[0] == 0
+    code, out, err = run([*base, "--epochs", "2", "--resume", "--lr", "0.5"], capsys)
+    assert code == 0, err
+    assert "resume: applied --lr 0.003 -> 0.5" in out
+    state = torch.load(tmp_path / "ckpt" / CHECKPOINT_FILE, weights_only=True)
+    assert state["epoch"] == 1
+    assert all(g["lr"] == 0.5 for g in state["optimizer"]["param_groups"])
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"), [("--seed", "7"), ("--batch-size", "50"), ("--dropout", "0.1")]
+)
+def test_resume_refuses_options_that_change_the_run(tmp_path, capsys, flag, value):
+    ckpt = ["--checkpoint-dir", str(tmp_path / "ckpt")]
+    base = ["--dataset", SMALL, *FAST, *ckpt]
+    assert run([*base, "--epochs", "1"], capsys)[0] == 0
+    code, _, err = run([*base, "--epochs", "2", "--resume", flag, value], capsys)
+    assert code == 2 and f"was trained with {flag} " in err and "Traceback" not in err
+
+
+def test_resuming_a_finished_run_says_so(tmp_path, capsys):
+    ckpt = ["--checkpoint-dir", str(tmp_path / "ckpt")]
+    base = ["--dataset", SMALL, *FAST, *ckpt]
+    assert run([*base, "--epochs", "2"], capsys)[0] == 0
+    code, out, _ = run([*base, "--epochs", "1", "--resume"], capsys)
+    assert code == 0 and "nothing to train" in out and "epochs 0-1" in out
+    assert "epoch   " not in out

@@ -80,10 +80,13 @@ def load_checkpoint(
         )
     saved_args = state.get("args", {})
     for key in RESUME_MUST_MATCH:
-        if saved_args.get(key) != args.get(key):
+        # A checkpoint of an older version may not record every option: those it lacks pass.
+        if key in saved_args and saved_args[key] != args.get(key):
+            flag = "--" + key.replace("_", "-")
             raise InputError(
-                f"--resume: {path} was trained with --{key} {saved_args.get(key)!r}, "
-                f"this run has {args.get(key)!r}"
+                f"--resume: {path} was trained with {flag} {saved_args[key]!r}, this run has "
+                f"{args.get(key)!r} (it shapes the model, the batches or the caches: resume "
+                f"with {flag} {saved_args[key]!r}, or start a new run)"
             )
     return state
 

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from distmb.comm import SingleProcess
+from distmb.config import RESUME_APPLIED
 from distmb.data.local import LocalGraph
 from distmb.engine.checkpoint import (
     load_cache_state,
@@ -181,6 +182,18 @@ class Trainer:
             )
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+        # The optimizer state carries the old lr and weight decay: this run's values win.
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.cfg.lr
+            group["weight_decay"] = self.cfg.weight_decay
+        saved_args = state.get("args", {})
+        changed = [
+            f"--{key.replace('_', '-')} {saved_args[key]!r} -> {getattr(self.cfg, key)!r}"
+            for key in RESUME_APPLIED
+            if key in saved_args and saved_args[key] != getattr(self.cfg, key)
+        ]
+        if changed and self.rank == 0:
+            self.log(f"resume: applied {', '.join(changed)}")
         rng_states = state.get("torch_rng_per_rank", [state["torch_rng"]])
         torch.set_rng_state(rng_states[self.rank])
         self.start_epoch = int(state["epoch"]) + 1
@@ -330,6 +343,12 @@ class Trainer:
     def fit(self) -> list[dict[str, Any]]:
         """Train from ``start_epoch`` to ``epochs``; returns the per-epoch records."""
         cfg = self.cfg
+        if self.start_epoch >= cfg.epochs and self.rank == 0:
+            self.log(
+                f"nothing to train: the checkpoint in {cfg.checkpoint_dir} already ran epochs "
+                f"0-{self.start_epoch - 1} and --epochs is {cfg.epochs}; raise --epochs to "
+                "continue"
+            )
         for epoch in range(self.start_epoch, cfg.epochs):
             record = self.train_epoch(epoch)
             record.update(global_stats(self.comm, record, self.halo.stats()))
