@@ -133,17 +133,7 @@ def train(local, config: TrainConfig, *, comm=None, halo=None, log=print) -> lis
     trainer = Trainer(local, config, comm=comm, halo=halo, log=log)
     params = sum(p.numel() for p in trainer.model.parameters())
     per_rank = " per rank" if trainer.num_ranks > 1 else ""
-    halo_text = ""
-    if trainer.num_ranks > 1:
-        hec = config.hec
-        halo_text = (
-            "; halo leaves: "
-            + {
-                "hec": f"HEC cs={hec.size} nc={hec.nc} ls={hec.lifespan} d={hec.delay}",
-                "drop": "dropped (--no-hec)",
-                "exact": "none (exact remote sampling and feature fetch)",
-            }[trainer.halo.name]
-        )
+    halo_text = f"; halo leaves: {trainer.halo.describe()}" if trainer.num_ranks > 1 else ""
     loader = trainer.loader
     loading = "synchronous loading" if loader.synchronous else f"prefetch {loader.prefetch}"
     log(

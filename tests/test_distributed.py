@@ -99,6 +99,21 @@ def test_unusable_results_path_stops_the_job_before_training(small_parts, tmp_pa
     assert "epoch" not in proc.stdout
 
 
+def test_cache_size_is_bounded_by_the_halo_and_a_pushless_schedule_is_reported(small_parts):
+    """The default --hec-size (1M lines) is clamped to the part's halo vertices (nothing else
+    is ever pushed to it); an epoch of M <= d iterations, where no push can start, says so."""
+    from distmb.data import PartitionStore
+
+    n_halo = PartitionStore(small_parts[2], 0).n_halo
+    argv = ["--part-dir", str(small_parts[2]), *FAST, "--epochs", "2"]
+    proc = mpirun(2, ["-m", "distmb.train", *argv, "--batch-size", "100000"], 90)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"HEC cs={n_halo} (--hec-size 1000000" in proc.stdout and 0 < n_halo < 10**6
+    assert proc.stdout.count("warning: HEC: an epoch has 1 iteration(s)") == 1
+    proc = mpirun(2, ["-m", "distmb.train", *argv], 90)
+    assert proc.returncode == 0 and "warning" not in proc.stdout
+
+
 def test_failing_rank_aborts_the_job(small_parts):
     start = time.monotonic()
     proc = mpirun(2, [str(SCRIPTS / "fail_rank.py"), str(small_parts[2])], 90)

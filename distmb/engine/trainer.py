@@ -136,6 +136,7 @@ class Trainer:
         self.start_epoch = 0
         self.history: list[dict[str, Any]] = []
         self._global_batch = np.zeros(0, dtype=np.int64)
+        self._warned: set[str] = set()
         if config.resume:
             self._resume()
 
@@ -250,6 +251,10 @@ class Trainer:
         sizes = np.array([plan.batches[i].size for i in plan.order], dtype=np.int64)
         self._global_batch = self.comm.allreduce_sum(sizes)
         num_steps = len(plan)
+        warning = self.halo.schedule_warning(num_steps)
+        if warning and self.rank == 0 and warning not in self._warned:
+            self._warned.add(warning)
+            self.log(f"warning: {warning}")
         total_loss, correct, seen = 0.0, 0, 0
         sample_s = gather_s = 0.0
         bar = tqdm(

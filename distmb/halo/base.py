@@ -58,6 +58,15 @@ class HaloScheme:
     def num_layers(self) -> int:
         return len(self.layer_dims)
 
+    def describe(self) -> str:
+        """One line for the run's header: what happens to halo leaves."""
+        return "none to fill (one rank)"
+
+    def schedule_warning(self, num_steps: int) -> str | None:
+        """A warning when an epoch of ``num_steps`` iterations defeats the scheme, else
+        None (the trainer logs it once)."""
+        return None
+
     # -- the loader's stages -------------------------------------------------------------------
     def batch_sampler(self, local: NeighborSampler) -> BatchSampler:
         """The sample stage (default: this part's sampler)."""
@@ -145,6 +154,9 @@ class DropHalo(HaloScheme):
     communication-free lower bound)."""
 
     name = "drop"
+
+    def describe(self) -> str:
+        return "dropped (--no-hec)"
 
     def _fill(self, layer: int, block: Block, step: int) -> tuple[Block, torch.Tensor]:
         keep = torch.ones(block.n_src, dtype=torch.bool)

@@ -31,6 +31,9 @@ class ExactRemote(HaloScheme):
 
     name = "exact"
 
+    def describe(self) -> str:
+        return "none (exact remote sampling and feature fetch)"
+
     def __init__(self, comm: Communicator, store: PartitionStore, fanouts: tuple[int, ...]) -> None:
         super().__init__()
         self.comm = comm

@@ -58,6 +58,10 @@ class HistoricalCache(HaloScheme):
         self.replicated_halo = store.halo_features is not None
         self.degree = np.asarray(store.in_degree[: store.n_solid], dtype=np.float64)
         self.peer_ptr, self.peer_ids = _peers_of_solid(store, comm.size)
+        #: Lines per cache: only this part's halo vertices are ever pushed here, so more than
+        #: ``n_halo`` lines would never be used (``--hec-size`` is an upper bound).
+        self.n_halo = store.n_halo
+        self.capacity = max(1, min(config.size, store.n_halo))
         self.caches: list[HistoricalEmbeddingCache | None] = []
         self.pushes: list[EmbeddingPush | None] = []
         #: Optional recorder for tests: receives ("push"|"load", k, layer, tags, rows, hit).
@@ -69,7 +73,7 @@ class HistoricalCache(HaloScheme):
         uses_cache = [not (layer == 0 and self.replicated_halo) for layer in range(self.num_layers)]
         self.caches = [
             HistoricalEmbeddingCache(
-                self.cfg.size, dim, LIFESPAN_UNBOUNDED if layer == 0 else self.cfg.lifespan
+                self.capacity, dim, LIFESPAN_UNBOUNDED if layer == 0 else self.cfg.lifespan
             )
             if uses_cache[layer]
             else None
@@ -79,6 +83,23 @@ class HistoricalCache(HaloScheme):
             EmbeddingPush(self.comm, dim, self.cfg.delay) if uses_cache[layer] else None
             for layer, dim in enumerate(layer_dims)
         ]
+
+    def describe(self) -> str:
+        cfg = self.cfg
+        return (
+            f"HEC cs={self.capacity} (--hec-size {cfg.size}, at most the part's halo "
+            f"vertices; rank {self.comm.rank}) nc={cfg.nc} ls={cfg.lifespan} d={cfg.delay}"
+        )
+
+    def schedule_warning(self, num_steps: int) -> str | None:
+        if num_steps > self.cfg.delay:
+            return None
+        return (
+            f"HEC: an epoch has {num_steps} iteration(s), not more than --hec-delay "
+            f"{self.cfg.delay}: pushes start only when their delivery falls in the same epoch, "
+            "so no embedding is ever pushed and every halo leaf misses; use a smaller "
+            "--batch-size or --hec-delay"
+        )
 
     # -- before the forward pass -----------------------------------------------------------
     def after_sample(self, batch: MiniBatch, step: int, num_steps: int) -> None:
