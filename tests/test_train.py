@@ -384,3 +384,35 @@ def test_resuming_a_finished_run_says_so(tmp_path, capsys):
     code, out, _ = run([*base, "--epochs", "1", "--resume"], capsys)
     assert code == 0 and "nothing to train" in out and "epochs 0-1" in out
     assert "epoch   " not in out
+
+
+def test_resume_drops_records_written_after_the_last_checkpoint(tmp_path, capsys):
+    """A run killed after writing epoch 2's record but before its checkpoint: the resumed run
+    trains epoch 2 again and the results file holds every epoch once."""
+    from distmb.engine.stats import drop_records_from
+
+    results = tmp_path / "r.jsonl"
+    ckpt = ["--checkpoint-dir", str(tmp_path / "ckpt")]
+    base = ["--dataset", SMALL, *FAST, *ckpt, "--results", str(results)]
+    assert run([*base, "--epochs", "2"], capsys)[0] == 0
+    with open(results, "a") as f:  # what the killed run left: epoch 2, then a torn line
+        f.write(json.dumps({"epoch": 2, "loss": 1.0}) + "\n" + '{"epoch": 3, "lo')
+    code, out, _ = run([*base, "--epochs", "4", "--resume"], capsys)
+    assert code == 0 and "dropped 2 record(s) of epochs >= 2" in out
+    epochs = [json.loads(line)["epoch"] for line in results.read_text().splitlines()]
+    assert epochs == [0, 1, 2, 3]
+    # Another run's records before them are kept; nothing to drop is a no-op.
+    assert drop_records_from(results, 4) == 0
+    assert drop_records_from(tmp_path / "missing.jsonl", 0) == 0
+
+
+def test_stale_temporary_files_are_removed_by_the_next_run(tmp_path, capsys):
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    dead = ckpt / ".checkpoint.pt.tmp-999999999"  # no such process
+    dead.write_bytes(b"half a checkpoint")
+    code, _, err = run(
+        ["--dataset", SMALL, *FAST, "--epochs", "1", "--checkpoint-dir", str(ckpt)], capsys
+    )
+    assert code == 0, err
+    assert not dead.exists() and (ckpt / CHECKPOINT_FILE).is_file()

@@ -23,24 +23,67 @@ def save_checkpoint(directory: str | Path, state: dict[str, Any]) -> Path:
     """Write ``state`` to ``directory/checkpoint.pt`` via a temporary file and a rename, so a
     crash leaves the previous checkpoint intact. Returns the path."""
     path = Path(directory) / CHECKPOINT_FILE
-    _write_atomic(path, lambda f: torch.save({"version": CHECKPOINT_VERSION, **state}, f))
+    write_atomic(path, lambda f: torch.save({"version": CHECKPOINT_VERSION, **state}, f))
     return path
 
 
-def _write_atomic(path: Path, write: Callable[[BinaryIO], None]) -> None:
-    """``write`` into a temporary file beside ``path``, fsync, then rename it to ``path``: a
-    crash leaves the previous file (or none), never a half-written one."""
+#: Infix of the temporary files :func:`write_atomic` renames into place (``.NAME.tmp-PID``).
+TMP_INFIX = ".tmp-"
+
+
+def write_atomic(path: Path, write: Callable[[BinaryIO], None]) -> None:
+    """``write`` into a temporary file beside ``path``, fsync, rename it to ``path``, then
+    fsync the directory (so the rename itself survives a power loss): a crash leaves the
+    previous file (or none), never a half-written one."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
+    tmp = path.parent / f".{path.name}{TMP_INFIX}{os.getpid()}"
     try:
         with open(tmp, "wb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+        _fsync_directory(path.parent)
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+def _fsync_directory(directory: Path) -> None:
+    """Make a rename inside ``directory`` durable (a no-op where directories cannot be
+    opened, e.g. on Windows)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some filesystems refuse fsync on a directory; the rename is still atomic
+    finally:
+        os.close(fd)
+
+
+def remove_stale_temporaries(directory: str | Path) -> list[Path]:
+    """Delete the temporary files a killed writer left in ``directory`` (``.NAME.tmp-PID``
+    whose process is gone); returns them. Called by the run that owns the directory."""
+    removed = []
+    for path in Path(directory).glob(f".*{TMP_INFIX}*"):
+        pid = path.name.rsplit(TMP_INFIX, 1)[-1]
+        if pid.isdigit() and int(pid) != os.getpid() and not _process_alive(int(pid)):
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    return True
 
 
 def load_checkpoint(
@@ -102,7 +145,7 @@ def save_cache_state(
     """Write one rank's cache lines (``np.savez``, no pickle) via a temporary file and a
     rename; the file also records ``epoch`` and ``rank``. Returns the path."""
     path = cache_state_file(directory, epoch, rank)
-    _write_atomic(path, lambda f: np.savez(f, epoch=np.int64(epoch), rank=np.int64(rank), **arrays))
+    write_atomic(path, lambda f: np.savez(f, epoch=np.int64(epoch), rank=np.int64(rank), **arrays))
     return path
 
 

@@ -8,7 +8,7 @@ import os
 import socket
 from pathlib import Path
 
-from distmb.engine.checkpoint import CHECKPOINT_FILE
+from distmb.engine.checkpoint import CHECKPOINT_FILE, remove_stale_temporaries
 from distmb.errors import InputError
 
 
@@ -27,6 +27,7 @@ def prepare_checkpoint_dir(directory: str, *, resume: bool, overwrite: bool) -> 
     except OSError as exc:
         raise InputError(f"--checkpoint-dir {directory}: cannot be created ({exc})") from None
     _check_writable(path, "--checkpoint-dir", directory)
+    remove_stale_temporaries(path)
     if (path / CHECKPOINT_FILE).exists() and not (resume or overwrite):
         raise InputError(
             f"--checkpoint-dir {directory} already holds a checkpoint; continue it with "

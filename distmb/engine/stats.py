@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from distmb.engine.checkpoint import write_atomic
 from distmb.engine.timers import PHASES
 
 
@@ -84,6 +85,35 @@ def format_hec(r: dict[str, Any]) -> str:
     else:
         traffic = f"HEC hit {rates}  pushed {r['bytes_pushed'] / 2**20:.1f} MiB"
     return f"  |  {traffic}  comm wait {r['comm_wait']:.2f}s  imbalance {r['imbalance']:.2f}"
+
+
+def drop_records_from(path: str | Path, first_epoch: int) -> int:
+    """Remove the records of epochs ``>= first_epoch`` at the end of a ``--results`` file:
+    what a killed run wrote after its last checkpoint, which the resumed run writes again.
+    Earlier records (other runs, earlier epochs) are kept; the file is rewritten atomically.
+    Returns how many records were dropped."""
+    path = Path(path)
+    if not path.is_file():
+        return 0
+    lines = path.read_text().splitlines(keepends=True)
+    keep = len(lines)
+    while keep > 0:
+        try:
+            record = json.loads(lines[keep - 1])
+        except json.JSONDecodeError:
+            if keep == len(lines):  # a torn last line of the killed run
+                keep -= 1
+                continue
+            break
+        epoch = record.get("epoch") if isinstance(record, dict) else None
+        if not isinstance(epoch, int) or epoch < first_epoch:
+            break
+        keep -= 1
+    if keep == len(lines):
+        return 0
+    text = "".join(lines[:keep])
+    write_atomic(path, lambda f: f.write(text.encode()))
+    return len(lines) - keep
 
 
 def append_jsonl(path: str | Path, record: dict[str, Any]) -> None:

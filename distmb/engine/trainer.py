@@ -36,7 +36,13 @@ from distmb.engine.checkpoint import (
 )
 from distmb.engine.evaluate import HaloExchange, correct_counts, layerwise_inference
 from distmb.engine.outputs import prepare_checkpoint_dir, prepare_results_file
-from distmb.engine.stats import append_jsonl, format_epoch, format_hec, global_stats
+from distmb.engine.stats import (
+    append_jsonl,
+    drop_records_from,
+    format_epoch,
+    format_hec,
+    global_stats,
+)
 from distmb.engine.timers import PhaseTimer
 from distmb.errors import DistmbError, InputError
 from distmb.features.memory import PartFeatures
@@ -198,6 +204,13 @@ class Trainer:
         rng_states = state.get("torch_rng_per_rank", [state["torch_rng"]])
         torch.set_rng_state(rng_states[self.rank])
         self.start_epoch = int(state["epoch"]) + 1
+        if self.cfg.results and self.rank == 0:
+            dropped = drop_records_from(self.cfg.results, self.start_epoch)
+            if dropped:
+                self.log(
+                    f"resume: dropped {dropped} record(s) of epochs >= {self.start_epoch} from "
+                    f"{self.cfg.results} (written after the last checkpoint; trained again now)"
+                )
         if self.halo.stateful:
             self._restore_halo_state()
         if self.rank == 0:
