@@ -58,32 +58,66 @@ def open_part(comm: Communicator, part_dir: str) -> PartitionStore:
 
 
 def partition_cache_dir(cache_root: str, spec: str, parts: int, seed: int) -> Path:
-    """Where ``--dataset SPEC`` is partitioned for ``parts`` ranks."""
-    key = hashlib.sha256(f"{spec}|{parts}|{seed}|{PARTITION_CACHE_REVISION}".encode()).hexdigest()[
-        :16
-    ]
+    """Where ``--dataset SPEC`` is partitioned for ``parts`` ranks: keyed on the spec, the rank
+    count, the seed, :data:`PARTITION_CACHE_REVISION` and the dataset's files (names, sizes,
+    modification times), so a changed dataset is partitioned again instead of reused."""
+    ident = f"{spec}|{parts}|{seed}|{PARTITION_CACHE_REVISION}|{dataset_fingerprint(spec)}"
+    key = hashlib.sha256(ident.encode()).hexdigest()[:16]
     name = "".join(c if c.isalnum() else "-" for c in spec.split(":")[0])
     return Path(cache_root) / f"{name}-p{parts}-{key}"
 
 
-def ensure_partition(comm: Communicator, spec: str, cache_root: str, seed: int, log) -> str:
-    """Rank 0 partitions ``spec`` into the cache (unless already there); the others wait.
-    An error on rank 0 is re-raised on every rank, so nobody waits forever."""
-    out = partition_cache_dir(cache_root, spec, comm.size, seed)
-    error = None
-    if comm.rank == 0 and not (out / "partition.json").is_file():
-        try:
-            from distmb.data import load_dataset
-            from distmb.partition import partition_graph
+def dataset_fingerprint(spec: str) -> str:
+    """sha256 of ``(relative path, size, mtime_ns)`` of every file behind ``spec`` (a file,
+    or a directory walked in sorted order, without the loaders' own binary caches); empty
+    for the generated ``synthetic`` datasets, whose spec says everything. Cheap: no file is
+    read."""
+    from distmb.data.datasets import parse_spec
+    from distmb.data.ogb import CACHE_DIRNAME
 
-            graph = load_dataset(spec, seed=seed)
-            log(f"partitioning {graph.summary()} into {comm.size} parts at {out}")
-            partition_graph(
-                graph, comm.size, out, seed=seed, replicate_halo_features=True, overwrite=True
-            )
+    kind, arg = parse_spec(spec)
+    if kind == "synthetic":
+        return ""
+    root = Path(arg)
+    if root.is_file():
+        files = [root]
+    elif root.is_dir():
+        files = sorted(
+            path
+            for path in root.rglob("*")
+            if path.is_file() and CACHE_DIRNAME not in path.relative_to(root).parts
+        )
+    else:
+        raise InputError(f"--dataset {spec}: {arg} does not exist")
+    digest = hashlib.sha256()
+    for path in files:
+        stat = path.stat()
+        rel = path.name if path == root else str(path.relative_to(root))
+        digest.update(f"{rel}|{stat.st_size}|{stat.st_mtime_ns}\n".encode())
+    return digest.hexdigest()
+
+
+def ensure_partition(comm: Communicator, spec: str, cache_root: str, seed: int, log) -> str:
+    """Rank 0 partitions ``spec`` into the cache (unless already there); the others wait and
+    use the directory rank 0 chose. An error on rank 0 is re-raised on every rank, so nobody
+    waits forever."""
+    out: Path | None = None
+    error = None
+    if comm.rank == 0:
+        try:
+            out = partition_cache_dir(cache_root, spec, comm.size, seed)
+            if not (out / "partition.json").is_file():
+                from distmb.data import load_dataset
+                from distmb.partition import partition_graph
+
+                graph = load_dataset(spec, seed=seed)
+                log(f"partitioning {graph.summary()} into {comm.size} parts at {out}")
+                partition_graph(
+                    graph, comm.size, out, seed=seed, replicate_halo_features=True, overwrite=True
+                )
         except Exception as exc:  # noqa: BLE001 - forwarded to every rank below
             error = f"{type(exc).__name__}: {exc}"
-    error = comm.comm.bcast(error, root=0)
+    error, out = comm.comm.bcast((error, out), root=0)
     if error is not None:
         raise InputError(f"--dataset {spec}: partitioning on rank 0 failed: {error}")
     return str(out)

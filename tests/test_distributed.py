@@ -460,3 +460,28 @@ def test_accuracy_multi_rank(cora_dir, tmp_path, dataset, ranks):
     assert accs["hec"] >= single - 0.01, (single, accs)
     if dataset == "synthetic":  # low-variance test set: the cache must be worth something
         assert accs["hec"] > accs["no-hec"], (single, accs)
+
+
+def test_partition_cache_key_follows_the_dataset_files(tmp_path):
+    """``mpirun ... --dataset npz:FILE`` must not reuse the partition of an older FILE."""
+    import os
+
+    from distmb.launch import dataset_fingerprint, partition_cache_dir
+
+    data = tmp_path / "g.npz"
+    data.write_bytes(b"first version")
+    first = partition_cache_dir("cache", f"npz:{data}", 2, 0)
+    assert partition_cache_dir("cache", f"npz:{data}", 2, 0) == first  # stable
+    data.write_bytes(b"second version, longer")
+    assert partition_cache_dir("cache", f"npz:{data}", 2, 0) != first
+    # A directory: any file's change changes the key; the loaders' binary cache does not.
+    root = tmp_path / "ogb"
+    (root / "raw").mkdir(parents=True)
+    (root / "raw" / "edge.csv").write_text("0,1\n")
+    before = dataset_fingerprint(f"ogb:{root}")
+    (root / "distmb-cache").mkdir()
+    (root / "distmb-cache" / "graph.bin").write_bytes(b"x")
+    assert dataset_fingerprint(f"ogb:{root}") == before
+    os.utime(root / "raw" / "edge.csv", ns=(1, 1))
+    assert dataset_fingerprint(f"ogb:{root}") != before
+    assert dataset_fingerprint("synthetic:nodes=100") == ""
