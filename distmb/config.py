@@ -200,6 +200,13 @@ class TrainConfig:
         "edgelist:DIR); default: synthetic",
         exclusive="input",
     )
+    verify: bool = option(
+        True,
+        "do not check the partition's files when opening them (by default each part's "
+        "sha256 and value ranges are checked once per version of its files)",
+        flag="--no-verify",
+        inverted=True,
+    )
     part_dir: str | None = option(None, "partition directory (distmb-partition)", exclusive="input")
     model: str = option("sage", "GNN model", choices=MODELS, resume_must_match=True)
     layers: int = option(3, "number of GNN layers", min=1, resume_must_match=True)

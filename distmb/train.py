@@ -21,7 +21,7 @@ def load_local(args: TrainConfig, log) -> object:
     from distmb.data.local import LocalGraph
 
     if args.part_dir:
-        store = PartitionStore(args.part_dir, 0)
+        store = PartitionStore(args.part_dir, 0, verify="auto" if args.verify else "never")
         if store.num_parts != 1:
             raise InputError(
                 f"--part-dir {args.part_dir} has {store.num_parts} parts; a single-rank run "
@@ -107,7 +107,7 @@ def run_distributed(args: argparse.Namespace, comm) -> None:
     part_dir = config.part_dir or ensure_partition(
         comm, config.dataset or "synthetic", config.partition_cache, config.seed, log
     )
-    store = open_part(comm, part_dir)
+    store = open_part(comm, part_dir, verify=config.verify)
     log(f"{comm.size} ranks on {part_dir}; rank 0: {store}")
     halo = make_halo_scheme(comm, store, config)
     train(LocalGraph.from_store(store), config, comm=comm, halo=halo, log=log)

@@ -53,6 +53,7 @@ FLAG_FIELDS = {
     "--overwrite-checkpoint": "overwrite_checkpoint",
     "--results": "results",
     "--no-progress": "progress",
+    "--no-verify": "verify",
     "--kernels": "kernels",
     "--prefetch": "prefetch",
     "--loader-threads": "loader_threads",
@@ -155,7 +156,7 @@ def test_cli_defaults_equal_dataclass_defaults():
     assert parse_config([]) == TrainConfig()
     assert config_from_args(build_parser().parse_args([])) == TrainConfig()
     expected = dict(
-        dataset=None, part_dir=None, model="sage", layers=3, hidden=256, heads=4,
+        dataset=None, verify=True, part_dir=None, model="sage", layers=3, hidden=256, heads=4,
         fanout=(5, 10, 15), aggr="mean", batch_size=1000, lr=0.003, weight_decay=0.0,
         dropout=0.5, epochs=40, seed=0, threads=None, eval_every=1, eval_batch_size=4096,
         checkpoint_dir=None, resume=False, overwrite_checkpoint=False, results=None,

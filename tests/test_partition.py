@@ -272,9 +272,75 @@ def test_store_detects_altered_file(small_partition):
     data = bytearray(path.read_bytes())
     data[-1] ^= 0xFF
     path.write_bytes(bytes(data))
-    PartitionStore(small_partition, 1)  # shapes still fine without verification
+    PartitionStore(small_partition, 1, verify=False)  # shapes still fine without verification
     with pytest.raises(PartitionError, match=r"part-1/features.npy: sha256 does not match"):
         PartitionStore(small_partition, 1, verify=True)
+
+
+def _rewrite(directory: Path, rel: str, array: np.ndarray) -> None:
+    """Replace a part's array and record its new sha256, as a crafted partition would."""
+    from distmb.data.store import sha256_file
+
+    np.save(directory / rel, array)
+    meta = json.loads((directory / "partition.json").read_text())
+    meta["files"][rel] = sha256_file(directory / rel)
+    (directory / "partition.json").write_text(json.dumps(meta))
+
+
+def test_store_verifies_by_default_and_stamps_the_pass(small_partition, monkeypatch):
+    import distmb.data.store as store_module
+
+    calls = []
+    real = store_module.sha256_file
+    monkeypatch.setattr(store_module, "sha256_file", lambda p: calls.append(p) or real(p))
+    PartitionStore(small_partition, 0)
+    first = len(calls)
+    assert first >= 12 and (small_partition / "part-0" / store_module.STAMP_FILE).is_file()
+    PartitionStore(small_partition, 0)  # the stamp vouches for the same files: no hashing
+    assert len(calls) == first
+    PartitionStore(small_partition, 0, verify="always")
+    assert len(calls) == 2 * first
+    os.utime(small_partition / "part-0" / "labels.npy", ns=(1, 1))  # a changed file
+    PartitionStore(small_partition, 0)
+    assert len(calls) == 3 * first
+    PartitionStore(small_partition, 0, verify="never")
+    assert len(calls) == 3 * first
+    # Flipped bytes after a stamped pass (size kept, mtime changed): caught.
+    path = small_partition / "part-0" / "features.npy"
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(PartitionError, match="features.npy: sha256 does not match"):
+        PartitionStore(small_partition, 0)
+
+
+@pytest.mark.parametrize(
+    ("rel", "change", "message"),
+    [
+        ("part-0/indices.npy", lambda a: _set(a, 3, 10**6), r"value 1000000 at index 3 is outside"),
+        (
+            "part-0/labels.npy",
+            lambda a: _set(a, 0, 99),
+            r"value 99 at index 0 is outside \[-1, 3\)",
+        ),
+        ("part-1/train_idx.npy", lambda a: _set(a, 1, -5), "value -5 at index 1"),
+        ("part-0/indptr.npy", lambda a: _set(a, 2, 0), "decreases at index"),
+        ("part-1/features.npy", lambda a: _set(a, (4, 1), np.nan), "row 4 holds NaN or Inf"),
+    ],
+)
+def test_store_rejects_values_out_of_range(small_partition, rel, change, message):
+    array = np.load(small_partition / rel)
+    _rewrite(small_partition, rel, change(array))
+    part = int(rel.split("/")[0].split("-")[1])
+    with pytest.raises(PartitionError, match=message) as info:
+        PartitionStore(small_partition, part)
+    assert rel in str(info.value)
+
+
+def _set(array: np.ndarray, index, value) -> np.ndarray:
+    out = array.copy()
+    out[index] = value
+    return out
 
 
 def test_store_detects_truncated_file(small_partition):

@@ -302,6 +302,21 @@ def test_part_dir_single_part_equals_dataset(tmp_path, capsys):
     assert code == 2 and "has 2 parts" in err and "mpirun -np 2" in err
 
 
+def test_corrupt_partition_is_refused_unless_verification_is_off(tmp_path, capsys):
+    from distmb.partition import partition_graph
+
+    partition_graph(load_dataset(SMALL), 1, tmp_path / "p")
+    path = tmp_path / "p" / "part-0" / "features.npy"
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF  # one flipped byte: trains a wrong model without verification
+    path.write_bytes(bytes(data))
+    argv = ["--part-dir", str(tmp_path / "p"), *FAST, "--epochs", "1"]
+    code, out, err = run(argv, capsys)
+    assert code == 2 and "part-0/features.npy: sha256 does not match" in err
+    assert "epoch" not in out and "Traceback" not in err
+    assert run([*argv, "--no-verify"], capsys)[0] == 0
+
+
 @pytest.mark.slow
 def test_cora_fused_kernels_match_torch_accuracy(cora_dir):
     seeds = (0, 1, 2, 3, 4)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -21,6 +23,19 @@ from distmb.errors import PartitionError
 
 #: Bytes read per step when verifying checksums.
 _HASH_BLOCK = 1 << 24
+
+#: Per part: the files last verified (size, mtime, sha256), so later opens skip the hashing
+#: while nothing changed. Not listed in ``partition.json``; a stale or foreign stamp only
+#: costs a new verification.
+STAMP_FILE = ".verified.json"
+
+#: Rows per step when checking features for NaN/Inf.
+_FINITE_ROWS = 1 << 16
+
+#: ``verify`` of :class:`PartitionStore`: ``"auto"`` hashes and range-checks a part's files
+#: unless its stamp shows these very files (same size and mtime) passed before; ``"always"``
+#: ignores the stamp; ``"never"`` skips both (``--no-verify``).
+Verify = Literal["auto", "always", "never"]
 
 _REQUIRED_META = (
     "format_version",
@@ -74,6 +89,35 @@ def read_meta(directory: str | Path) -> dict[str, Any]:
     return meta
 
 
+def _check_range(path: Path, values: np.ndarray, lo: int, hi: int) -> None:
+    """Raise naming ``path``, the first offending index and the bound ``[lo, hi)``."""
+    arr = np.asarray(values)
+    if not arr.size:
+        return
+    if int(arr.min()) >= lo and int(arr.max()) < hi:
+        return
+    i = int(np.argmax((arr < lo) | (arr >= hi)))
+    raise PartitionError(f"{path}: value {int(arr[i])} at index {i} is outside [{lo}, {hi})")
+
+
+def _read_stamp(path: Path) -> dict[str, list] | None:
+    try:
+        with open(path) as f:
+            stamp = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return stamp.get("files") if isinstance(stamp, dict) else None
+
+
+def _write_stamp(path: Path, files: dict[str, list]) -> None:
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_text(json.dumps({"files": files}))
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)  # read-only partition: verified again next time
+
+
 def sha256_file(path: Path) -> str:
     """sha256 hex digest of a file, read in blocks."""
     h = hashlib.sha256()
@@ -101,11 +145,14 @@ class PartitionStore:
     Args:
         directory: the partition directory (holds ``partition.json``).
         part: which part to open, in ``[0, num_parts)``.
-        verify: also recompute every file's sha256 and compare with ``partition.json``.
+        verify: check every file's sha256 against ``partition.json`` and every array's
+            values against its bounds (ids inside their ranges, ``indptr`` non-decreasing,
+            features finite): ``"auto"`` (default) once per version of the files, recorded in
+            a stamp; ``"always"`` (or True); ``"never"`` (or False).
 
     Raises:
         PartitionError: naming the file and what was expected, for a missing, truncated,
-            mistyped or (with ``verify``) altered file.
+            mistyped, altered (sha256) or out-of-range file, and the index and bound.
     """
 
     indptr: np.ndarray
@@ -122,7 +169,7 @@ class PartitionStore:
     send_ids: np.ndarray
     halo_features: np.ndarray | None
 
-    def __init__(self, directory: str | Path, part: int, *, verify: bool = False) -> None:
+    def __init__(self, directory: str | Path, part: int, *, verify: Verify | bool = "auto") -> None:
         self.directory = Path(directory)
         self.meta = read_meta(self.directory)
         self.num_parts = int(self.meta["num_parts"])
@@ -139,9 +186,14 @@ class PartitionStore:
         self.counts: dict[str, int] = {k: int(counts[k]) for k in _PART_COUNTS}
         self.feat_dim = int(self.meta["feat_dim"])
         self.num_classes = int(self.meta["num_classes"])
+        mode = {True: "always", False: "never"}.get(verify, verify)  # type: ignore[arg-type]
+        if mode not in ("auto", "always", "never"):
+            raise ValueError(f"verify must be 'auto', 'always' or 'never', got {verify!r}")
         for spec in PART_ARRAYS:
-            setattr(self, spec.name, self._open(spec, verify))
+            setattr(self, spec.name, self._open(spec))
         self._check_consistency()
+        if mode != "never":
+            self._verify(use_stamp=mode == "auto")
 
     # -- sizes -----------------------------------------------------------------------------
     @property
@@ -201,7 +253,7 @@ class PartitionStore:
                 dims.append(self.counts[sym])
         return tuple(dims)
 
-    def _open(self, spec: ArraySpec, verify: bool) -> np.ndarray | None:
+    def _open(self, spec: ArraySpec) -> np.ndarray | None:
         rel = f"{part_dir_name(self.part)}/{spec.name}.npy"
         path = self.directory / rel
         files = self.meta["files"]
@@ -211,10 +263,6 @@ class PartitionStore:
             raise PartitionError(f"{self.directory / META_FILE}: no entry for {rel}")
         if not path.is_file():
             raise PartitionError(f"{path}: missing (listed in {META_FILE})")
-        if verify and sha256_file(path) != files[rel]:
-            raise PartitionError(
-                f"{path}: sha256 does not match {META_FILE}; file altered or corrupt"
-            )
         try:
             arr = np.load(path, mmap_mode="r", allow_pickle=False)
         except (ValueError, OSError, EOFError) as exc:
@@ -237,6 +285,73 @@ class PartitionStore:
             raise PartitionError(f"{where}/send_ptr.npy: must run from 0 to len(send_ids)")
         if self.send_ptr[self.part + 1] != self.send_ptr[self.part]:
             raise PartitionError(f"{where}/send_ptr.npy: a part cannot send to itself")
+
+    # -- verification ----------------------------------------------------------------------
+    def _part_files(self) -> dict[str, Path]:
+        prefix = f"{part_dir_name(self.part)}/"
+        return {rel: self.directory / rel for rel in self.meta["files"] if rel.startswith(prefix)}
+
+    def _verify(self, use_stamp: bool) -> None:
+        """sha256 of every file of this part (in parallel: hashing releases the GIL) and the
+        value checks; skipped when the stamp vouches for these files. Writes the stamp after
+        a pass (atomically; a read-only partition is simply verified every time)."""
+        files = self._part_files()
+        stats = {rel: path.stat() for rel, path in files.items()}
+        seen = {
+            rel: [s.st_size, s.st_mtime_ns, self.meta["files"][rel]] for rel, s in stats.items()
+        }
+        stamp_path = self.directory / part_dir_name(self.part) / STAMP_FILE
+        if use_stamp and _read_stamp(stamp_path) == seen:
+            return
+        with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+            digests = dict(zip(files, pool.map(sha256_file, files.values()), strict=True))
+        for rel, digest in digests.items():
+            if digest != self.meta["files"][rel]:
+                raise PartitionError(
+                    f"{files[rel]}: sha256 does not match {META_FILE}; file altered or corrupt"
+                )
+        self._check_values()
+        _write_stamp(stamp_path, seen)
+
+    def _check_values(self) -> None:
+        """Every id inside its range, ``indptr`` non-decreasing, features finite: a crafted or
+        damaged part fails here, naming the file, the index and the bound, instead of deep in
+        a kernel."""
+        where = self.directory / part_dir_name(self.part)
+        num_nodes = int(self.meta["num_nodes"])
+        bounds = {
+            "indices": (0, self.n_local),
+            "orig_ids": (0, num_nodes),
+            "halo_owner": (0, self.num_parts),
+            "labels": (-1, self.num_classes),  # -1: unlabelled (UNLABELED)
+            "train_idx": (0, self.n_solid),
+            "val_idx": (0, self.n_solid),
+            "test_idx": (0, self.n_solid),
+            "send_ids": (0, self.n_solid),
+            "in_degree": (0, num_nodes + 1),
+        }
+        for name, (lo, hi) in bounds.items():
+            _check_range(where / f"{name}.npy", getattr(self, name), lo, hi)
+        if np.any(np.asarray(self.halo_owner) == self.part):
+            i = int(np.flatnonzero(np.asarray(self.halo_owner) == self.part)[0])
+            raise PartitionError(
+                f"{where}/halo_owner.npy: index {i} names this part ({self.part}) as the owner "
+                "of one of its own halo vertices"
+            )
+        steps = np.diff(np.asarray(self.indptr))
+        if steps.size and int(steps.min()) < 0:
+            i = int(np.argmax(steps < 0))
+            raise PartitionError(f"{where}/indptr.npy: decreases at index {i + 1}")
+        for name in ("features", "halo_features"):
+            table = getattr(self, name)
+            if table is None:
+                continue
+            for start in range(0, table.shape[0], _FINITE_ROWS):
+                chunk = np.asarray(table[start : start + _FINITE_ROWS])
+                bad = ~np.isfinite(chunk)
+                if bad.any():
+                    row = start + int(np.argmax(bad.any(axis=1)))
+                    raise PartitionError(f"{where}/{name}.npy: row {row} holds NaN or Inf")
 
     def __repr__(self) -> str:
         return (
