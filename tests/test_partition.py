@@ -206,6 +206,19 @@ def test_overwrite_replaces_only_when_asked(tmp_path):
     (foreign / "precious.txt").write_text("keep me")
     with pytest.raises(InputError, match="not a distmb partition"):
         partition_graph(graph, 2, foreign, overwrite=True)
+    # A partition.json alone does not make a directory replaceable: every file must be the
+    # partition's (its verification stamps aside).
+    PartitionStore(out, 0)  # writes part-0/.verified.json, which may go
+    (out / "notes.md").write_text("my experiment log")
+    with pytest.raises(InputError, match="holds notes.md, which is not part of the partition"):
+        partition_graph(graph, 2, out, overwrite=True)
+    (out / "notes.md").unlink()
+    (foreign / "partition.json").write_text('{"format_version": 1}')
+    with pytest.raises(InputError, match="not a distmb partition"):
+        partition_graph(graph, 2, foreign, overwrite=True)
+    assert (foreign / "precious.txt").read_text() == "keep me"
+    partition_graph(graph, 2, out, overwrite=True)
+    assert PartitionStore(out, 1).num_parts == 2
 
 
 @pytest.mark.parametrize(

@@ -8,8 +8,10 @@ from typing import Any
 
 import numpy as np
 
+from distmb.data.format import META_FILE, part_dir_name
 from distmb.data.graph import Graph
-from distmb.errors import InputError
+from distmb.data.store import STAMP_FILE, read_meta
+from distmb.errors import InputError, PartitionError
 from distmb.partition.assign import (
     METHODS,
     assign_parts,
@@ -141,15 +143,45 @@ def check_partition_args(
     out = Path(out_dir)
     if out.exists() and not overwrite:
         raise InputError(f"--out {out}: already exists; pass --overwrite to replace it")
-    if out.exists() and not (out / "partition.json").is_file() and any(out.iterdir()):
-        raise InputError(
-            f"--out {out}: exists and is not a distmb partition; refusing to replace it"
-        )
+    if out.exists():
+        _check_replaceable(out)
     ancestor = out.resolve().parent
     while not ancestor.exists():  # missing parents are created when writing
         ancestor = ancestor.parent
     if not ancestor.is_dir() or not os.access(ancestor, os.W_OK):
         raise InputError(f"--out {out}: {ancestor} is not a writable directory")
+
+
+def _check_replaceable(out: Path) -> None:
+    """``--overwrite`` replaces only what this tool wrote: an empty directory, or a partition
+    whose ``partition.json`` reads as this format and lists every file in it (besides its
+    own verification stamps). Anything else in there could be a user's data.
+
+    Raises:
+        InputError: naming the first file that does not belong, or the unreadable metadata.
+    """
+    if not out.is_dir():
+        raise InputError(f"--out {out}: exists and is not a directory; refusing to replace it")
+    if not any(out.iterdir()):
+        return
+    try:
+        meta = read_meta(out)
+    except PartitionError as exc:
+        raise InputError(
+            f"--out {out}: exists and is not a distmb partition ({exc}); refusing to replace it"
+        ) from None
+    listed = set(meta["files"]) | {META_FILE}
+    for path in sorted(out.rglob("*")):
+        rel = path.relative_to(out).as_posix()
+        if path.is_dir() and rel in {part_dir_name(i) for i in range(meta["num_parts"])}:
+            continue
+        if path.name == STAMP_FILE and path.parent != out:
+            continue
+        if rel not in listed:
+            raise InputError(
+                f"--out {out}: holds {rel}, which is not part of the partition; refusing to "
+                "replace it (move it away, or choose another --out)"
+            )
 
 
 def format_report(meta: dict[str, Any], graph_bytes: int | None = None) -> str:
