@@ -612,3 +612,49 @@ def test_spec_paths_expand_home(monkeypatch, tmp_path):
     monkeypatch.setenv("HOME", str(tmp_path))
     assert parse_spec("ogb:~/data/ogbn_products") == ("ogb", str(tmp_path / "data/ogbn_products"))
     assert parse_spec("synthetic:nodes=10") == ("synthetic", "nodes=10")
+
+
+def _labelled_graph(labels: np.ndarray, num_classes: int) -> Graph:
+    n = labels.size
+    rng = np.random.default_rng(0)
+    return Graph.from_edges(
+        "classes",
+        rng.integers(0, n, 3 * n),
+        rng.integers(0, n, 3 * n),
+        n,
+        np.zeros((n, 2), dtype=np.float32),
+        labels.astype(np.int64),
+        np.arange(0, n // 2, dtype=np.int64),
+        np.arange(n // 2, n, dtype=np.int64),
+        np.zeros(0, dtype=np.int64),
+        num_classes,
+    )
+
+
+def test_absurd_class_count_is_refused():
+    """One stray label of 10**9 must not size the model and every per-class buffer."""
+    labels = np.zeros(500, dtype=np.int64)
+    labels[7] = 10**9
+    with pytest.raises(InputError, match=r"1000000001 classes .* for 500 labelled vertices"):
+        _labelled_graph(labels, 10**9 + 1)
+
+
+def test_sparse_class_ids_are_warned_about():
+    labels = np.zeros(2000, dtype=np.int64)
+    labels[::2] = 1
+    labels[5] = 100
+    graph = _labelled_graph(labels, 101)
+    assert any("use 3 of 101 class ids" in note for note in graph.notes)
+    dense = _labelled_graph(labels.clip(0, 1), 2)
+    assert not any("class ids" in note for note in dense.notes)
+
+
+def test_stray_label_in_an_edgelist_is_refused_before_splitting(tmp_path):
+    n = 300
+    np.save(tmp_path / "edges.npy", np.stack([np.arange(n), (np.arange(n) + 1) % n], axis=1))
+    np.save(tmp_path / "features.npy", np.zeros((n, 3), dtype=np.float32))
+    labels = np.arange(n) % 3
+    labels[42] = 10**9
+    np.save(tmp_path / "labels.npy", labels)
+    with pytest.raises(InputError, match=r"label 1000000000 of vertex 42 implies 1000000001"):
+        load_dataset(f"edgelist:{tmp_path}")

@@ -16,6 +16,14 @@ UNLABELED = -1
 _FINITE_CHECK_ROWS = 1 << 16
 
 
+#: More classes than labelled vertices are refused above this many (a stray label such as
+#: 10**9 would otherwise size every per-class buffer and the output layer).
+MAX_CLASSES_WITHOUT_DATA = 1024
+
+#: Above this many classes, labels that use under half of the ids get a warning note.
+SPARSE_CLASS_MIN = 16
+
+
 @dataclass
 class Graph:
     """A node-classification graph held in memory.
@@ -126,6 +134,13 @@ class Graph:
             symmetric=symmetrize,
         )
         graph.validate(source)
+        used = int(np.unique(graph.labels[graph.labels != UNLABELED]).size)
+        if graph.num_classes > SPARSE_CLASS_MIN and used < graph.num_classes // 2:
+            graph.notes.append(
+                f"warning: the labels use {used} of {graph.num_classes} class ids (largest "
+                f"{graph.num_classes - 1}): the model gets {graph.num_classes} outputs; "
+                "relabel the classes to 0..K-1 if that is not intended"
+            )
         return graph
 
     def validate(self, source: str = "<graph>") -> None:
@@ -187,6 +202,13 @@ class Graph:
                 raise InputError(
                     f"{source}: label {int(y[v])} of vertex {v} is outside [0, {self.num_classes})"
                 )
+        n_labelled = int(labelled.sum())
+        if self.num_classes > max(n_labelled, MAX_CLASSES_WITHOUT_DATA):
+            raise InputError(
+                f"{source}: {self.num_classes} classes (largest class id "
+                f"{self.num_classes - 1}) for {n_labelled} labelled vertices; class ids must "
+                "be 0..K-1 with K at most the number of labelled vertices: relabel the classes"
+            )
         seen = np.zeros(n, dtype=bool)
         for split in ("train_idx", "val_idx", "test_idx"):
             idx = getattr(self, split)

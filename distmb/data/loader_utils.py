@@ -139,7 +139,25 @@ def int_labels(labels: np.ndarray, what: str) -> tuple[np.ndarray, int]:
         )
     if not (labels != UNLABELED).any():
         raise InputError(f"{what}: no vertex has a label")
-    return labels, int(labels.max()) + 1
+    return labels, class_count(labels, what)
+
+
+def class_count(labels: np.ndarray, what: str) -> int:
+    """``largest label + 1``, refused when it exceeds the number of labelled vertices (and
+    :data:`~distmb.data.graph.MAX_CLASSES_WITHOUT_DATA`): a stray label such as 10**9 would
+    otherwise size the per-class loops and buffers of splitting and partitioning, and the
+    model's output layer, before anything else could object."""
+    from distmb.data.graph import MAX_CLASSES_WITHOUT_DATA
+
+    num_classes = int(labels.max()) + 1
+    n_labelled = int((labels != UNLABELED).sum())
+    if num_classes > max(n_labelled, MAX_CLASSES_WITHOUT_DATA):
+        v = int(np.argmax(labels))
+        raise InputError(
+            f"{what}: label {num_classes - 1} of vertex {v} implies {num_classes} classes for "
+            f"{n_labelled} labelled vertices; class ids must be 0..K-1: relabel the classes"
+        )
+    return num_classes
 
 
 def checked_index(idx: np.ndarray, num_nodes: int, what: str) -> np.ndarray:

@@ -37,7 +37,13 @@ from pathlib import Path
 import numpy as np
 
 from distmb.data.graph import UNLABELED, Graph
-from distmb.data.loader_utils import SPLIT_NAMES, checked_index, one_line, unlabelled_note
+from distmb.data.loader_utils import (
+    SPLIT_NAMES,
+    checked_index,
+    class_count,
+    one_line,
+    unlabelled_note,
+)
 from distmb.errors import InputError
 
 #: Name of the cache directory created inside the dataset directory.
@@ -268,7 +274,7 @@ def _read_labels(path: Path) -> tuple[np.ndarray, int]:
     labels = np.concatenate(chunks) if chunks else np.zeros(0, np.int64)
     if not (labels != UNLABELED).any():
         raise InputError(f"{path}: no vertex has a label")
-    return labels, int(labels.max()) + 1
+    return labels, class_count(labels, str(path))
 
 
 def _read_features(path: Path, num_nodes: int, label_path: Path) -> np.ndarray:
