@@ -88,6 +88,10 @@ DEFAULT_HEC_LIFESPAN = 2
 DEFAULT_HEC_DELAY = 1
 #: Mini-batches prepared ahead of the one that trains (0: none, synchronous).
 DEFAULT_PREFETCH = 2
+#: Largest --seed: torch.manual_seed and the samplers take seeds below 2**63.
+MAX_SEED = 2**63 - 1
+#: Largest --fanout value (the sampler's per-block counts are 32-bit).
+MAX_FANOUT = 2**31 - 1
 #: Where ``--dataset`` is partitioned for a multi-rank run without ``--part-dir``.
 DEFAULT_PARTITION_CACHE = ".cache/distmb-parts"
 
@@ -238,7 +242,9 @@ class TrainConfig:
         0.5, "dropout after hidden layers", min=0, max=1, max_open=True, resume_must_match=True
     )
     epochs: int = option(40, "training epochs", min=1)
-    seed: int = option(0, "seed of model init, shuffling, sampling", min=0, resume_must_match=True)
+    seed: int = option(
+        0, "seed of model init, shuffling, sampling", min=0, max=MAX_SEED, resume_must_match=True
+    )
     threads: int | None = option(
         None, "threads for sampling and PyTorch (default: all cores)", min=1
     )
@@ -520,6 +526,10 @@ def _check_fanout(fanout: tuple[int, ...], layers: int) -> None:
         )
     if any(f == 0 or f < -1 for f in fanout):
         raise InputError(f"--fanout {text!r}: each value must be >= 1 (or -1 for all)")
+    if any(f > MAX_FANOUT for f in fanout):
+        raise InputError(
+            f"--fanout {text!r}: each value must be <= {MAX_FANOUT} (or -1 for all neighbours)"
+        )
 
 
 def _options(cls: type) -> tuple[Option, ...]:

@@ -79,7 +79,7 @@ BAD_VALUES = [
     ("--dropout", "-0.5", "--dropout must be in [0, 1), got -0.5"),
     ("--epochs", "0", "--epochs must be >= 1, got 0"),
     ("--threads", "0", "--threads must be >= 1, got 0"),
-    ("--seed", "-1", "--seed must be >= 0, got -1"),
+    ("--seed", "-1", "--seed must be in [0, 9223372036854775807], got -1"),
     ("--eval-every", "0", "--eval-every must be >= 1, got 0"),
     ("--eval-batch-size", "0", "--eval-batch-size must be >= 1, got 0"),
     ("--aggr", "max", "--aggr must be one of mean, sum, gcn, got 'max'"),

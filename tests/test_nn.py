@@ -525,3 +525,14 @@ def test_model_widths_and_factory() -> None:
         build_model("gcn", 2, 2, 2, 2, 1, 0.0)
     with pytest.raises(ValueError, match="num_layers"):
         GraphSAGE(2, 2, 2, num_layers=0)
+
+
+@pytest.mark.parametrize("name", ["sage", "gat"])
+@pytest.mark.parametrize("aggr", ["mean", "gcn"])
+@pytest.mark.parametrize("layers", [1, 3])
+def test_parameter_count_matches_the_built_model(name, aggr, layers):
+    from distmb.nn.models import parameter_count
+
+    model = build_model(name, 13, 8, 5, layers, heads=3, aggr=aggr)
+    expected = sum(p.numel() for p in model.parameters())
+    assert parameter_count(name, 13, 8, 5, layers, heads=3, aggr=aggr) == expected

@@ -15,6 +15,7 @@ collective is the identity and the halo scheme has nothing to do.
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
 from typing import Any
@@ -51,7 +52,9 @@ from distmb.loader.loader import BatchLoader
 from distmb.loader.minibatch import MiniBatch
 from distmb.nn import build_model
 from distmb.nn.backend import set_kernels
+from distmb.nn.models import parameter_count
 from distmb.sampling.neighbor import NeighborSampler
+from distmb.units import FLOAT32_BYTES
 
 #: Multiplier and rank stride of :func:`dropout_seed` (two primes: seeds of different runs
 #: and ranks do not collide for any realistic seed or rank count).
@@ -96,6 +99,7 @@ class Trainer:
         self.log = log
         prepare_outputs(config, self.rank)
         set_kernels(config.kernels)
+        check_model_fits(config, local.feat_dim, local.num_classes)
         torch.manual_seed(config.seed)  # identical model initialisation on every rank
         self.model = build_model(
             config.model,
@@ -389,6 +393,31 @@ class Trainer:
             if cfg.checkpoint_dir:
                 self._save(epoch)
         return self.history
+
+
+#: float32 values per parameter during training: weights, gradients, Adam's two moments.
+TRAINING_VALUES_PER_PARAMETER = 4
+
+
+def check_model_fits(config, in_dim: int, num_classes: int) -> None:
+    """Refuse, naming the flags, a model whose weights, gradients and Adam state alone exceed
+    this machine's memory (instead of an allocator error from deep inside PyTorch)."""
+    params = parameter_count(
+        config.model, in_dim, config.hidden, num_classes, config.layers, config.heads, config.aggr
+    )
+    need = params * TRAINING_VALUES_PER_PARAMETER * FLOAT32_BYTES
+    try:
+        have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not POSIX: no estimate
+        return
+    if need > have:
+        raise InputError(
+            f"--hidden {config.hidden} --layers {config.layers}"
+            + (f" --heads {config.heads}" if config.model == "gat" else "")
+            + f": the {config.model} model has {params:,} parameters and needs "
+            f"{need / 2**30:.1f} GiB for weights, gradients and Adam state; this machine has "
+            f"{have / 2**30:.1f} GiB"
+        )
 
 
 def prepare_outputs(config, rank: int) -> None:

@@ -222,6 +222,28 @@ def _check_num_layers(num_layers: int) -> None:
         raise ValueError(f"num_layers must be >= 1, got {num_layers}")
 
 
+def parameter_count(
+    name: str,
+    in_dim: int,
+    hidden: int,
+    num_classes: int,
+    num_layers: int = 3,
+    heads: int = 4,
+    aggr: str = "mean",
+) -> int:
+    """The number of parameters :func:`build_model` would create, computed without building
+    it (to refuse a model that cannot fit before allocating it)."""
+    if name == "gat":
+        dims = [in_dim] + [hidden * heads] * (num_layers - 1)
+        outs = [hidden] * (num_layers - 1) + [num_classes]
+        # fc (d_in x heads*d_out), bias, attn_l and attn_r (heads*d_out each)
+        return sum(d * heads * o + 3 * heads * o for d, o in zip(dims, outs, strict=True))
+    dims = [in_dim] + [hidden] * (num_layers - 1)
+    outs = dims[1:] + [num_classes]
+    weights_per_layer = 1 if aggr == "gcn" else 2  # fc_neigh (+ fc_self)
+    return sum(weights_per_layer * d * o + o for d, o in zip(dims, outs, strict=True))
+
+
 def build_model(
     name: str,
     in_dim: int,
