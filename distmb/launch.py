@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 from distmb.comm import Communicator
+from distmb.data.format import NODE_PART_FILE
 from distmb.data.store import PartitionStore, read_meta
 from distmb.errors import InputError, PartitionError
 
@@ -40,7 +41,9 @@ def open_part(comm: Communicator, part_dir: str, *, verify: bool = True) -> Part
             f"use mpirun -np {num_parts}"
         )
     store = PartitionStore(part_dir, comm.rank, verify="auto" if verify else "never")
-    mine = (store.meta["graph_sha256"], store.num_parts, store.meta["partitioner"].get("seed"))
+    # The graph, and the partitioning itself: node_part.npy's sha256 tells apart any two
+    # assignments (another --method, --seed or METIS version), whatever produced them.
+    mine = (store.meta["graph_sha256"], store.num_parts, store.meta["files"].get(NODE_PART_FILE))
     everyone = comm.allgather(mine)
     odd = [r for r, other in enumerate(everyone) if other != everyone[0]]
     if odd:

@@ -91,6 +91,20 @@ def test_partition_of_another_graph_on_one_rank(small_parts, tmp_path):
     assert "opened a partition of another graph" in proc.stderr
 
 
+def test_another_partitioning_of_the_same_graph_on_one_rank(small_parts, tmp_path):
+    """Same graph, same part count and seed, another assignment (--method random): refused."""
+    other = tmp_path / "random"
+    partition_graph(load_dataset(SMALL), 2, other, method="random")
+    script = (
+        "import os, sys; from distmb.train import main; from mpi4py import MPI; "
+        "d = sys.argv[1] if MPI.COMM_WORLD.rank == 0 else sys.argv[2]; "
+        "sys.exit(main(['--part-dir', d, '--epochs', '1', '--no-progress']))"
+    )
+    proc = mpirun(2, ["-c", script, str(small_parts[2]), str(other)], 60)
+    assert proc.returncode != 0
+    assert "opened a partition of another graph or partitioning" in proc.stderr
+
+
 def test_unusable_results_path_stops_the_job_before_training(small_parts, tmp_path):
     (tmp_path / "r").mkdir()
     argv = ["--part-dir", str(small_parts[2]), *FAST, "--epochs", "5", "--results"]
