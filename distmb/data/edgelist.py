@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import re
 import warnings
-import zipfile
 from pathlib import Path
 
 import numpy as np
 
+from distmb.data.format import NPY_READ_ERRORS
 from distmb.data.graph import Graph
 from distmb.data.loader_utils import (
     SPLIT_NAMES,
@@ -86,7 +86,7 @@ def load_npy(path: Path) -> np.ndarray:
         raise InputError(f"{path}: no such file")
     try:
         arr = np.load(path, allow_pickle=False)
-    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
+    except NPY_READ_ERRORS as exc:
         raise InputError(
             f"{path}: not a readable .npy array without pickle ({one_line(exc)})"
         ) from None

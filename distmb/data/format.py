@@ -7,9 +7,23 @@ the format for people.
 
 from __future__ import annotations
 
+import tokenize
+import zipfile
 from dataclasses import dataclass
 
 import numpy as np
+
+#: What ``np.load`` raises on a damaged or forged ``.npy``/``.npz`` file: unreadable bytes,
+#: a truncated body, a bad zip, or a header that ``ast.literal_eval`` cannot parse.
+NPY_READ_ERRORS = (
+    ValueError,
+    OSError,
+    EOFError,
+    SyntaxError,
+    MemoryError,
+    tokenize.TokenError,
+    zipfile.BadZipFile,
+)
 
 FORMAT_VERSION = 1
 META_FILE = "partition.json"

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from distmb.data.format import NPY_READ_ERRORS
 from distmb.data.graph import UNLABELED, Graph
 from distmb.data.loader_utils import (
     SPLIT_NAMES,
@@ -91,7 +92,7 @@ def _read_archive(path: Path) -> dict[str, np.ndarray]:
     wanted = _ADJ_KEYS + _ATTR_KEYS + (_DENSE_ATTR_KEY, _LABEL_KEY) + _CSR_LABEL_KEYS + SPLIT_NAMES
     try:
         archive = np.load(path, allow_pickle=False)
-    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
+    except NPY_READ_ERRORS as exc:
         raise InputError(f"{source}: not a readable .npz archive ({one_line(exc)})") from None
     if not isinstance(archive, np.lib.npyio.NpzFile):
         raise InputError(f"{source}: holds a single .npy array, expected an .npz archive")

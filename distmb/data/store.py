@@ -15,6 +15,7 @@ from distmb.data.format import (
     FORMAT_VERSION,
     META_FILE,
     NODE_PART_FILE,
+    NPY_READ_ERRORS,
     PART_ARRAYS,
     ArraySpec,
     part_dir_name,
@@ -189,6 +190,7 @@ class PartitionStore:
         mode = {True: "always", False: "never"}.get(verify, verify)  # type: ignore[arg-type]
         if mode not in ("auto", "always", "never"):
             raise ValueError(f"verify must be 'auto', 'always' or 'never', got {verify!r}")
+        self.verify = mode
         for spec in PART_ARRAYS:
             setattr(self, spec.name, self._open(spec))
         self._check_consistency()
@@ -229,7 +231,7 @@ class PartitionStore:
         path = self.directory / NODE_PART_FILE
         try:
             arr = np.load(path, mmap_mode="r", allow_pickle=False)
-        except (ValueError, OSError, EOFError) as exc:
+        except NPY_READ_ERRORS as exc:
             raise PartitionError(f"{path}: missing or unreadable .npy file ({exc})") from None
         expected = (int(self.meta["num_nodes"]),)
         if arr.dtype != np.int32 or arr.shape != expected:
@@ -238,6 +240,11 @@ class PartitionStore:
             )
         if arr.size and not (0 <= int(arr.min()) and int(arr.max()) < self.num_parts):
             raise PartitionError(f"{path}: part ids outside [0, {self.num_parts})")
+        recorded = self.meta["files"].get(NODE_PART_FILE)
+        if self.verify != "never" and recorded is not None and sha256_file(path) != recorded:
+            raise PartitionError(
+                f"{path}: sha256 does not match {META_FILE}; file altered or corrupt"
+            )
         return arr
 
     def _expected_shape(self, spec: ArraySpec) -> tuple[int, ...]:
@@ -265,7 +272,7 @@ class PartitionStore:
             raise PartitionError(f"{path}: missing (listed in {META_FILE})")
         try:
             arr = np.load(path, mmap_mode="r", allow_pickle=False)
-        except (ValueError, OSError, EOFError) as exc:
+        except NPY_READ_ERRORS as exc:
             raise PartitionError(f"{path}: unreadable .npy file ({exc})") from None
         if arr.dtype.name not in spec.dtypes:
             raise PartitionError(f"{path}: dtype {arr.dtype}, expected {' or '.join(spec.dtypes)}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -17,14 +18,54 @@ from distmb.errors import InputError
 CHECKPOINT_FILE = "checkpoint.pt"
 #: Bump when the checkpoint's contents change incompatibly.
 CHECKPOINT_VERSION = 1
+#: Key of the sha256 over the rest of the state (:func:`state_digest`).
+CHECKSUM_KEY = "sha256"
+#: Keys every checkpoint holds.
+REQUIRED_KEYS = ("epoch", "model", "optimizer", "torch_rng", "args", "identity")
+#: A saved epoch at or above this is not a real run's (a damaged or forged file).
+MAX_EPOCH = 10**9
 
 
 def save_checkpoint(directory: str | Path, state: dict[str, Any]) -> Path:
     """Write ``state`` to ``directory/checkpoint.pt`` via a temporary file and a rename, so a
     crash leaves the previous checkpoint intact. Returns the path."""
     path = Path(directory) / CHECKPOINT_FILE
-    write_atomic(path, lambda f: torch.save({"version": CHECKPOINT_VERSION, **state}, f))
+    full = {"version": CHECKPOINT_VERSION, **state}
+    full[CHECKSUM_KEY] = state_digest(full)
+    write_atomic(path, lambda f: torch.save(full, f))
     return path
+
+
+def state_digest(state: Any) -> str:
+    """sha256 over a checkpoint's contents (every key, tensor dtype, shape and bytes, and
+    value, in a fixed order; the checksum entry itself excluded): a flipped byte anywhere in
+    the weights, the optimizer state or the metadata changes it."""
+    h = hashlib.sha256()
+    _digest(state, h)
+    return h.hexdigest()
+
+
+def _digest(obj: Any, h: Any) -> None:
+    if isinstance(obj, dict):
+        h.update(b"{")
+        for key in sorted(obj, key=repr):
+            if key == CHECKSUM_KEY:
+                continue
+            h.update(repr(key).encode() + b":")
+            _digest(obj[key], h)
+        h.update(b"}")
+    elif isinstance(obj, list | tuple):
+        h.update(b"[")
+        for item in obj:
+            _digest(item, h)
+        h.update(b"]")
+    elif isinstance(obj, torch.Tensor):
+        t = obj.detach().cpu().contiguous()
+        h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
+        if t.numel():
+            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    else:
+        h.update(repr(obj).encode())
 
 
 #: Infix of the temporary files :func:`write_atomic` renames into place (``.NAME.tmp-PID``).
@@ -104,12 +145,19 @@ def load_checkpoint(
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # corrupt, truncated, or not a weights-only file
-        raise InputError(f"--resume: {path} is not a readable checkpoint ({exc})") from None
-    if not isinstance(state, dict) or state.get("version") != CHECKPOINT_VERSION:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InputError(
+            f"--resume: {path} is not a readable checkpoint: damaged, or not written by distmb "
+            f"({first[:200]})"
+        ) from None
+    if not isinstance(state, dict):
+        raise InputError(f"--resume: {path} does not hold a checkpoint (not a dictionary)")
+    if state.get("version") != CHECKPOINT_VERSION:
         raise InputError(
             f"--resume: {path} has checkpoint version {state.get('version')!r}, "
             f"expected {CHECKPOINT_VERSION}"
         )
+    _check_contents(path, state)
     saved_identity = state.get("identity", {})
     if saved_identity != identity:
         diff = sorted(
@@ -132,6 +180,26 @@ def load_checkpoint(
                 f"with {flag} {saved_args[key]!r}, or start a new run)"
             )
     return state
+
+
+def _check_contents(path: Path, state: dict[str, Any]) -> None:
+    """The checksum (when the checkpoint has one: older ones do not), the required keys, a
+    plausible epoch and finite weights; each failure is one line naming the file."""
+    saved = state.get(CHECKSUM_KEY)
+    if saved is not None and saved != state_digest(state):
+        raise InputError(f"--resume: {path}: checksum mismatch; the file is altered or corrupt")
+    missing = [k for k in REQUIRED_KEYS if k not in state]
+    if missing:
+        raise InputError(f"--resume: {path} lacks {', '.join(missing)}; not a distmb checkpoint")
+    epoch = state["epoch"]
+    if not isinstance(epoch, int) or not 0 <= epoch < MAX_EPOCH:
+        raise InputError(f"--resume: {path} records epoch {epoch!r}; not a real run's")
+    model = state["model"]
+    if not isinstance(model, dict) or not all(isinstance(v, torch.Tensor) for v in model.values()):
+        raise InputError(f"--resume: {path}: 'model' is not a state dict of tensors")
+    for name, value in model.items():
+        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            raise InputError(f"--resume: {path}: weight {name} holds NaN or Inf")
 
 
 def cache_state_file(directory: str | Path, epoch: int, rank: int) -> Path:
