@@ -16,6 +16,9 @@ from typing import Any
 from distmb.engine.timers import PHASE_LABELS, PHASES
 from distmb.errors import InputError, exit_on_user_error
 
+#: Keys every per-epoch record has (the others are drawn when present).
+REQUIRED_KEYS = ("epoch", "loss")
+
 
 def read_records(path: Path) -> list[dict[str, Any]]:
     """The per-epoch records of a JSONL results file (lines without ``epoch`` skipped)."""
@@ -32,6 +35,12 @@ def read_records(path: Path) -> list[dict[str, Any]]:
         except json.JSONDecodeError as exc:
             raise InputError(f"{path}:{number}: not a JSON object ({exc.msg})") from None
         if isinstance(record, dict) and "epoch" in record:
+            missing = [k for k in REQUIRED_KEYS if k not in record]
+            if missing:
+                raise InputError(
+                    f"{path}:{number}: an epoch record without {', '.join(missing)} "
+                    "(is it a --results file of python -m distmb.train?)"
+                )
             records.append(record)
     if not records:
         raise InputError(f"{path}: no per-epoch records (is it a --results file?)")

@@ -243,6 +243,15 @@ def test_cli_bad_input(tmp_path, capsys, argv, message):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.skipif(not Path("/proc/self").exists(), reason="needs a /proc filesystem")
+def test_cli_out_where_nothing_can_be_created(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli_main(["--parts", "2", "--dataset", "synthetic:nodes=500", "--out", "/proc/distmb"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "--out /proc/distmb: cannot create" in err
+    assert "Traceback" not in err
+
+
 def test_cli_refuses_existing_out(tmp_path, capsys):
     (tmp_path / "out").mkdir()
     with pytest.raises(SystemExit) as exc:

@@ -112,6 +112,12 @@ def test_report_rejects_bad_file(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         report_main([str(bad)])
     assert exc.value.code == 2 and "bad.jsonl:2: not a JSON object" in capsys.readouterr().err
+    bad.write_text('{"epoch": 0, "x": 1}\n')  # an epoch record of something else
+    with pytest.raises(SystemExit) as exc:
+        report_main([str(bad)])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "bad.jsonl:1: an epoch record without loss" in err
+    assert "Traceback" not in err
 
 
 def _losses(tmp_path, name: str, argv: list[str], capsys) -> list[float]:

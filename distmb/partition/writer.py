@@ -25,6 +25,7 @@ from distmb.data.format import (
     part_dir_name,
 )
 from distmb.data.graph import Graph
+from distmb.errors import InputError
 from distmb.progress import Progress
 
 
@@ -92,9 +93,12 @@ def write_partition(
     log = progress or Progress(quiet=True)
     out = Path(out_dir)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
+    try:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+    except OSError as exc:
+        raise InputError(f"--out {out}: cannot create {tmp} ({exc.strerror})") from None
     try:
         meta = _write_all(graph, part_of, tmp, parts, partitioner, replicate_halo_features, log)
         _publish(tmp, out, overwrite)
