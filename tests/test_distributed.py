@@ -17,6 +17,7 @@ import pytest
 import torch
 from conftest import FAST_FLAGS, SMALL, TIMING_KEYS
 
+from distmb import recipes
 from distmb.config import TrainConfig
 from distmb.data import Graph, load_dataset
 from distmb.data.local import LocalGraph
@@ -417,20 +418,8 @@ def test_resume_with_other_halo_scheme_starts_with_empty_caches(small_parts, tmp
 #: Documented hyper-parameters (README, "Accuracy"): Cora as in tests/test_train.py; the
 #: default synthetic graph with fewer, smaller batches than the paper's defaults so that the
 #: 12 multi-rank runs stay within CI's time.
-ACCURACY_CONFIGS = {
-    "cora": dict(
-        layers=2, fanout=(10, 10), hidden=64, batch_size=20, lr=0.01, weight_decay=5e-4, epochs=30
-    ),
-    "synthetic": dict(layers=2, fanout=(10, 15), hidden=128, batch_size=250, lr=0.003, epochs=15),
-}
-
-
-def _flags(cfg: dict) -> list[str]:
-    flags = []
-    for key, value in cfg.items():
-        text = ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
-        flags += [f"--{key.replace('_', '-')}", text]
-    return flags
+ACCURACY_CONFIGS = recipes.MULTI_RANK
+_flags = recipes.as_flags
 
 
 @pytest.mark.slow
@@ -443,7 +432,7 @@ def test_accuracy_multi_rank(cora_dir, tmp_path, dataset, ranks):
     # The protocol is the median of 3 seeds. That holds on the synthetic graph (24000
     # test vertices); on Cora one point is 10 test vertices and single runs spread over
     # 2-3 points, so the median of 3 would compare noise: Cora uses 10 seeds.
-    seeds = tuple(range(10)) if dataset == "cora" else (0, 1, 2)
+    seeds = recipes.MULTI_RANK_SEEDS[dataset]
     single = statistics.median(
         Trainer(
             local,

@@ -10,6 +10,7 @@ import pytest
 import torch
 from conftest import FAST_FLAGS, SMALL, TIMING_KEYS
 
+from distmb import recipes
 from distmb.config import TrainConfig
 from distmb.data import load_dataset
 from distmb.data.local import LocalGraph
@@ -204,22 +205,9 @@ def _median_test_acc(spec: str, config: TrainConfig, seeds=(0, 1, 2)) -> float:
     return statistics.median(accs)
 
 
-#: Documented Cora hyper-parameters (README, "Accuracy"): 2 layers, full-neighbour-ish
-#: fan-out, small batches because Cora has only 140 training vertices.
-CORA_SAGE = dict(
-    model="sage",
-    layers=2,
-    hidden=64,
-    fanout=(10, 10),
-    batch_size=20,
-    lr=0.01,
-    weight_decay=5e-4,
-    dropout=0.5,
-    epochs=30,
-    progress=False,
-    eval_every=30,
-)
-CORA_GAT = {**CORA_SAGE, "model": "gat", "hidden": 16, "heads": 4}
+#: Documented Cora hyper-parameters (README, "Accuracy"; distmb.recipes).
+CORA_SAGE = {**recipes.CORA_SAGE, "progress": False, "eval_every": 30}
+CORA_GAT = {**recipes.CORA_GAT, "progress": False, "eval_every": 30}
 
 
 @pytest.mark.slow
