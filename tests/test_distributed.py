@@ -78,16 +78,20 @@ def test_parts_must_match_ranks(small_parts):
     assert time.monotonic() - start < 60
 
 
-def test_partition_of_another_graph_on_one_rank(small_parts, tmp_path):
-    # Rank 1 sees a different directory (node-local copies): a partition of another graph.
-    other = tmp_path / "other"
-    partition_graph(load_dataset(SMALL.replace("nodes=3000", "nodes=3100")), 2, other)
+def _rank1_opens(part_dir: Path, other: Path) -> subprocess.CompletedProcess:
+    """2 ranks where rank 1 opens ``other`` instead of ``part_dir`` (node-local copies)."""
     script = (
         "import os, sys; from distmb.train import main; from mpi4py import MPI; "
         "d = sys.argv[1] if MPI.COMM_WORLD.rank == 0 else sys.argv[2]; "
         "sys.exit(main(['--part-dir', d, '--epochs', '1', '--no-progress']))"
     )
-    proc = mpirun(2, ["-c", script, str(small_parts[2]), str(other)], 60)
+    return mpirun(2, ["-c", script, str(part_dir), str(other)], 60)
+
+
+def test_partition_of_another_graph_on_one_rank(small_parts, tmp_path):
+    other = tmp_path / "other"
+    partition_graph(load_dataset(SMALL.replace("nodes=3000", "nodes=3100")), 2, other)
+    proc = _rank1_opens(small_parts[2], other)
     assert proc.returncode != 0
     assert "opened a partition of another graph" in proc.stderr
 
@@ -96,12 +100,7 @@ def test_another_partitioning_of_the_same_graph_on_one_rank(small_parts, tmp_pat
     """Same graph, same part count and seed, another assignment (--method random): refused."""
     other = tmp_path / "random"
     partition_graph(load_dataset(SMALL), 2, other, method="random")
-    script = (
-        "import os, sys; from distmb.train import main; from mpi4py import MPI; "
-        "d = sys.argv[1] if MPI.COMM_WORLD.rank == 0 else sys.argv[2]; "
-        "sys.exit(main(['--part-dir', d, '--epochs', '1', '--no-progress']))"
-    )
-    proc = mpirun(2, ["-c", script, str(small_parts[2]), str(other)], 60)
+    proc = _rank1_opens(small_parts[2], other)
     assert proc.returncode != 0
     assert "opened a partition of another graph or partitioning" in proc.stderr
 
