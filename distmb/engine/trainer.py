@@ -18,6 +18,7 @@ import math
 import os
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -25,8 +26,8 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from distmb.comm import SingleProcess
-from distmb.config import RESUME_APPLIED
+from distmb.comm import Communicator, SingleProcess
+from distmb.config import RESUME_APPLIED, TrainConfig
 from distmb.data.local import LocalGraph
 from distmb.engine.checkpoint import (
     load_cache_state,
@@ -85,11 +86,11 @@ class Trainer:
     def __init__(
         self,
         local: LocalGraph,
-        config,
+        config: TrainConfig,
         *,
-        comm=None,
+        comm: Communicator | SingleProcess | None = None,
         halo: HaloScheme | None = None,
-        log=print,
+        log: Callable[[str], None] = print,
     ) -> None:
         self.local = local
         self.cfg = config
@@ -399,7 +400,7 @@ class Trainer:
 TRAINING_VALUES_PER_PARAMETER = 4
 
 
-def check_model_fits(config, in_dim: int, num_classes: int) -> None:
+def check_model_fits(config: TrainConfig, in_dim: int, num_classes: int) -> None:
     """Refuse, naming the flags, a model whose weights, gradients and Adam state alone exceed
     this machine's memory (instead of an allocator error from deep inside PyTorch)."""
     params = parameter_count(
@@ -420,7 +421,7 @@ def check_model_fits(config, in_dim: int, num_classes: int) -> None:
         )
 
 
-def prepare_outputs(config, rank: int) -> None:
+def prepare_outputs(config: TrainConfig, rank: int) -> None:
     """Check and create the run's output paths before any work (every rank writes into the
     checkpoint directory; rank 0 alone writes the results). Idempotent."""
     if config.checkpoint_dir:
