@@ -7,6 +7,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from distmb.comm import Communicator
 from distmb.features.base import FeatureSource
 from distmb.features.memory import ArrayFeatures, PartFeatures
 from distmb.sampling.neighbor import NeighborSampler
@@ -78,7 +79,7 @@ class HaloExchange:
 
     def __init__(
         self,
-        comm,
+        comm: Communicator,
         send_ptr: np.ndarray,
         send_ids: np.ndarray,
         halo_owner: np.ndarray,
