@@ -13,7 +13,9 @@ from distmb.engine.checkpoint import write_atomic
 from distmb.engine.timers import PHASES
 
 
-def allreduce_named(comm: Communicator | SingleProcess, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def allreduce_named(
+    comm: Communicator | SingleProcess, arrays: dict[str, np.ndarray]
+) -> dict[str, np.ndarray]:
     """Element-wise sums over ranks of several float64-compatible arrays in one
     ``Allreduce``: packed by name in a fixed order, unpacked by the same names."""
     names = sorted(arrays)
@@ -26,7 +28,9 @@ def allreduce_named(comm: Communicator | SingleProcess, arrays: dict[str, np.nda
     return out
 
 
-def global_stats(comm: Communicator | SingleProcess, record: dict[str, Any], halo: dict[str, np.ndarray]) -> dict[str, Any]:
+def global_stats(
+    comm: Communicator | SingleProcess, record: dict[str, Any], halo: dict[str, np.ndarray]
+) -> dict[str, Any]:
     """Cross-rank view of an epoch: loss and accuracy averaged over ranks, phases (and the
     loader's wait) at their maximum, load imbalance, halo-scheme counters summed.
 
