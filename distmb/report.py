@@ -137,14 +137,40 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("files", nargs="+", type=Path, help="--results JSONL files")
+    p.add_argument(
+        "--all-runs",
+        action="store_true",
+        help="a file that holds several runs: draw each into FILE.RUN_ID.png (default: the "
+        "last run into FILE.png)",
+    )
     args = p.parse_args(argv)
     for path in args.files:
-        records = read_records(path)
-        out = path.with_name(path.name + ".png")
-        name = records[-1].get("model", "")
-        plot(records, out, f"{path.name}: {name} on {records[-1].get('dataset', '?')}")
-        print(f"wrote {out}")
+        runs = split_runs(read_records(path))
+        if len(runs) > 1 and not args.all_runs:
+            print(f"{path} holds {len(runs)} runs; drawing the last (--all-runs for each)")
+        chosen = runs if args.all_runs else runs[-1:]
+        for i, records in enumerate(chosen):
+            last = i == len(chosen) - 1
+            run_id = records[-1].get("run_id")
+            suffix = ".png" if last or run_id is None else f".{run_id}.png"
+            out = path.with_name(path.name + suffix)
+            name = records[-1].get("model", "")
+            title = f"{path.name}: {name} on {records[-1].get('dataset', '?')}"
+            plot(records, out, title + (f" (run {run_id})" if run_id else ""))
+            print(f"wrote {out}")
     return 0
+
+
+def split_runs(records: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Consecutive records of one run (same ``run_id``) per list, in file order; records
+    written before runs had ids form one run."""
+    runs: list[list[dict[str, Any]]] = []
+    for record in records:
+        if runs and runs[-1][-1].get("run_id") == record.get("run_id"):
+            runs[-1].append(record)
+        else:
+            runs.append([record])
+    return runs
 
 
 if __name__ == "__main__":

@@ -17,10 +17,10 @@ FAST_FLAGS = [
     "--no-progress",
 ]  # fmt: skip
 
-#: Record keys that are measured times (they differ between identical runs).
+#: Record keys that differ between identical runs: measured times and the run's identity.
 TIMING_KEYS = {
     "epoch_time", "mbc", "load_wait", "fwd", "bwd", "ared", "opt", "samples_per_s",
-    "eval_time", "comm_wait", "imbalance", "sample", "gather",
+    "eval_time", "comm_wait", "imbalance", "sample", "gather", "run_id", "started",
 }  # fmt: skip
 
 

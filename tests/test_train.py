@@ -428,3 +428,41 @@ def test_stale_temporary_files_are_removed_by_the_next_run(tmp_path, capsys):
     )
     assert code == 0, err
     assert not dead.exists() and (ckpt / CHECKPOINT_FILE).is_file()
+
+
+# ---- runs that are easy to follow --------------------------------------------------------
+
+
+def test_each_run_has_an_id_kept_by_its_resume(tmp_path, capsys):
+    """Two runs into one --results file stay apart (the report draws the last by default,
+    each with --all-runs); a resumed run keeps the id and start time of the run it
+    continues."""
+    from distmb.report import read_records, split_runs
+
+    results = tmp_path / "r.jsonl"
+    ckpt = ["--checkpoint-dir", str(tmp_path / "ckpt")]
+    base = ["--dataset", SMALL, *FAST, "--results", str(results)]
+    assert run([*base, "--epochs", "1"], capsys)[0] == 0
+    assert run([*base, "--epochs", "1", *ckpt], capsys)[0] == 0
+    assert run([*base, "--epochs", "2", *ckpt, "--resume"], capsys)[0] == 0
+    records = read_records(results)
+    assert all(r["run_id"] and r["started"].endswith("Z") for r in records)
+    runs = split_runs(records)
+    assert [[r["epoch"] for r in run_] for run_ in runs] == [[0], [0, 1]]
+    assert runs[1][0]["started"] == runs[1][1]["started"]
+    assert runs[0][0]["run_id"] != runs[1][0]["run_id"]
+    assert report_main([str(results)]) == 0
+    assert "holds 2 runs; drawing the last" in capsys.readouterr().out
+    assert report_main([str(results), "--all-runs"]) == 0
+    first = tmp_path / f"r.jsonl.{runs[0][0]['run_id']}.png"
+    assert first.read_bytes()[:4] == b"\x89PNG" and (tmp_path / "r.jsonl.png").is_file()
+
+
+def test_console_scripts_are_installed():
+    import shutil
+    import sys
+    from pathlib import Path
+
+    bin_dir = Path(sys.executable).parent
+    for name in ("distmb-train", "distmb-report", "distmb-partition"):
+        assert (bin_dir / name).is_file() or shutil.which(name), name

@@ -18,6 +18,7 @@ import math
 import os
 import sys
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -148,6 +149,11 @@ class Trainer:
         self.history: list[dict[str, Any]] = []
         self._global_batch = np.zeros(0, dtype=np.int64)
         self._warned: set[str] = set()
+        # The run's identity in every record: rank 0's, so that all ranks agree (a resumed
+        # run keeps the identity and start time of the run it continues).
+        self.run_id, self.started = self.comm.allgather(
+            (f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}", _now())
+        )[0]
         if config.resume:
             self._resume()
 
@@ -161,6 +167,8 @@ class Trainer:
             "args": self.cfg.as_dict(),
             "identity": self.local.identity,
             "ranks": self.num_ranks,
+            "run_id": self.run_id,
+            "started": self.started,
         }
 
     def _save(self, epoch: int) -> None:
@@ -209,6 +217,8 @@ class Trainer:
         rng_states = state.get("torch_rng_per_rank", [state["torch_rng"]])
         torch.set_rng_state(rng_states[self.rank])
         self.start_epoch = int(state["epoch"]) + 1
+        self.run_id = str(state.get("run_id", self.run_id))
+        self.started = str(state.get("started", self.started))
         if self.cfg.results and self.rank == 0:
             dropped = drop_records_from(self.cfg.results, self.start_epoch)
             if dropped:
@@ -386,6 +396,8 @@ class Trainer:
                         cfg.results,
                         {
                             **record,
+                            "run_id": self.run_id,
+                            "started": self.started,
                             "model": cfg.model,
                             "ranks": self.num_ranks,
                             "dataset": self.local.identity["graph_name"],
@@ -430,6 +442,11 @@ def prepare_outputs(config: TrainConfig, rank: int) -> None:
         )
     if config.results and rank == 0:
         prepare_results_file(config.results)
+
+
+def _now() -> str:
+    """The current UTC time, ISO 8601 to the second."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 def split_batches(order: np.ndarray, num_batches: int) -> list[np.ndarray]:
