@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
+from distmb.atomic import write_atomic
 from distmb.engine.timers import PHASE_LABELS, PHASES
 from distmb.errors import InputError, exit_on_user_error
 
@@ -113,20 +113,16 @@ def save_figure(fig, path: Path, dpi: int = 100) -> None:
     a partial image), then close it."""
     import matplotlib.pyplot as plt
 
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}.png")
-    fig.savefig(tmp, dpi=dpi)
-    plt.close(fig)
-    os.replace(tmp, path)
+    try:
+        write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=dpi))
+    finally:
+        plt.close(fig)
 
 
 def write_json(path: Path, obj: Any, indent: int = 1) -> None:
     """Write ``obj`` as JSON via a temporary file and a rename, creating parent directories."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=indent) + "\n")
-    os.replace(tmp, path)
+    text = json.dumps(obj, indent=indent) + "\n"
+    write_atomic(path, lambda f: f.write(text.encode()))
 
 
 @exit_on_user_error("distmb.report")

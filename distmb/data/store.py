@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from distmb.atomic import write_atomic
 from distmb.data.format import (
     FORMAT_VERSION,
     META_FILE,
@@ -111,12 +112,11 @@ def _read_stamp(path: Path) -> dict[str, list] | None:
 
 
 def _write_stamp(path: Path, files: dict[str, list]) -> None:
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    text = json.dumps({"files": files})
     try:
-        tmp.write_text(json.dumps({"files": files}))
-        os.replace(tmp, path)
+        write_atomic(path, lambda f: f.write(text.encode()))
     except OSError:
-        tmp.unlink(missing_ok=True)  # read-only partition: verified again next time
+        pass  # read-only partition: verified again next time
 
 
 def sha256_file(path: Path) -> str:

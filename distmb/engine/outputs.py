@@ -8,7 +8,8 @@ import os
 import socket
 from pathlib import Path
 
-from distmb.engine.checkpoint import CHECKPOINT_FILE, remove_stale_temporaries
+from distmb.atomic import remove_stale_temporaries
+from distmb.engine.checkpoint import CHECKPOINT_FILE
 from distmb.errors import InputError
 
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from distmb.atomic import write_atomic
 from distmb.comm import Communicator, SingleProcess
-from distmb.engine.checkpoint import write_atomic
 from distmb.engine.timers import PHASES
 
 
