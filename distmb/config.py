@@ -58,6 +58,7 @@ __all__ = [
     "TrainConfig",
     "build_parser",
     "config_from_args",
+    "flag_of",
     "flag_table_markdown",
     "main",
     "option",
@@ -560,6 +561,18 @@ OPTIONS: tuple[Option, ...] = _options(TrainConfig)
 RESUME_MUST_MATCH: tuple[str, ...] = tuple(o.name for o in OPTIONS if o.spec.resume_must_match)
 #: Options a resume may change: the new value is applied and logged.
 RESUME_APPLIED: tuple[str, ...] = tuple(o.name for o in OPTIONS if o.spec.resume_applied)
+
+_FLAGS: dict[str, str] = {o.name: o.flag for o in OPTIONS}
+
+
+def flag_of(name: str) -> str:
+    """The command-line flag of the option (field) ``name``, e.g. ``batch_size`` ->
+    ``--batch-size``, ``progress`` -> ``--no-progress``.
+
+    Raises:
+        KeyError: ``name`` is not an option.
+    """
+    return _FLAGS[name]
 
 
 def _groups() -> dict[str, list[Option]]:

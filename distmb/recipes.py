@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from distmb.config import flag_of
+
 #: Cora (Planetoid public split; 140 training vertices, hence the small batches).
 CORA_SAGE: dict[str, Any] = dict(
     model="sage",
@@ -43,5 +45,5 @@ def as_flags(recipe: dict[str, Any]) -> list[str]:
     flags = []
     for key, value in recipe.items():
         text = ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
-        flags += [f"--{key.replace('_', '-')}", text]
+        flags += [flag_of(key), text]
     return flags

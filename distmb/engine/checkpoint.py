@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from distmb.atomic import write_atomic
-from distmb.config import RESUME_MUST_MATCH
+from distmb.config import RESUME_MUST_MATCH, flag_of
 from distmb.errors import InputError
 
 #: File name of the latest checkpoint inside ``--checkpoint-dir``.
@@ -113,7 +113,7 @@ def load_checkpoint(
     for key in RESUME_MUST_MATCH:
         # A checkpoint of an older version may not record every option: those it lacks pass.
         if key in saved_args and saved_args[key] != args.get(key):
-            flag = "--" + key.replace("_", "-")
+            flag = flag_of(key)
             raise InputError(
                 f"--resume: {path} was trained with {flag} {saved_args[key]!r}, this run has "
                 f"{args.get(key)!r} (it shapes the model, the batches or the caches: resume "

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from distmb.comm import Communicator, SingleProcess
-from distmb.config import RESUME_APPLIED, TrainConfig
+from distmb.config import RESUME_APPLIED, TrainConfig, flag_of
 from distmb.data.local import LocalGraph
 from distmb.engine.checkpoint import (
     load_cache_state,
@@ -208,7 +208,7 @@ class Trainer:
             group["weight_decay"] = self.cfg.weight_decay
         saved_args = state.get("args", {})
         changed = [
-            f"--{key.replace('_', '-')} {saved_args[key]!r} -> {getattr(self.cfg, key)!r}"
+            f"{flag_of(key)} {saved_args[key]!r} -> {getattr(self.cfg, key)!r}"
             for key in RESUME_APPLIED
             if key in saved_args and saved_args[key] != getattr(self.cfg, key)
         ]
