@@ -41,21 +41,30 @@ class ConcatFeatures(FeatureSource):
         self.tail = tail
 
     def _read_into(self, ids: np.ndarray, out: torch.Tensor) -> None:
+        # ``ids`` were checked against this source's range: read the parts directly, without
+        # checking (and scanning) them again in ``gather``.
         split = self.head.num_rows
         if not ids.size or int(ids.max()) < split:
-            self.head.gather_into(ids, out)
+            self.head._read_into(ids, out)
             return
         in_tail = ids >= split
         head_pos = torch.from_numpy(np.flatnonzero(~in_tail))
         tail_pos = torch.from_numpy(np.flatnonzero(in_tail))
-        out[head_pos] = self.head.gather(ids[~in_tail])
-        out[tail_pos] = self.tail.gather(ids[in_tail] - split)
+        out[head_pos] = _read(self.head, ids[~in_tail])
+        out[tail_pos] = _read(self.tail, ids[in_tail] - split)
 
     def counters(self) -> dict[str, int]:
         return {
             "rows_served": self.rows_served,
             "bytes_read": self.head.bytes_read + self.tail.bytes_read,
         }
+
+
+def _read(source: FeatureSource, ids: np.ndarray) -> torch.Tensor:
+    """float32[ids.size, dim]: ``source``'s rows of already checked ``ids``."""
+    out = torch.empty((ids.size, source.dim), dtype=torch.float32)
+    source._read_into(ids, out)
+    return out
 
 
 class PartFeatures(ConcatFeatures):
