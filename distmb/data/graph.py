@@ -20,6 +20,13 @@ _FINITE_CHECK_ROWS = 1 << 16
 #: 10**9 would otherwise size every per-class buffer and the output layer).
 MAX_CLASSES_WITHOUT_DATA = 1024
 
+
+def max_classes(n_labelled: int) -> int:
+    """The most classes a graph with ``n_labelled`` labelled vertices may declare: every
+    class could be observed, or at most :data:`MAX_CLASSES_WITHOUT_DATA` for small graphs."""
+    return max(n_labelled, MAX_CLASSES_WITHOUT_DATA)
+
+
 #: Above this many classes, labels that use under half of the ids get a warning note.
 SPARSE_CLASS_MIN = 16
 
@@ -203,7 +210,7 @@ class Graph:
                     f"{source}: label {int(y[v])} of vertex {v} is outside [0, {self.num_classes})"
                 )
         n_labelled = int(labelled.sum())
-        if self.num_classes > max(n_labelled, MAX_CLASSES_WITHOUT_DATA):
+        if self.num_classes > max_classes(n_labelled):
             raise InputError(
                 f"{source}: {self.num_classes} classes (largest class id "
                 f"{self.num_classes - 1}) for {n_labelled} labelled vertices; class ids must "

@@ -143,15 +143,15 @@ def int_labels(labels: np.ndarray, what: str) -> tuple[np.ndarray, int]:
 
 
 def class_count(labels: np.ndarray, what: str) -> int:
-    """``largest label + 1``, refused when it exceeds the number of labelled vertices (and
-    :data:`~distmb.data.graph.MAX_CLASSES_WITHOUT_DATA`): a stray label such as 10**9 would
-    otherwise size the per-class loops and buffers of splitting and partitioning, and the
+    """``largest label + 1``, refused above :func:`~distmb.data.graph.max_classes` (the
+    same bound :meth:`Graph.validate` applies): a stray label such as 10**9 would otherwise
+    size the per-class loops and buffers of splitting and partitioning, and the
     model's output layer, before anything else could object."""
-    from distmb.data.graph import MAX_CLASSES_WITHOUT_DATA
+    from distmb.data.graph import max_classes
 
     num_classes = int(labels.max()) + 1
     n_labelled = int((labels != UNLABELED).sum())
-    if num_classes > max(n_labelled, MAX_CLASSES_WITHOUT_DATA):
+    if num_classes > max_classes(n_labelled):
         v = int(np.argmax(labels))
         raise InputError(
             f"{what}: label {num_classes - 1} of vertex {v} implies {num_classes} classes for "
