@@ -53,14 +53,12 @@ class HistoricalCache(HaloScheme):
         self.comm = comm
         self.cfg = config
         self.seed = seed
-        self.n_solid = store.n_solid
         self.orig_ids = np.asarray(store.orig_ids)
         self.replicated_halo = store.halo_features is not None
         self.degree = np.asarray(store.in_degree[: store.n_solid], dtype=np.float64)
         self.peer_ptr, self.peer_ids = _peers_of_solid(store, comm.size)
         #: Lines per cache: only this part's halo vertices are ever pushed here, so more than
         #: ``n_halo`` lines would never be used (``--hec-size`` is an upper bound).
-        self.n_halo = store.n_halo
         self.capacity = max(1, min(config.size, store.n_halo))
         self.caches: list[HistoricalEmbeddingCache | None] = []
         self.pushes: list[EmbeddingPush | None] = []
