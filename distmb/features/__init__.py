@@ -4,10 +4,23 @@
 - :class:`ConcatFeatures`: two sources stacked by id.
 - :class:`PartFeatures`: a part's solid rows, then its replicated halo rows, by ``VID_p``.
 - :class:`RemoteFeatures`: rows fetched from their owners by ``VID_o`` (``--exact-remote``).
+- :class:`BeladyPlanner`, :class:`LruPlanner`: replacement policies (slot directories) of an
+  out-of-core feature cache (:mod:`distmb.features.policy`).
 """
 
 from distmb.features.base import FeatureSource
 from distmb.features.memory import ArrayFeatures, ConcatFeatures, PartFeatures
+from distmb.features.policy import NO_SLOT, BeladyPlanner, CachePlan, LruPlanner
 from distmb.features.remote import RemoteFeatures
 
-__all__ = ["ArrayFeatures", "ConcatFeatures", "FeatureSource", "PartFeatures", "RemoteFeatures"]
+__all__ = [
+    "ArrayFeatures",
+    "ConcatFeatures",
+    "FeatureSource",
+    "PartFeatures",
+    "RemoteFeatures",
+    "BeladyPlanner",
+    "CachePlan",
+    "LruPlanner",
+    "NO_SLOT",
+]
