@@ -77,7 +77,9 @@ void BeladyPlanner::rebuild_heap() {
 void BeladyPlanner::plan(const int64_t* trace, int64_t n, const int64_t* batch_ptr,
                          int64_t n_batches, int64_t* hit_slot, int64_t* fill_slot) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (n_batches < 0 || batch_ptr[0] != 0 || batch_ptr[n_batches] != n)
+  if (n_batches < 0)
+    throw std::invalid_argument("batch_ptr must hold B + 1 >= 1 entries for B gathers");
+  if (batch_ptr[0] != 0 || batch_ptr[n_batches] != n)
     throw std::invalid_argument("batch_ptr must start at 0 and end at the trace length " +
                                 std::to_string(n) + ", got [" + std::to_string(batch_ptr[0]) +
                                 ", ..., " + std::to_string(batch_ptr[n_batches]) + "]");

@@ -437,7 +437,7 @@ class LruCache {
   int64_t tail_ = kNoSlot;           // most recently used slot
   std::vector<int32_t> slot_of_;     // [num_rows]: slot holding the id, or kNoSlot
   std::vector<int64_t> id_of_slot_;  // [capacity]
-  std::vector<int64_t> prev_, next_; // [capacity]: recency list
+  std::vector<int64_t> prev_, next_;  // [capacity]: recency list
   std::vector<uint8_t> seen_;        // [num_rows]: all 0 outside access() (scratch)
   mutable std::mutex mutex_;
 };
