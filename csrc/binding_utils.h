@@ -43,5 +43,6 @@ void bind_sampler(py::module_& m);    // csrc/sampler_bindings.cpp
 void bind_hec(py::module_& m);        // csrc/hec_bindings.cpp
 void bind_aggregate(py::module_& m);  // csrc/aggregate_bindings.cpp
 void bind_update(py::module_& m);     // csrc/update_bindings.cpp
+void bind_rowfile(py::module_& m);    // csrc/rowfile_bindings.cpp
 
 }  // namespace distmb

@@ -20,4 +20,5 @@ PYBIND11_MODULE(_C, m) {
   bind_hec(m);
   bind_aggregate(m);
   bind_update(m);
+  bind_rowfile(m);
 }
