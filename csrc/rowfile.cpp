@@ -12,6 +12,7 @@
 #define _GNU_SOURCE  // O_DIRECT
 #endif
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -236,13 +237,21 @@ void RowFileReader::read_rows(const int64_t* ids, int64_t n, uint8_t* out) {
   counters_.bytes_read += bytes;
   counters_.requests += n_req;
   if (fail_req >= 0) {
+    // A read that ends inside the file failed (errno); one that ends at its end means the file
+    // is shorter than the layout (with O_DIRECT a read continued at an unaligned end of file
+    // fails with EINVAL rather than returning 0, so the size decides, not the errno).
+    struct stat st;
+    const bool at_eof = ::fstat(fd, &st) == 0 && st.st_size <= fail_at;
     const Request& r = requests_[fail_req];
-    throw std::runtime_error(
-        "row file " + path_ + ": read of bytes [" + std::to_string(r.offset) + ", " +
-        std::to_string(r.offset + r.length) + ") stopped at offset " + std::to_string(fail_at) +
-        (fail_err ? ": " + errno_text(fail_err)
-                  : " (end of file: the file is shorter than num_rows * row_stride = " +
-                        std::to_string(num_rows_ * row_stride_) + " bytes)"));
+    std::string what = "row file " + path_ + ": read of bytes [" + std::to_string(r.offset) +
+                       ", " + std::to_string(r.offset + r.length) + ") stopped at offset " +
+                       std::to_string(fail_at);
+    if (at_eof)
+      what += " (end of file: the file has " + std::to_string(st.st_size) +
+              " bytes, the layout needs " + std::to_string(num_rows_ * row_stride_) + ")";
+    else
+      what += ": " + errno_text(fail_err ? fail_err : EIO);
+    throw std::runtime_error(what);
   }
   counters_.rows_read += n;
 }

@@ -36,7 +36,11 @@ void py_read_rows(RowFileReader& self, const carray<int64_t>& ids, py::array out
 }
 
 py::dict py_counters(const RowFileReader& self) {
-  const RowFileCounters c = self.counters();
+  RowFileCounters c;
+  {
+    py::gil_scoped_release nogil;  // waits for a read in flight on another thread
+    c = self.counters();
+  }
   py::dict out;
   out["bytes_read"] = c.bytes_read;
   out["requests"] = c.requests;
@@ -71,7 +75,8 @@ void bind_rowfile(py::module_& m) {
            py::call_guard<py::gil_scoped_release>(),
            "posix_fadvise(DONTNEED) over the file: drop its pages from the OS page cache.")
       .def("close", &RowFileReader::close, py::call_guard<py::gil_scoped_release>())
-      .def("reset_counters", &RowFileReader::reset_counters)
+      .def("reset_counters", &RowFileReader::reset_counters,
+           py::call_guard<py::gil_scoped_release>())
       .def("counters", &py_counters, "dict(bytes_read, requests, rows_read) since the last reset.")
       .def_property_readonly("path", &RowFileReader::path)
       .def_property_readonly("num_rows", &RowFileReader::num_rows)
@@ -80,7 +85,10 @@ void bind_rowfile(py::module_& m) {
       .def_property_readonly("align", &RowFileReader::align)
       .def_property_readonly("max_request", &RowFileReader::max_request)
       .def_property_readonly("direct", &RowFileReader::direct)
-      .def_property_readonly("closed", &RowFileReader::closed)
+      .def_property_readonly("closed", [](const RowFileReader& self) {
+        py::gil_scoped_release nogil;
+        return self.closed();
+      })
       .def_property_readonly("fallback_reason", &RowFileReader::fallback_reason);
   m.def("drop_page_cache", &drop_page_cache, py::arg("path"),
         py::call_guard<py::gil_scoped_release>(),

@@ -93,7 +93,7 @@ def row_file_size(num_rows: int, stride: int, align: int = DIRECT_IO_ALIGN) -> i
 
 def write_row_file(
     path: str | Path,
-    rows: np.ndarray,
+    rows: np.ndarray | torch.Tensor,
     *,
     align: int = DIRECT_IO_ALIGN,
     chunk_rows: int | None = None,
@@ -106,7 +106,8 @@ def write_row_file(
 
     Args:
         path: the file to write.
-        rows: float32[n, F] (any strides; read-only and memory-mapped arrays are fine).
+        rows: float32[n, F] (any strides; read-only and memory-mapped arrays and CPU tensors
+            are fine).
         align: a power of two, in bytes.
         chunk_rows: rows per write (>= 1).
         atomic: write a temporary file beside ``path`` and rename it into place
