@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <string>
+#include <utility>
 #include <vector>
 
 namespace distmb {
@@ -443,5 +445,96 @@ class LruCache {
 };
 
 // ---- end of feature_cache.cpp section ---------------------------------------------------
+// ---- rowfile.cpp: out-of-core feature rows, one raw file per table (O_DIRECT) ----------
+//
+// Layout (distmb/features/rowfile.py): row i of row_bytes bytes starts at byte i * row_stride;
+// row_stride is a power of two <= align (a row never straddles an align boundary) or a
+// multiple of align; padding is zero and the file size is num_rows * row_stride rounded up to
+// a multiple of align. No header.
+
+// Alignment of offsets, lengths and buffers of direct reads (distmb.features.DIRECT_IO_ALIGN).
+constexpr int64_t kDirectIoAlign = 4096;
+// Cap of one coalesced read request in bytes (a request holding a single larger row exceeds
+// it).
+constexpr int64_t kMaxReadRequest = int64_t{1} << 20;
+
+struct RowFileCounters {
+  int64_t bytes_read = 0;  // sum of the lengths of the requests read from the file
+  int64_t requests = 0;    // pread requests issued (after coalescing; retries not counted)
+  int64_t rows_read = 0;   // positions served (duplicates count once per position)
+};
+
+// RowFileReader: positioned reads of rows of one row file by id.
+// - The constructor opens path (O_RDONLY | O_DIRECT when direct) and, with O_DIRECT, reads
+//   the first align bytes as a probe; if the open or the probe fails with EINVAL (the
+//   filesystem or the alignment is refused), the file is reopened buffered and
+//   fallback_reason() says why (direct() is then false). Other errors throw
+//   std::runtime_error naming the path; bad geometry throws std::invalid_argument.
+// - read_rows(ids[n], out[n * row_bytes]): out row k = file row ids[k] (any order,
+//   duplicates allowed). Throws std::out_of_range naming the first id outside
+//   [0, num_rows). The distinct rows are sorted by id, each turned into its align-aligned
+//   byte range, ranges that overlap or touch are coalesced into requests of at most
+//   max_request() bytes (never splitting an aligned block), and the requests are read with
+//   pread from an OpenMP loop (dynamic schedule, the caller's omp_get_max_threads()) into
+//   per-thread aligned buffers kept across calls; a short read is continued, EINTR retried,
+//   and a request that ends before a row's last byte (truncated file) throws
+//   std::runtime_error naming the path and the offset. out is complete only when no
+//   exception was thrown.
+// - evict_page_cache(): posix_fadvise(DONTNEED) over the whole file.
+// Calls on one object are serialised by a mutex (the buffers and counters are shared).
+class RowFileReader {
+ public:
+  RowFileReader(std::string path, int64_t num_rows, int64_t row_bytes, int64_t row_stride,
+                int64_t align, bool direct);
+  ~RowFileReader();
+  RowFileReader(const RowFileReader&) = delete;
+  RowFileReader& operator=(const RowFileReader&) = delete;
+
+  void read_rows(const int64_t* ids, int64_t n, uint8_t* out);
+  void evict_page_cache();
+  void close();
+  void reset_counters();
+  RowFileCounters counters() const;
+
+  const std::string& path() const { return path_; }
+  int64_t num_rows() const { return num_rows_; }
+  int64_t row_bytes() const { return row_bytes_; }
+  int64_t row_stride() const { return row_stride_; }
+  int64_t align() const { return align_; }
+  int64_t max_request() const { return max_request_; }
+  bool direct() const { return direct_; }
+  bool closed() const;
+  const std::string& fallback_reason() const { return fallback_reason_; }
+
+ private:
+  struct FreeBytes {
+    void operator()(uint8_t* p) const;
+  };
+  struct Request {
+    int64_t offset, length;  // aligned byte range of the file
+    int64_t first, last;     // entries [first, last) of the sorted (id, position) list
+  };
+
+  int require_open() const;
+  uint8_t* thread_buffer(int t);
+
+  std::string path_;
+  int64_t num_rows_, row_bytes_, row_stride_, align_, max_request_;
+  int fd_ = -1;
+  bool direct_ = false;
+  std::string fallback_reason_;
+  std::vector<std::unique_ptr<uint8_t, FreeBytes>> buffers_;  // [threads] x max_request_
+  std::vector<std::pair<int64_t, int64_t>> order_;  // (id, position), reused across calls
+  std::vector<Request> requests_;                   // reused across calls
+  RowFileCounters counters_;
+  mutable std::mutex mutex_;
+};
+
+// drop_page_cache: posix_fadvise(DONTNEED) over the file at path (its clean pages leave the
+// OS page cache, so the next reads, mmap ones included, come from the device). Throws
+// std::runtime_error naming the path.
+void drop_page_cache(const std::string& path);
+
+// ---- end of rowfile.cpp section ---------------------------------------------------------
 
 }  // namespace distmb

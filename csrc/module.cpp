@@ -21,4 +21,5 @@ PYBIND11_MODULE(_C, m) {
   bind_aggregate(m);
   bind_update(m);
   bind_feature_cache(m);
+  bind_rowfile(m);
 }
