@@ -447,12 +447,12 @@ class LruCache {
 // ---- end of feature_cache.cpp section ---------------------------------------------------
 // ---- rowfile.cpp: out-of-core feature rows, one raw file per table (O_DIRECT) ----------
 //
-// Layout (distmb/features/rowfile.py): row i of row_bytes bytes starts at byte i * row_stride;
+// Layout (distmb/data/rowfile.py): row i of row_bytes bytes starts at byte i * row_stride;
 // row_stride is a power of two <= align (a row never straddles an align boundary) or a
 // multiple of align; padding is zero and the file size is num_rows * row_stride rounded up to
 // a multiple of align. No header.
 
-// Alignment of offsets, lengths and buffers of direct reads (distmb.features.DIRECT_IO_ALIGN).
+// Alignment of offsets, lengths and buffers of direct reads (distmb.data.rowfile.DIRECT_IO_ALIGN).
 constexpr int64_t kDirectIoAlign = 4096;
 // Cap of one coalesced read request in bytes (a request holding a single larger row exceeds
 // it).

@@ -1,5 +1,5 @@
 // Out-of-core feature rows: one raw file per table (layout in csrc/kernels.h and
-// distmb/features/rowfile.py), rows read by id with many concurrent positioned reads that
+// distmb/data/rowfile.py), rows read by id with many concurrent positioned reads that
 // bypass the page cache (O_DIRECT), falling back to buffered reads where the filesystem
 // refuses direct I/O.
 //

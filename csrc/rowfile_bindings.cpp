@@ -55,7 +55,7 @@ void bind_rowfile(py::module_& m) {
   m.attr("ROWFILE_MAX_REQUEST") = kMaxReadRequest;
   py::class_<RowFileReader>(m, "RowFileReader",
                             "Rows of one row file read by id with concurrent positioned reads "
-                            "(O_DIRECT unless refused); see distmb.features.rowfile. Calls on "
+                            "(O_DIRECT unless refused); see distmb.data.rowfile. Calls on "
                             "one object are serialised.")
       .def(py::init([](const std::string& path, int64_t num_rows, int64_t row_bytes,
                        int64_t row_stride, int64_t align, bool direct) {

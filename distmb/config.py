@@ -42,7 +42,12 @@ __all__ = [
     "DEFAULT_PREFETCH",
     "DESCRIPTION",
     "GENERATED_NOTE",
+    "CACHE_POLICIES",
+    "DEFAULT_FEATURE_CACHE_MB",
+    "DEFAULT_SUPERBATCH",
+    "FEATURE_SOURCES",
     "GROUP_DATA_LOADING",
+    "GROUP_FEATURES",
     "GROUP_HEC",
     "GROUP_MAIN",
     "KERNELS",
@@ -93,6 +98,15 @@ DEFAULT_PREFETCH = 2
 MAX_SEED = 2**63 - 1
 #: Largest --fanout value (the sampler's per-block counts are 32-bit).
 MAX_FANOUT = 2**31 - 1
+#: Where input feature rows are read from (``--features``): in memory, memory-mapped (the OS
+#: page cache, what DGL/PyG users do), or out of core (direct reads behind a cache).
+FEATURE_SOURCES: tuple[str, ...] = ("memory", "mmap", "ooc")
+#: Replacement policies of the out-of-core feature cache (``--cache-policy``).
+CACHE_POLICIES: tuple[str, ...] = ("belady", "presc", "degree", "lru", "none")
+#: Default size of the out-of-core feature cache, MiB (clamped to the table).
+DEFAULT_FEATURE_CACHE_MB = 1024.0
+#: Default mini-batches per superbatch (what the Belady inspector sees ahead).
+DEFAULT_SUPERBATCH = 32
 #: Where ``--dataset`` is partitioned for a multi-rank run without ``--part-dir``.
 DEFAULT_PARTITION_CACHE = ".cache/distmb-parts"
 
@@ -100,6 +114,7 @@ DEFAULT_PARTITION_CACHE = ".cache/distmb-parts"
 #: :data:`GROUP_MAIN` is the title of the parser's own group.
 GROUP_MAIN = "options"
 GROUP_DATA_LOADING = "data loading"
+GROUP_FEATURES = "input features: in memory, memory-mapped or out of core"
 GROUP_HEC = "multi-rank (mpirun -np P): historical embedding cache"
 
 #: How halo (remote) leaves of a multi-rank mini-batch are handled, see
@@ -283,6 +298,41 @@ class TrainConfig:
         group=GROUP_DATA_LOADING,
         min=1,
     )
+    features: str | None = option(
+        None,
+        "where feature rows are read from: memory (loaded into RAM), mmap (memory-mapped; the "
+        "OS page cache), ooc (direct reads behind --feature-cache-mb with --cache-policy; "
+        "needs a partition in the ooc layout); default: ooc for an ooc partition, else mmap",
+        group=GROUP_FEATURES,
+        choices=FEATURE_SOURCES,
+    )
+    feature_cache_mb: float = option(
+        DEFAULT_FEATURE_CACHE_MB,
+        "MiB of feature rows cached in memory with --features ooc (per rank; clamped to the "
+        "table; 0 = no cache, every row from disk)",
+        group=GROUP_FEATURES,
+        min=0,
+    )
+    cache_policy: str = option(
+        "belady",
+        "--features ooc cache: belady (superbatch inspector, farthest next use out), presc "
+        "(static, most used in pre-sampling), degree (static, highest in-degree), lru, none",
+        group=GROUP_FEATURES,
+        choices=CACHE_POLICIES,
+    )
+    superbatch: int = option(
+        DEFAULT_SUPERBATCH,
+        "mini-batches sampled ahead as one superbatch, whose feature reads the belady "
+        "inspector plans together (memory: their sampled blocks)",
+        group=GROUP_FEATURES,
+        min=1,
+    )
+    presample_epochs: int = option(
+        1,
+        "epochs pre-sampled (own random stream) to pick the presc cache's rows",
+        group=GROUP_FEATURES,
+        min=1,
+    )
     hec_size: int = option(
         DEFAULT_HEC_SIZE,
         "cache lines per layer (cs)",
@@ -353,6 +403,19 @@ class TrainConfig:
             )
         if self.resume and not self.checkpoint_dir:
             raise InputError("--resume needs --checkpoint-dir")
+        if self.features in ("memory", "mmap"):
+            cache_flags = [
+                opt.flag
+                for opt in OPTIONS
+                if opt.name in ("feature_cache_mb", "cache_policy", "presample_epochs")
+                and getattr(self, opt.name) != opt.default
+            ]
+            if cache_flags:
+                verb = "applies" if len(cache_flags) == 1 else "apply"
+                raise InputError(
+                    f"{', '.join(cache_flags)} {verb} only to --features ooc, not --features "
+                    f"{self.features}"
+                )
 
     @property
     def hec(self) -> HecSettings:

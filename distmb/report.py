@@ -48,8 +48,9 @@ def read_records(path: Path) -> list[dict[str, Any]]:
 
 
 def plot(records: list[dict[str, Any]], out: Path, title: str) -> None:
-    """Draw loss, accuracy, time per epoch and (multi-rank runs with the historical cache) the
-    HEC hit rate per layer into ``out`` (PNG, written atomically)."""
+    """Draw loss, accuracy, time per epoch, (multi-rank runs with the historical cache) the
+    HEC hit rate per layer and (``--features ooc``) the feature cache's hit rate, labelled
+    with its policy, into ``out`` (PNG, written atomically); panels wrap into rows of 3."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -59,7 +60,16 @@ def plot(records: list[dict[str, Any]], out: Path, title: str) -> None:
     epochs = [r["epoch"] for r in records]
     hit_rates = [r.get("hec_hit_rate") or [] for r in records]
     with_hec = any(h is not None for rates in hit_rates for h in rates)
-    fig, axes = plt.subplots(1, 4 if with_hec else 3, figsize=(20 if with_hec else 15, 4))
+    caches = [r.get("feature_cache") for r in records]
+    with_cache = any(c and c.get("hit_rate") is not None for c in caches)
+    panels = 3 + with_hec + with_cache
+    cols = min(panels, 3)
+    rows = -(-panels // cols)
+    fig, grid = plt.subplots(rows, cols, figsize=(5 * cols, 4 * rows), squeeze=False)
+    axes = list(grid.flat)
+    for ax in axes[panels:]:
+        ax.remove()
+    axes = axes[:panels]
     ax_loss, ax_acc, ax_time = axes[:3]
     ax_loss.plot(x, [r["loss"] for r in records], "o-", ms=3)
     ax_loss.set_ylabel("training loss")
@@ -99,6 +109,18 @@ def plot(records: list[dict[str, Any]], out: Path, title: str) -> None:
                 ax_hec.plot(*zip(*pts, strict=True), "o-", ms=3, label=f"layer {layer}")
         ax_hec.set_ylabel("HEC hit rate (%)")
         ax_hec.legend(fontsize=8)
+    if with_cache:
+        ax_fc = axes[-1]
+        pts = [
+            (i, 100 * c["hit_rate"])
+            for i, c in enumerate(caches)
+            if c and c.get("hit_rate") is not None
+        ]
+        last = next(c for c in reversed(caches) if c)
+        label = f"{last.get('policy', '?')}, {last.get('memory_bytes', 0) / 2**20:.0f} MiB"
+        ax_fc.plot(*zip(*pts, strict=True), "o-", ms=3, label=label)
+        ax_fc.set_ylabel("feature cache hit rate (%)")
+        ax_fc.legend(fontsize=8)
     for ax in axes:
         ax.set_xlabel("epoch")
         ax.set_xticks(x[:: max(1, len(x) // 10)], [str(e) for e in epochs[:: max(1, len(x) // 10)]])

@@ -143,6 +143,7 @@ def train(local, config: TrainConfig, *, comm=None, halo=None, log=print) -> lis
         f"{config.batch_size}{per_rank}, lr {config.lr}, {config.epochs} epochs, "
         f"{torch.get_num_threads()} thread(s){per_rank}, {loading}{halo_text}"
     )
+    log(trainer.feature_sources.note + (" (rank 0)" if trainer.num_ranks > 1 else ""))
     history = trainer.fit()
     last = next((r for r in reversed(history) if "test_acc" in r), None)
     if last is not None:

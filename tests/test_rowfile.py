@@ -1,4 +1,4 @@
-"""Row files (distmb.features.rowfile): the layout, and reads by id against the in-memory numpy
+"""Row files (distmb.data.rowfile): the layout, and reads by id against the in-memory numpy
 table they were written from (direct and buffered, coalescing, fallback, errors)."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from distmb import _C
-from distmb.errors import PartitionError
-from distmb.features import (
+from distmb.data import rowfile as rowfile_module
+from distmb.data.rowfile import (
     DIRECT_IO_ALIGN,
     RowFile,
     evict_page_cache,
@@ -24,7 +24,7 @@ from distmb.features import (
     row_stride,
     write_row_file,
 )
-from distmb.features import rowfile as rowfile_module
+from distmb.errors import PartitionError
 
 #: Row widths whose strides lie below (4, 16, 512 bytes), at (4096) and above (8192) the
 #: alignment; 128 has a row exactly a power of two.

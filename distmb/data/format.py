@@ -32,6 +32,16 @@ NODE_PART_FILE = "node_part.npy"
 #: Indices are stored as int32 when every local id fits, else int64.
 INT32_LIMIT = np.iinfo(np.int32).max
 
+#: How a partition stores its feature rows (``partition.json``'s ``feature_layout``; absent
+#: means ``"npy"``): ``"npy"``: ``features.npy`` (+ ``halo_features.npy``) per part;
+#: ``"ooc"``: one raw row file per part for out-of-core reads (:data:`OOC_FEATURE_FILE`).
+FEATURE_LAYOUTS: tuple[str, ...] = ("npy", "ooc")
+#: The ``ooc`` layout's row file of a part: its solid rows, then its replicated halo rows
+#: when the partition has them; rows at aligned offsets (``distmb.data.rowfile``).
+OOC_FEATURE_FILE = "features.bin"
+#: The arrays a part stores as ``.npy`` only in the ``npy`` feature layout.
+NPY_FEATURE_ARRAYS: tuple[str, ...] = ("features", "halo_features")
+
 
 def part_dir_name(part: int) -> str:
     """Sub-directory of part ``part``: ``part-<i>``."""

@@ -13,14 +13,18 @@ import numpy as np
 
 from distmb.atomic import write_atomic
 from distmb.data.format import (
+    FEATURE_LAYOUTS,
     FORMAT_VERSION,
     META_FILE,
     NODE_PART_FILE,
+    NPY_FEATURE_ARRAYS,
     NPY_READ_ERRORS,
+    OOC_FEATURE_FILE,
     PART_ARRAYS,
     ArraySpec,
     part_dir_name,
 )
+from distmb.data.rowfile import RowFile
 from distmb.errors import PartitionError
 
 #: Bytes read per step when verifying checksums.
@@ -142,6 +146,11 @@ class PartitionStore:
         send_ptr: int64[num_parts + 1], send_ids: int32 or int64[n_send]; the solid
             vertices that part j holds as halo are ``send_ids[send_ptr[j]:send_ptr[j+1]]``.
         halo_features: float32[n_halo, feat_dim] or None (``--replicate-halo-features``).
+        feature_layout: ``"npy"`` (the two arrays above are ``.npy`` files) or ``"ooc"``
+            (one aligned raw row file, :attr:`feature_file`; ``features`` and
+            ``halo_features`` are then read-only memory maps of it).
+        feature_file: the ``ooc`` layout's :class:`~distmb.data.rowfile.RowFile` (solid
+            rows, then halo rows when replicated), else None.
 
     Args:
         directory: the partition directory (holds ``partition.json``).
@@ -191,8 +200,19 @@ class PartitionStore:
         if mode not in ("auto", "always", "never"):
             raise ValueError(f"verify must be 'auto', 'always' or 'never', got {verify!r}")
         self.verify = mode
+        self.feature_layout = str(self.meta.get("feature_layout", "npy"))
+        if self.feature_layout not in FEATURE_LAYOUTS:
+            raise PartitionError(
+                f"{self.directory / META_FILE}: feature_layout {self.feature_layout!r}, "
+                f"expected one of {', '.join(FEATURE_LAYOUTS)}"
+            )
+        self.feature_file: RowFile | None = None
         for spec in PART_ARRAYS:
+            if self.feature_layout == "ooc" and spec.name in NPY_FEATURE_ARRAYS:
+                continue
             setattr(self, spec.name, self._open(spec))
+        if self.feature_layout == "ooc":
+            self._open_feature_file()
         self._check_consistency()
         if mode != "never":
             self._verify(use_stamp=mode == "auto")
@@ -280,6 +300,45 @@ class PartitionStore:
         if arr.shape != expected:
             raise PartitionError(f"{path}: shape {list(arr.shape)}, expected {list(expected)}")
         return arr
+
+    @property
+    def replicated(self) -> bool:
+        """Whether the partition stores halo vertices' features (``--replicate-halo-features``;
+        the same for every part, even one without halo vertices)."""
+        if self.feature_layout == "ooc":
+            return bool(self.meta["partitioner"].get("replicate_halo_features", False))
+        return self.halo_features is not None
+
+    def _open_feature_file(self) -> None:
+        """Open the ``ooc`` layout's row file; ``features``/``halo_features`` become views."""
+        meta_path = self.directory / META_FILE
+        info = self.meta.get("feature_file")
+        keys = ("name", "dtype", "row_stride", "align")
+        if not isinstance(info, dict) or any(k not in info for k in keys):
+            raise PartitionError(
+                f"{meta_path}: feature_layout 'ooc' needs a 'feature_file' entry with {list(keys)}"
+            )
+        if info["name"] != OOC_FEATURE_FILE or info["dtype"] != "float32":
+            raise PartitionError(
+                f"{meta_path}: feature_file must be {OOC_FEATURE_FILE!r} of float32, got "
+                f"{info['name']!r} of {info['dtype']!r}"
+            )
+        rel = f"{part_dir_name(self.part)}/{OOC_FEATURE_FILE}"
+        if rel not in self.meta["files"]:
+            raise PartitionError(f"{meta_path}: no entry for {rel}")
+        if not isinstance(self.meta["partitioner"], dict):
+            raise PartitionError(f"{meta_path}: 'partitioner' must be an object")
+        rows = self.n_solid + (self.n_halo if self.replicated else 0)
+        try:
+            stride, align = int(info["row_stride"]), int(info["align"])
+        except (TypeError, ValueError):
+            raise PartitionError(
+                f"{meta_path}: feature_file row_stride/align must be integers"
+            ) from None
+        self.feature_file = RowFile(self.directory / rel, rows, self.feat_dim, stride, align=align)
+        table = self.feature_file.as_array()
+        self.features = table[: self.n_solid]
+        self.halo_features = table[self.n_solid :] if self.replicated else None
 
     def _check_consistency(self) -> None:
         """Cheap structural checks (O(num_parts) reads) on top of shapes and dtypes."""

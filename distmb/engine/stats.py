@@ -29,7 +29,10 @@ def allreduce_named(
 
 
 def global_stats(
-    comm: Communicator | SingleProcess, record: dict[str, Any], halo: dict[str, np.ndarray]
+    comm: Communicator | SingleProcess,
+    record: dict[str, Any],
+    halo: dict[str, np.ndarray],
+    feature_cache: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """Cross-rank view of an epoch: loss and accuracy averaged over ranks, phases (and the
     loader's wait) at their maximum, load imbalance, halo-scheme counters summed.
@@ -37,6 +40,8 @@ def global_stats(
     Args:
         record: this rank's epoch record (:meth:`Trainer.train_epoch`).
         halo: this rank's halo-scheme counters (:meth:`HaloScheme.stats`).
+        feature_cache: this rank's out-of-core feature cache counters
+            (:meth:`CachedFeatures.stats`), or None on every rank.
     """
     total = allreduce_named(
         comm,
@@ -66,6 +71,26 @@ def global_stats(
     }
     for phase in ("epoch_time", *PHASES, "sample", "gather", "load_wait"):
         out[phase] = round(comm.allreduce_max(record[phase]), 4)
+    if feature_cache is not None:
+        out["feature_cache"] = feature_cache_record(comm, feature_cache)
+    return out
+
+
+#: Counters of the feature cache that are summed over ranks (the times are maxima).
+_CACHE_SUMS = ("lookups", "hits", "rows_read", "bytes_read", "memory_bytes")
+
+
+def feature_cache_record(
+    comm: Communicator | SingleProcess, counters: dict[str, float]
+) -> dict[str, Any]:
+    """The epoch record's ``feature_cache``: rows requested (``lookups``), ``hits`` and the
+    ``hit_rate``, rows and bytes read from disk, cache memory (summed over ranks); disk read
+    and inspector seconds (maximum over ranks)."""
+    total = allreduce_named(comm, {k: np.array([counters[k]]) for k in _CACHE_SUMS})
+    out: dict[str, Any] = {k: int(total[k][0]) for k in _CACHE_SUMS}
+    out["hit_rate"] = out["hits"] / out["lookups"] if out["lookups"] else None
+    for key in ("read_time", "inspect_time"):
+        out[key] = round(comm.allreduce_max(float(counters[key])), 4)
     return out
 
 
@@ -79,6 +104,18 @@ def format_epoch(r: dict[str, Any]) -> str:
         f"epoch {r['epoch']:3d}  loss {r['loss']:.4f}  {acc}  |  {r['epoch_time']:.2f}s "
         f"(MBC {r['mbc']:.2f}  wait {r['load_wait']:.2f}  FWD {r['fwd']:.2f}  "
         f"BWD {r['bwd']:.2f}  ARed {r['ared']:.2f})  {r['samples_per_s']:.0f} samples/s"
+    )
+
+
+def format_feature_cache(r: dict[str, Any]) -> str:
+    """The out-of-core part of the epoch line (empty without ``--features ooc``)."""
+    fc = r.get("feature_cache")
+    if not fc:
+        return ""
+    rate = "-" if fc["hit_rate"] is None else f"{100 * fc['hit_rate']:.1f}%"
+    return (
+        f"  |  feature cache hit {rate}  read {fc['bytes_read'] / 2**20:.1f} MiB in "
+        f"{fc['read_time']:.2f}s  inspect {fc['inspect_time']:.2f}s"
     )
 
 

@@ -43,12 +43,13 @@ from distmb.engine.stats import (
     append_jsonl,
     drop_records_from,
     format_epoch,
+    format_feature_cache,
     format_hec,
     global_stats,
 )
 from distmb.engine.timers import PhaseTimer
 from distmb.errors import DistmbError, InputError
-from distmb.features.memory import PartFeatures
+from distmb.features.select import open_features, refresh_evaluation
 from distmb.halo.base import HaloScheme
 from distmb.loader.loader import BatchLoader
 from distmb.loader.minibatch import MiniBatch
@@ -119,7 +120,8 @@ class Trainer:
         self.sampler = NeighborSampler(
             local.indptr, local.indices, local.n_solid, local.n_local, config.fanout, config.seed
         )
-        self.features = PartFeatures(local.features, local.halo_features)
+        self.feature_sources = open_features(local, config)
+        self.features = self.feature_sources.train
         self.halo = halo if halo is not None else HaloScheme()
         self.halo.setup(self.model.layer_dims())
         self.loader = BatchLoader(
@@ -127,6 +129,7 @@ class Trainer:
             self.halo.feature_source(self.features),
             local.labels,
             prefetch=config.prefetch,
+            superbatch=config.superbatch,
             threads=config.loader_threads or config.threads,
             reuse_buffers=True,  # the loop holds one batch at a time
         )
@@ -138,7 +141,7 @@ class Trainer:
                 store.send_ids,
                 store.halo_owner,
                 self.features,
-                replicated=store.halo_features is not None,
+                replicated=store.replicated,
             )
             if self.num_ranks > 1 and store is not None
             else None
@@ -273,6 +276,8 @@ class Trainer:
         self.model.train()
         self.timer.reset()
         self.loader.load_wait = 0.0
+        if self.feature_sources.cache is not None:
+            self.feature_sources.cache.reset_counters()
         self.halo.begin_epoch(epoch)
         plan = self.loader.plan(epoch, self.epoch_batches(epoch))
         # Global batch size of every step (``Allreduce SUM``), in production order.
@@ -340,6 +345,13 @@ class Trainer:
             "samples_per_s": round(seen / train_time, 1) if train_time > 0 else 0.0,
         }
 
+    def cache_stats(self) -> dict[str, float] | None:
+        """This epoch's out-of-core feature cache counters (``--features ooc``), else None.
+        The same on every rank (the partition's layout decides), so the statistics'
+        all-reduce has the same shape everywhere."""
+        cache = self.feature_sources.cache
+        return cache.stats() if cache is not None else None
+
     def forward(self, batch: MiniBatch, step: int, num_steps: int) -> torch.Tensor:
         """Logits of the batch's seeds: the halo scheme fills the halo leaves, then the
         model's layer loop runs with the scheme's per-layer hook."""
@@ -354,8 +366,11 @@ class Trainer:
         """Exact val/test accuracy (layer-wise full-neighbour inference over every part, one
         synchronous halo exchange per layer with several ranks; counts summed over ranks)."""
         start = time.perf_counter()
+        features = refresh_evaluation(self.feature_sources, self.local)
+        if self.eval_table is not None:
+            self.eval_table.features = features
         logits = layerwise_inference(
-            self.model, self.features, self.sampler, self.cfg.eval_batch_size, self.eval_table
+            self.model, features, self.sampler, self.cfg.eval_batch_size, self.eval_table
         )
         labels = self.local.labels
         counts = np.array(
@@ -384,12 +399,14 @@ class Trainer:
             )
         for epoch in range(self.start_epoch, cfg.epochs):
             record = self.train_epoch(epoch)
-            record.update(global_stats(self.comm, record, self.halo.stats()))
+            record.update(global_stats(self.comm, record, self.halo.stats(), self.cache_stats()))
+            if "feature_cache" in record:
+                record["feature_cache"]["policy"] = self.cfg.cache_policy
             if (epoch + 1) % cfg.eval_every == 0 or epoch == cfg.epochs - 1:
                 record.update(self.evaluate())
             self.history.append(record)
             if self.rank == 0:
-                line = format_epoch(record)
+                line = format_epoch(record) + format_feature_cache(record)
                 self.log(line + format_hec(record) if self.num_ranks > 1 else line)
                 if cfg.results:
                     append_jsonl(

@@ -25,9 +25,12 @@ class FeatureSource(ABC):
             received from another rank reads nothing here).
         uses_collectives: a gather talks to other ranks (every rank must call it, in the same
             order, from the training thread), so it cannot run on a prefetch thread.
+        wants_trace: the source plans ahead: the BatchLoader hands :meth:`inspect` the ids of
+            a whole superbatch's gathers before making them (an out-of-core Belady cache).
     """
 
     uses_collectives: bool = False
+    wants_trace: bool = False
 
     def __init__(self, num_rows: int, dim: int) -> None:
         self.num_rows = int(num_rows)
@@ -62,6 +65,11 @@ class FeatureSource(ABC):
 
     def counters(self) -> dict[str, int]:
         return {"rows_served": self.rows_served, "bytes_read": self.bytes_read}
+
+    def inspect(self, traces: list[np.ndarray]) -> None:
+        """The next ``len(traces)`` gathers will request ``traces[i]`` (int64, unique ids),
+        in this order. Only a source with :attr:`wants_trace` uses it."""
+        return None
 
     def reset_counters(self) -> None:
         self.rows_served = 0

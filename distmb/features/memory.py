@@ -39,6 +39,16 @@ class ConcatFeatures(FeatureSource):
         super().__init__(head.num_rows + tail.num_rows, head.dim)
         self.head = head
         self.tail = tail
+        self.wants_trace = head.wants_trace or tail.wants_trace
+
+    def inspect(self, traces: list[np.ndarray]) -> None:
+        # Each part sees its share of every gather, as ``_read_into`` will request it.
+        split = self.head.num_rows
+        arrays = [np.asarray(t) for t in traces]
+        if self.head.wants_trace:
+            self.head.inspect([t[t < split] for t in arrays])
+        if self.tail.wants_trace:
+            self.tail.inspect([t[t >= split] - split for t in arrays])
 
     def _read_into(self, ids: np.ndarray, out: torch.Tensor) -> None:
         # ``ids`` were checked against this source's range: read the parts directly, without
@@ -73,20 +83,30 @@ class PartFeatures(ConcatFeatures):
     there are any.
 
     Args:
-        solid: float32[n_solid, F] (may be memory-mapped) or a source of them.
-        halo: float32[n_halo, F] or None: then only solid ids can be gathered
-            (:attr:`has_halo` is False and halo rows come from the halo scheme).
+        solid: float32[n_solid, F] (may be memory-mapped) or a source of them; with
+            ``n_solid``, a source of all the part's rows (solid, then halo).
+        halo: float32[n_halo, F] or None: then only the rows of ``solid`` can be gathered
+            (without ``n_solid``, :attr:`has_halo` is False and halo rows come from the halo
+            scheme).
+        n_solid: the solid rows of ``solid`` when it also holds the halo rows (one table for
+            both, as the out-of-core layout stores them); default: all its rows.
     """
 
     def __init__(
-        self, solid: np.ndarray | torch.Tensor | FeatureSource, halo: np.ndarray | None = None
+        self,
+        solid: np.ndarray | torch.Tensor | FeatureSource,
+        halo: np.ndarray | None = None,
+        *,
+        n_solid: int | None = None,
     ) -> None:
         head = solid if isinstance(solid, FeatureSource) else ArrayFeatures(solid)
         tail = ArrayFeatures(halo if halo is not None else np.empty((0, head.dim), np.float32))
         super().__init__(head, tail)
-        self.n_solid = head.num_rows
+        self.n_solid = head.num_rows if n_solid is None else int(n_solid)
+        if not 0 <= self.n_solid <= head.num_rows:
+            raise ValueError(f"PartFeatures: n_solid {n_solid} outside [0, {head.num_rows}]")
 
     @property
     def has_halo(self) -> bool:
         """Whether halo ids (``>= n_solid``) can be gathered."""
-        return self.tail.num_rows > 0
+        return self.num_rows > self.n_solid

@@ -54,7 +54,7 @@ class HistoricalCache(HaloScheme):
         self.cfg = config
         self.seed = seed
         self.orig_ids = np.asarray(store.orig_ids)
-        self.replicated_halo = store.halo_features is not None
+        self.replicated_halo = store.replicated
         self.degree = np.asarray(store.in_degree[: store.n_solid], dtype=np.float64)
         self.peer_ptr, self.peer_ids = _peers_of_solid(store, comm.size)
         #: Lines per cache: only this part's halo vertices are ever pushed here, so more than

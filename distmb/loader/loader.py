@@ -159,20 +159,23 @@ class BatchLoader:
         return EpochPlan(epoch, batches, order, self.superbatch)
 
     # -- sample + gather -------------------------------------------------------------------------
-    def make_batch(self, epoch: int, index: int, seeds: np.ndarray) -> MiniBatch:
-        """Sample and gather batch ``index`` of ``epoch`` (any thread)."""
+    @property
+    def inspects(self) -> bool:
+        """Whether the feature source plans a superbatch's gathers ahead (``belady``): then a
+        whole superbatch is sampled before its first batch is gathered."""
+        return bool(getattr(self.features, "wants_trace", False))
+
+    def gather_ids(self, blocks: list[Block]) -> torch.Tensor:
+        """int64[n]: the ids the gather stage reads for a batch with these blocks: block 0's
+        computed sources, and its halo leaves too when the source holds their rows."""
+        first = blocks[0]
+        return first.src_ids if self._gather_halo else first.src_ids[: first.n_computed]
+
+    def sample_batch(self, epoch: int, index: int, seeds: np.ndarray) -> MiniBatch:
+        """The sample stage of batch ``index`` of ``epoch`` (any thread): blocks and labels,
+        no features yet."""
         start = time.perf_counter()
         blocks = self.sampler.sample(seeds, epoch, index)
-        sampled = time.perf_counter()
-        first = blocks[0]
-        buffer = self._take_buffer(first.n_computed * self.features.dim)
-        x = buffer[: first.n_computed * self.features.dim].view(first.n_computed, self.features.dim)
-        self.features.gather_into(first.src_ids[: first.n_computed], x)
-        x_halo = (
-            self.features.gather(first.src_ids[first.n_computed :])
-            if self._gather_halo and first.n_halo
-            else None
-        )
         labels = torch.from_numpy(np.ascontiguousarray(self.labels[seeds], dtype=np.int64))
         return MiniBatch(
             epoch=epoch,
@@ -180,12 +183,43 @@ class BatchLoader:
             seeds=seeds,
             blocks=blocks,
             labels=labels,
-            x=x,
-            x_halo=x_halo,
-            sample_s=sampled - start,
-            gather_s=time.perf_counter() - sampled,
-            buffer=buffer if self.reuse_buffers else None,
+            sample_s=time.perf_counter() - start,
         )
+
+    def gather_batch(self, batch: MiniBatch) -> MiniBatch:
+        """The gather stage (any thread): block 0's input rows in one gather, into a
+        (recycled) buffer; ``x`` and ``x_halo`` are views of it."""
+        start = time.perf_counter()
+        first = batch.blocks[0]
+        ids = self.gather_ids(batch.blocks)
+        dim = self.features.dim
+        buffer = self._take_buffer(int(ids.numel()) * dim)
+        rows = buffer[: int(ids.numel()) * dim].view(int(ids.numel()), dim)
+        self.features.gather_into(ids, rows)
+        batch.x = rows[: first.n_computed]
+        batch.x_halo = rows[first.n_computed :] if self._gather_halo and first.n_halo else None
+        batch.buffer = buffer if self.reuse_buffers else None
+        batch.gather_s = time.perf_counter() - start
+        return batch
+
+    def make_batch(self, epoch: int, index: int, seeds: np.ndarray) -> MiniBatch:
+        """Sample and gather batch ``index`` of ``epoch`` (any thread)."""
+        return self.gather_batch(self.sample_batch(epoch, index, seeds))
+
+    def produce(self, plan: EpochPlan) -> Iterator[MiniBatch]:
+        """The plan's batches in production order, made on the calling thread. With an
+        inspecting source, each superbatch is sampled first, its gathers handed to the
+        inspector (``features.inspect``; its time is the source's ``inspect_time``), then
+        gathered batch by batch."""
+        for indices in plan.superbatches():
+            if not self.inspects:
+                for index in indices:
+                    yield self.make_batch(plan.epoch, index, plan.batches[index])
+                continue
+            sampled = [self.sample_batch(plan.epoch, i, plan.batches[i]) for i in indices]
+            self.features.inspect([self.gather_ids(b.blocks).numpy() for b in sampled])
+            for batch in sampled:
+                yield self.gather_batch(batch)
 
     # -- gather buffers ----------------------------------------------------------------------------
     def _take_buffer(self, numel: int) -> torch.Tensor:
@@ -209,6 +243,7 @@ class BatchLoader:
                 self._free.append(batch.buffer)
             batch.buffer = None
             batch.x = None  # a consumer that kept the batch fails loudly, never reads new rows
+            batch.x_halo = None
 
     # -- the epoch -------------------------------------------------------------------------------
     def __call__(self, plan: EpochPlan) -> Iterator[MiniBatch]:
@@ -220,14 +255,16 @@ class BatchLoader:
 
     def _synchronous(self, plan: EpochPlan) -> Iterator[MiniBatch]:
         batch: MiniBatch | None = None
+        made = self.produce(plan)
         try:
-            for index in plan.order:
+            for _ in plan.order:
                 start = time.perf_counter()
                 self._recycle(batch)
-                batch = self.make_batch(plan.epoch, index, plan.batches[index])
+                batch = next(made)
                 self.load_wait += time.perf_counter() - start
                 yield batch
         finally:
+            made.close()
             self._recycle(batch)
 
     def _prefetched(self, plan: EpochPlan) -> Iterator[MiniBatch]:
@@ -242,15 +279,14 @@ class BatchLoader:
                 # call: let it do so first, then set the kernels' count.
                 torch.get_num_threads()
                 _C.set_num_threads(self.threads)
-                for index in plan.order:
+                made = self.produce(plan)
+                for _ in plan.order:
                     while not window.acquire(timeout=_POLL_S):
                         if stop.is_set():
                             return
                     if stop.is_set():
                         return
-                    item: MiniBatch | BaseException = self.make_batch(
-                        plan.epoch, index, plan.batches[index]
-                    )
+                    item: MiniBatch | BaseException = next(made)
                     with available:
                         ready.append(item)
                         available.notify()

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from distmb.errors import exit_on_user_error
+from distmb.data.format import FEATURE_LAYOUTS
+from distmb.errors import InputError, exit_on_user_error
 from distmb.partition.assign import METHODS
 from distmb.partition.pipeline import (
     DEFAULT_TRAIN_TOLERANCE,
@@ -32,8 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="dataset spec: synthetic[:k=v,...] | planetoid:DIR | npz:FILE | "
         "ogb:DIR | edgelist:DIR (docs/datasets.md)",
     )
-    p.add_argument("--parts", type=int, required=True, help="number of parts P (one per rank)")
-    p.add_argument("--out", required=True, help="output directory (must not exist)")
+    p.add_argument("--parts", type=int, help="number of parts P (one per rank); required")
+    p.add_argument("--out", help="output directory (must not exist); required")
     p.add_argument(
         "--method",
         choices=METHODS,
@@ -73,6 +74,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="store halo vertices' features in each part (layer 0 needs no traffic)",
     )
     p.add_argument(
+        "--features-layout",
+        choices=FEATURE_LAYOUTS,
+        default="npy",
+        help="npy: features.npy per part; ooc: one raw file per part with rows at offsets "
+        "aligned for direct I/O, read out of core by `--features ooc` (docs/out-of-core.md)",
+    )
+    p.add_argument(
+        "--convert",
+        metavar="DIR",
+        help="instead of partitioning: rewrite the existing partition DIR's features in "
+        "--features-layout, in place (crash-safe; no other option applies)",
+    )
+    p.add_argument(
         "--no-symmetrize",
         action="store_true",
         help="keep a directed input directed (default: add every edge in reverse)",
@@ -92,10 +106,17 @@ def build_parser() -> argparse.ArgumentParser:
 @exit_on_user_error("distmb-partition")
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.convert is not None:
+        from distmb.partition.convert import convert_features
+
+        convert_features(args.convert, args.features_layout, Progress(quiet=args.quiet))
+        print(f"{args.convert}: features in the {args.features_layout} layout")
+        return 0
+    for flag, value in (("--parts", args.parts), ("--out", args.out)):
+        if value is None:
+            raise InputError(f"{flag} is required (or --convert DIR to convert a partition)")
     check_partition_args(None, args.parts, args.out, method=args.method, overwrite=args.overwrite)
     if args.threads is not None:
-        from distmb.errors import InputError
-
         if args.threads < 1:
             raise InputError(f"--threads must be >= 1, got {args.threads}")
         from distmb import _C
@@ -120,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         vertex_tolerance=args.vertex_tolerance,
         memory_budget_gib=args.memory_budget,
         replicate_halo_features=args.replicate_halo_features,
+        features_layout=args.features_layout,
         overwrite=args.overwrite,
         progress=log,
     )

@@ -47,6 +47,7 @@ def partition_graph(
     vertex_tolerance: float = DEFAULT_VERTEX_TOLERANCE,
     memory_budget_gib: float | None = None,
     replicate_halo_features: bool = False,
+    features_layout: str = "npy",
     overwrite: bool = False,
     progress: Progress | None = None,
 ) -> dict[str, Any]:
@@ -65,6 +66,8 @@ def partition_graph(
             is recorded in ``partition.json`` and affects the output, so pass it explicitly
             to reproduce a partition on a machine with another memory size.
         replicate_halo_features: store each part's halo features too.
+        features_layout: ``"npy"`` or ``"ooc"`` (aligned raw row files for out-of-core
+            reads, ``--features ooc``).
         overwrite: replace an existing ``out_dir``.
 
     Returns:
@@ -118,6 +121,7 @@ def partition_graph(
         parts=parts,
         partitioner=options,
         replicate_halo_features=replicate_halo_features,
+        features_layout=features_layout,
         overwrite=overwrite,
         progress=log,
     )

@@ -18,13 +18,16 @@ import numpy as np
 
 from distmb import _C
 from distmb.data.format import (
+    FEATURE_LAYOUTS,
     FORMAT_VERSION,
     INT32_LIMIT,
     META_FILE,
     NODE_PART_FILE,
+    OOC_FEATURE_FILE,
     part_dir_name,
 )
 from distmb.data.graph import Graph
+from distmb.data.rowfile import write_row_file
 from distmb.errors import InputError
 from distmb.progress import Progress
 
@@ -53,6 +56,18 @@ def save_npy(path: Path, array: np.ndarray) -> str:
     return out.sha.hexdigest()
 
 
+def ooc_feature_meta(info: dict[str, Any]) -> dict[str, Any]:
+    """``partition.json``'s ``feature_file`` entry for the ``ooc`` layout, from what
+    :func:`~distmb.data.rowfile.write_row_file` returned (the same for every part: the
+    row count of each part follows from its counts)."""
+    return {
+        "name": OOC_FEATURE_FILE,
+        "dtype": info["dtype"],
+        "row_stride": int(info["row_stride"]),
+        "align": int(info["align"]),
+    }
+
+
 def local_ids(part_of: np.ndarray, parts: int) -> np.ndarray:
     """int64[num_nodes]: the VID_p of every vertex in its owning part (solid vertices are
     numbered in VID_o order within a part)."""
@@ -76,6 +91,7 @@ def write_partition(
     parts: int,
     partitioner: dict[str, Any],
     replicate_halo_features: bool = False,
+    features_layout: str = "npy",
     overwrite: bool = False,
     progress: Progress | None = None,
 ) -> dict[str, Any]:
@@ -84,6 +100,9 @@ def write_partition(
     Args:
         partitioner: method, seed and options, recorded in ``partition.json``.
         replicate_halo_features: also store every part's halo features.
+        features_layout: ``"npy"`` (``features.npy``, ``halo_features.npy``) or ``"ooc"``
+            (one aligned raw row file per part, for out-of-core reads; see
+            docs/partition-format.md).
         overwrite: replace an existing ``out_dir`` (the old one stays until the new one is
             complete).
 
@@ -91,6 +110,11 @@ def write_partition(
         The metadata written to ``partition.json``.
     """
     log = progress or Progress(quiet=True)
+    if features_layout not in FEATURE_LAYOUTS:
+        raise InputError(
+            f"--features-layout must be one of {', '.join(FEATURE_LAYOUTS)}, got "
+            f"{features_layout!r}"
+        )
     out = Path(out_dir)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
     try:
@@ -100,7 +124,9 @@ def write_partition(
     except OSError as exc:
         raise InputError(f"--out {out}: cannot create {tmp} ({exc.strerror})") from None
     try:
-        meta = _write_all(graph, part_of, tmp, parts, partitioner, replicate_halo_features, log)
+        meta = _write_all(
+            graph, part_of, tmp, parts, partitioner, replicate_halo_features, features_layout, log
+        )
         _publish(tmp, out, overwrite)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -115,9 +141,11 @@ def _write_all(
     parts: int,
     partitioner: dict[str, Any],
     replicate_halo_features: bool,
+    features_layout: str,
     log: Progress,
 ) -> dict[str, Any]:
     files: dict[str, str] = {NODE_PART_FILE: save_npy(tmp / NODE_PART_FILE, part_of)}
+    feature_file: dict[str, Any] | None = None
     in_degree = graph.in_degree()
     scratch = np.full(graph.num_nodes, -1, dtype=np.int64)
     part_meta: list[dict[str, int]] = []
@@ -134,7 +162,6 @@ def _write_all(
             "indices": view["indices"].astype(_index_dtype(n_solid + n_halo)),
             "orig_ids": orig_ids,
             "halo_owner": halo_owner,
-            "features": graph.features[solid],
             "labels": graph.labels[solid],
             "in_degree": in_degree[orig_ids],
         }
@@ -144,8 +171,10 @@ def _write_all(
             mine = idx[part_of[idx] == p]
             arrays[f"{split}_idx"] = np.searchsorted(solid, mine).astype(np.int64)
             counts[f"n_{split}"] = int(mine.size)
-        if replicate_halo_features:
-            arrays["halo_features"] = graph.features[halo]
+        if features_layout == "npy":
+            arrays["features"] = graph.features[solid]
+            if replicate_halo_features:
+                arrays["halo_features"] = graph.features[halo]
         counts["n_edges"] = int(view["indices"].size)
         counts["cut_edges"] = int(view["cut_edges"])
         del view
@@ -154,6 +183,11 @@ def _write_all(
         for name, arr in arrays.items():
             files[f"{part_dir_name(p)}/{name}.npy"] = save_npy(pdir / f"{name}.npy", arr)
         del arrays
+        if features_layout == "ooc":
+            rows = orig_ids if replicate_halo_features else solid
+            info = write_row_file(pdir / OOC_FEATURE_FILE, graph.features[rows], atomic=False)
+            files[f"{part_dir_name(p)}/{OOC_FEATURE_FILE}"] = info["sha256"]
+            feature_file = ooc_feature_meta(info)
         halos.append((halo, halo_owner))
         part_meta.append(counts)
         log(f"part {p}: {n_solid} solid, {n_halo} halo, {counts['n_edges']} in-edges written")
@@ -186,6 +220,8 @@ def _write_all(
         "num_classes": graph.num_classes,
         "partitioner": {**partitioner, "replicate_halo_features": replicate_halo_features},
         "edge_cut": int(sum(m["cut_edges"] for m in part_meta)),
+        "feature_layout": features_layout,
+        **({"feature_file": feature_file} if feature_file is not None else {}),
         "parts": part_meta,
         "files": dict(sorted(files.items())),
         "notes": list(graph.notes),

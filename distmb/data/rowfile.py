@@ -39,7 +39,6 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import numpy as np
-import torch
 
 from distmb import _C
 from distmb.atomic import write_atomic
@@ -93,7 +92,7 @@ def row_file_size(num_rows: int, stride: int, align: int = DIRECT_IO_ALIGN) -> i
 
 def write_row_file(
     path: str | Path,
-    rows: np.ndarray | torch.Tensor,
+    rows: Any,
     *,
     align: int = DIRECT_IO_ALIGN,
     chunk_rows: int | None = None,
@@ -107,7 +106,8 @@ def write_row_file(
     Args:
         path: the file to write.
         rows: float32[n, F] (any strides; read-only and memory-mapped arrays and CPU tensors
-            are fine).
+            are fine), or a sequence of such tables of one width, written one after the
+            other as one table (a part's solid rows, then its halo rows).
         align: a power of two, in bytes.
         chunk_rows: rows per write (>= 1).
         atomic: write a temporary file beside ``path`` and rename it into place
@@ -118,16 +118,20 @@ def write_row_file(
         ``{"dtype": "float32", "shape": [n, F], "row_stride": stride, "align": align,
         "sha256": hex digest of the file as written}`` (JSON-ready, for ``partition.json``).
     """
-    if isinstance(rows, torch.Tensor):
-        rows = rows.detach().cpu().numpy()
-    if not isinstance(rows, np.ndarray):
-        raise ValueError(f"write_row_file({path}): rows must be a numpy array, got {type(rows)}")
-    if rows.dtype != np.float32 or rows.ndim != 2:
-        raise ValueError(
-            f"write_row_file({path}): rows must be a 2-D float32 (native byte order) array, "
-            f"got {rows.dtype}{list(rows.shape)}"
-        )
-    n, dim = (int(s) for s in rows.shape)
+    tables = [_as_numpy(t) for t in rows] if isinstance(rows, list | tuple) else [_as_numpy(rows)]
+    for table in tables:
+        if not isinstance(table, np.ndarray):
+            raise ValueError(
+                f"write_row_file({path}): rows must be a numpy array, got {type(table)}"
+            )
+        if table.dtype != np.float32 or table.ndim != 2:
+            raise ValueError(
+                f"write_row_file({path}): rows must be a 2-D float32 (native byte order) "
+                f"array, got {table.dtype}{list(table.shape)}"
+            )
+    if not tables or len({int(t.shape[1]) for t in tables}) != 1:
+        raise ValueError(f"write_row_file({path}): tables must share one row width")
+    n, dim = sum(int(t.shape[0]) for t in tables), int(tables[0].shape[1])
     if dim < 1:
         raise ValueError(f"write_row_file({path}): rows must have at least one column")
     row_bytes = dim * FLOAT32_BYTES
@@ -141,14 +145,15 @@ def write_row_file(
 
     def write(f: BinaryIO) -> None:
         chunk = np.zeros((min(chunk_rows, max(n, 1)), stride), dtype=np.uint8)
-        for start in range(0, n, chunk_rows):
-            stop = min(n, start + chunk_rows)
-            part = chunk[: stop - start]
-            # Padding columns stay zero: only the row bytes are overwritten.
-            part[:, :row_bytes] = np.ascontiguousarray(rows[start:stop]).view(np.uint8)
-            data = memoryview(part).cast("B")
-            f.write(data)
-            digest.update(data)
+        for table in tables:
+            for start in range(0, table.shape[0], chunk_rows):
+                stop = min(table.shape[0], start + chunk_rows)
+                part = chunk[: stop - start]
+                # Padding columns stay zero: only the row bytes are overwritten.
+                part[:, :row_bytes] = np.ascontiguousarray(table[start:stop]).view(np.uint8)
+                data = memoryview(part).cast("B")
+                f.write(data)
+                digest.update(data)
         tail = size - n * stride
         if tail:
             pad = bytes(tail)
@@ -169,6 +174,17 @@ def write_row_file(
         "align": align,
         "sha256": digest.hexdigest(),
     }
+
+
+def _as_numpy(x: Any) -> Any:
+    """A CPU tensor as the numpy array sharing its memory (duck-typed: this module does not
+    import torch); anything else unchanged. A tensor on another device is refused."""
+    if hasattr(x, "detach") and hasattr(x, "numpy"):
+        device = getattr(x, "device", None)
+        if device is not None and device.type != "cpu":
+            raise ValueError(f"expected a CPU tensor, got one on {device}")
+        return x.detach().numpy()
+    return x
 
 
 def evict_page_cache(path: str | Path) -> None:
@@ -277,7 +293,7 @@ class RowFile:
             raise PartitionError(str(exc)) from None
 
     # -- reads ------------------------------------------------------------------------------
-    def read_into(self, ids: np.ndarray | torch.Tensor, out: np.ndarray | torch.Tensor) -> None:
+    def read_into(self, ids: Any, out: Any) -> None:
         """Write the rows of ``ids`` into ``out``.
 
         Args:
@@ -302,17 +318,15 @@ class RowFile:
         finally:
             self.read_seconds += time.perf_counter() - start
 
-    def read(self, ids: np.ndarray | torch.Tensor) -> np.ndarray:
+    def read(self, ids: Any) -> np.ndarray:
         """float32[n, dim]: the rows of ``ids`` (int64[n]) in that order, in a new array."""
         ids_np = self._check_ids(ids)
         out = np.empty((ids_np.size, self.dim), dtype=np.float32)
         self.read_into(ids_np, out)
         return out
 
-    def _check_ids(self, ids: np.ndarray | torch.Tensor) -> np.ndarray:
-        if isinstance(ids, torch.Tensor):
-            ids = ids.detach().cpu().numpy()
-        arr = np.asarray(ids)
+    def _check_ids(self, ids: Any) -> np.ndarray:
+        arr = np.asarray(_as_numpy(ids))
         if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
             raise ValueError(
                 f"RowFile({self.path}): ids must be a 1-D integer array, got "
@@ -322,21 +336,15 @@ class RowFile:
         # id and the range) in the same pass that starts the read.
         return np.ascontiguousarray(arr, dtype=np.int64)
 
-    def _check_out(self, out: np.ndarray | torch.Tensor, n: int) -> np.ndarray:
-        if isinstance(out, torch.Tensor):
-            ok = (
-                out.dtype == torch.float32
-                and out.device.type == "cpu"
-                and tuple(out.shape) == (n, self.dim)
-                and out.is_contiguous()
-            )
-            if not ok:
+    def _check_out(self, out: Any, n: int) -> np.ndarray:
+        if hasattr(out, "detach"):  # a tensor: its numpy view (a CPU tensor's own memory)
+            try:
+                out = _as_numpy(out)
+            except (ValueError, TypeError, RuntimeError) as exc:
                 raise ValueError(
                     f"RowFile({self.path}).read_into: out must be a contiguous CPU float32"
-                    f"[{n}, {self.dim}] tensor, got {out.dtype}{list(out.shape)} on "
-                    f"{out.device}"
-                )
-            return out.detach().numpy()
+                    f"[{n}, {self.dim}] tensor ({exc})"
+                ) from None
         if not isinstance(out, np.ndarray):
             raise ValueError(
                 f"RowFile({self.path}).read_into: out must be a numpy array or a tensor, got "

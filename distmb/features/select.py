@@ -1,0 +1,112 @@
+"""``--features``: the feature source a rank trains and evaluates with."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from distmb.config import TrainConfig
+from distmb.data.local import LocalGraph
+from distmb.errors import InputError
+from distmb.features.cached import STATIC_POLICIES, CachedFeatures, cache_rows
+from distmb.features.memory import PartFeatures
+from distmb.features.presample import hot_rows, presample_counts, presample_seed
+from distmb.sampling.neighbor import NeighborSampler
+
+
+@dataclass
+class FeatureSources:
+    """What :func:`open_features` returns.
+
+    Attributes:
+        train: the gather stage's source, by ``VID_p`` (halo rows when the partition holds
+            them).
+        evaluate: the source of layer-wise evaluation (for ``ooc``: the same cache, read
+            without changing it).
+        cache: the out-of-core cache (``--features ooc``), else None.
+        kind: ``memory``, ``mmap`` or ``ooc``.
+        note: one line describing the choice, for the run's header.
+    """
+
+    train: PartFeatures
+    evaluate: PartFeatures
+    cache: CachedFeatures | None
+    kind: str
+    note: str
+
+
+def feature_kind(config: TrainConfig, local: LocalGraph) -> str:
+    """``--features``, or its default: ``ooc`` for a partition in the ``ooc`` layout, else
+    ``mmap``."""
+    layout = local.store.feature_layout if local.store is not None else "npy"
+    if config.features is None:
+        return "ooc" if layout == "ooc" else "mmap"
+    if config.features == "ooc" and layout != "ooc":
+        where = local.store.directory if local.store is not None else "an in-memory dataset"
+        raise InputError(
+            f"--features ooc needs a partition whose features are in the ooc layout ({where} "
+            "is not): make one with `distmb-partition --features-layout ooc`, or convert this "
+            "one with `distmb-partition --convert DIR --features-layout ooc`"
+        )
+    return config.features
+
+
+def open_features(local: LocalGraph, config: TrainConfig) -> FeatureSources:
+    """The rank's feature sources for ``config.features`` (see :func:`feature_kind`)."""
+    kind = feature_kind(config, local)
+    if kind != "ooc":
+        solid, halo = local.features, local.halo_features
+        if kind == "memory":  # read into RAM once (from .npy or the ooc row file)
+            solid = np.ascontiguousarray(solid)
+            halo = np.ascontiguousarray(halo) if halo is not None else None
+        source = PartFeatures(solid, halo)
+        return FeatureSources(source, source, None, kind, f"features: {kind}")
+    assert local.store is not None and local.store.feature_file is not None
+    rows = local.store.feature_file
+    capacity = cache_rows(config.feature_cache_mb, rows.dim, rows.num_rows)
+    if config.cache_policy == "none":
+        capacity = 0
+    hot = None
+    if config.cache_policy in STATIC_POLICIES and capacity:
+        hot = _hot_ids(local, config, rows.num_rows)
+    cache = CachedFeatures(rows, config.cache_policy, capacity, hot_ids=hot)
+    cache.reset_counters()  # a static cache's fill is not the first epoch's reading
+    table_mb = rows.num_rows * rows.dim * 4 / 2**20
+    note = (
+        f"features: ooc {rows.path} ({table_mb:.1f} MiB, "
+        f"{'O_DIRECT' if rows.direct else 'buffered: ' + str(rows.fallback_reason)}), "
+        f"cache {config.cache_policy} {cache.capacity} rows "
+        f"({100 * cache.capacity / max(rows.num_rows, 1):.1f} % of the table)"
+    )
+    if config.feature_cache_mb * 2**20 > rows.num_rows * rows.dim * 4 and capacity:
+        note += f"; --feature-cache-mb {config.feature_cache_mb:g} exceeds the table: all of it"
+    train = PartFeatures(cache, n_solid=local.n_solid)
+    evaluate = PartFeatures(cache.lookup_only(), n_solid=local.n_solid)
+    return FeatureSources(train, evaluate, cache, "ooc", note)
+
+
+def _hot_ids(local: LocalGraph, config: TrainConfig, num_rows: int) -> np.ndarray:
+    """The static cache's rows by priority: pre-sampling counts (``presc``; ties by
+    in-degree) or in-degree (``degree``)."""
+    store = local.store
+    assert store is not None
+    degree = np.asarray(store.in_degree[:num_rows])
+    if config.cache_policy == "degree":
+        return hot_rows(degree)
+    seed = presample_seed(config.seed)
+    sampler = NeighborSampler(
+        local.indptr, local.indices, local.n_solid, local.n_local, config.fanout, seed
+    )
+    counts = presample_counts(
+        sampler, local.train_idx, config.batch_size, config.presample_epochs, num_rows, seed
+    )
+    return hot_rows(counts, tie_break=degree)
+
+
+def refresh_evaluation(sources: FeatureSources, local: LocalGraph) -> PartFeatures:
+    """The evaluation source for the cache as it stands now (``ooc``); else unchanged."""
+    if sources.cache is None:
+        return sources.evaluate
+    sources.evaluate = PartFeatures(sources.cache.lookup_only(), n_solid=local.n_solid)
+    return sources.evaluate
