@@ -57,6 +57,11 @@ FLAG_FIELDS = {
     "--kernels": "kernels",
     "--prefetch": "prefetch",
     "--loader-threads": "loader_threads",
+    "--features": "features",
+    "--feature-cache-mb": "feature_cache_mb",
+    "--cache-policy": "cache_policy",
+    "--superbatch": "superbatch",
+    "--presample-epochs": "presample_epochs",
     "--hec-size": "hec_size",
     "--hec-nc": "hec_nc",
     "--hec-lifespan": "hec_lifespan",
@@ -85,6 +90,9 @@ BAD_VALUES = [
     ("--aggr", "max", "--aggr must be one of mean, sum, gcn, got 'max'"),
     ("--prefetch", "-1", "--prefetch must be >= 0, got -1"),
     ("--loader-threads", "0", "--loader-threads must be >= 1, got 0"),
+    ("--feature-cache-mb", "-1", "--feature-cache-mb must be >= 0, got -1.0"),
+    ("--superbatch", "0", "--superbatch must be >= 1, got 0"),
+    ("--presample-epochs", "0", "--presample-epochs must be >= 1, got 0"),
     ("--hec-size", "0", "--hec-size must be >= 1, got 0"),
     ("--hec-nc", "0", "--hec-nc must be >= 1, got 0"),
     ("--hec-lifespan", "-1", "--hec-lifespan must be >= 0, got -1"),
@@ -126,6 +134,8 @@ def test_every_flag_maps_to_one_field_and_back():
         "--results": ["r.jsonl"],
         "--kernels": ["torch"],
         "--partition-cache": ["pc"],
+        "--features": ["memory"],
+        "--cache-policy": ["lru"],
     }
     for flag, name in FLAG_FIELDS.items():
         action = next(a for a in _actions(parser) if flag in a.option_strings)
@@ -142,8 +152,9 @@ def test_parser_shape():
     assert parser.prog == "python -m distmb.train"
     assert parser.formatter_class is argparse.ArgumentDefaultsHelpFormatter
     titles = [g.title for g in parser._action_groups]
-    assert titles[-2:] == [
+    assert titles[-3:] == [
         "data loading",
+        "input features: in memory, memory-mapped or out of core",
         "multi-rank (mpirun -np P): historical embedding cache",
     ]
     [exclusive] = parser._mutually_exclusive_groups
@@ -161,8 +172,9 @@ def test_cli_defaults_equal_dataclass_defaults():
         dropout=0.5, epochs=40, seed=0, threads=None, eval_every=1, eval_batch_size=4096,
         checkpoint_dir=None, resume=False, overwrite_checkpoint=False, results=None,
         progress=True, kernels="fused",
-        prefetch=2, loader_threads=None, hec_size=1_000_000, hec_nc=2000, hec_lifespan=2,
-        hec_delay=1,
+        prefetch=2, loader_threads=None, features=None, feature_cache_mb=1024.0,
+        cache_policy="belady", superbatch=32, presample_epochs=1, hec_size=1_000_000,
+        hec_nc=2000, hec_lifespan=2, hec_delay=1,
         no_hec=False, exact_remote=False, partition_cache=".cache/distmb-parts",
     )  # fmt: skip
     assert dataclasses.asdict(TrainConfig()) == expected

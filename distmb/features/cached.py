@@ -43,8 +43,16 @@ from distmb.units import FLOAT32_BYTES
 
 #: Policies whose cache never changes after it is filled (they need ``hot_ids``).
 STATIC_POLICIES: tuple[str, ...] = ("presc", "degree")
-#: Bytes of directory per cached row (slot -> id, id -> slot), counted in ``memory_bytes``.
-DIRECTORY_BYTES_PER_SLOT = 16
+#: Bytes of directory per row id of the table and per cache slot, by policy (the planners'
+#: own accounting, :mod:`distmb.features.policy`; static caches keep an int32 per row id),
+#: counted in ``memory_bytes``.
+DIRECTORY_BYTES: dict[str, tuple[int, int]] = {
+    "belady": (12, 48),
+    "lru": (5, 24),
+    "presc": (4, 0),
+    "degree": (4, 0),
+    "none": (0, 0),
+}
 
 
 def cache_rows(cache_mb: float, dim: int, num_rows: int) -> int:
@@ -117,7 +125,10 @@ class CachedFeatures(FeatureSource):
     @property
     def memory_bytes(self) -> int:
         """Bytes held by the cache: its rows and its directory."""
-        return self.capacity * (self.dim * FLOAT32_BYTES + DIRECTORY_BYTES_PER_SLOT)
+        if not self.capacity:
+            return 0
+        per_row, per_slot = DIRECTORY_BYTES[self.policy]
+        return self.capacity * (self.dim * FLOAT32_BYTES + per_slot) + self.num_rows * per_row
 
     def stats(self) -> dict[str, float]:
         """This epoch's counters for the record (see the module docstring)."""
