@@ -195,6 +195,13 @@ void read_ranges(int fd, const int64_t* offsets, const int64_t* lengths, uint8_t
   }
   stats.bytes_read += bytes;
   stats.requests += n_req;
+  // Buffers grown past the cap for one large range are not kept: what persists between calls
+  // is bounded by threads x max_request, not by the largest range ever read.
+  if (largest > max_request)
+    for (int t = 0; t < nt; ++t) {
+      scratch.buffers_[t].reset();
+      scratch.buffer_bytes_[t] = 0;
+    }
   if (fail_req >= 0) {
     // A read that ends inside the file failed (errno); one that ends at its end means the file
     // is shorter than the layout (with O_DIRECT a read continued at an unaligned end of file

@@ -494,7 +494,8 @@ struct ReadRangesStats {
 };
 
 // Scratch of read_ranges reused across calls: per-thread aligned buffers (grown to the largest
-// request of a call) and the sort / request lists. Not thread-safe: its owner serialises.
+// request of a call, released after a call whose largest request exceeded max_request) and
+// the sort / request lists. Not thread-safe: its owner serialises.
 class RangeReadScratch {
  public:
   RangeReadScratch() = default;
