@@ -45,5 +45,6 @@ void bind_aggregate(py::module_& m);  // csrc/aggregate_bindings.cpp
 void bind_update(py::module_& m);     // csrc/update_bindings.cpp
 void bind_feature_cache(py::module_& m);  // csrc/feature_cache_bindings.cpp
 void bind_rowfile(py::module_& m);    // csrc/rowfile_bindings.cpp
+void bind_neighbor_file(py::module_& m);  // csrc/neighbor_file_bindings.cpp
 
 }  // namespace distmb

@@ -65,6 +65,24 @@ struct SampledBlock {
   std::vector<int64_t> src_ids;   // [n_src]: VID_p of the sources
 };
 
+// AdjacencyProvider: the in-neighbour lists of a part's solid vertices served from somewhere
+// other than an in-memory indices array (NeighborFile: a file on disk behind a static cache).
+// fetch(dst[n], starts, lists): the lists of dst[0..n) (VID_p in [0, n_solid()), any order,
+// repeats allowed) packed into lists, entry j of bytes [j * index_bytes(), + index_bytes())
+// (int32 or int64, VID_p in [0, n_local()), each list in CSR order), list i being entries
+// [starts[i], starts[i+1]) (starts resized to n + 1, starts[0] = 0). Throws when a list cannot
+// be served intact (std::runtime_error) or dst is out of range (std::out_of_range).
+class AdjacencyProvider {
+ public:
+  virtual ~AdjacencyProvider() = default;
+  virtual int64_t index_bytes() const = 0;
+  virtual int64_t n_solid() const = 0;
+  virtual int64_t n_local() const = 0;
+  virtual int64_t num_entries() const = 0;
+  virtual void fetch(const int64_t* dst, int64_t n, std::vector<int64_t>& starts,
+                     std::vector<uint8_t>& lists) = 0;
+};
+
 // NeighborSamplerCore: uniform neighbour sampling without replacement over a part's local
 // in-edge CSR (indptr[n_solid + 1]; indices int32 or int64, VID_p in [0, n_local); halo
 // vertices VID_p >= n_solid have no rows and are leaves). The graph buffers are borrowed,
@@ -82,10 +100,16 @@ struct SampledBlock {
 // fanouts list and for seeds that are halo, out of range or repeated, std::length_error for
 // a block with 2^31 - 1 or more destinations + edges (the scratch entries are 32-bit).
 // Calls on one object are serialised by a mutex (the scratch table is shared).
+//
+// With an adjacency provider (indices32 and indices64 both null; borrowed, must outlive the
+// object), every layer first fetches its destinations' lists from it into a compact buffer
+// and samples positions within those lists: the blocks are identical to those of the
+// in-memory sampler over the same CSR. The O(E) validation of indices is then the provider's
+// (per fetch); indptr is still checked (O(n)).
 class NeighborSamplerCore {
  public:
   NeighborSamplerCore(const int64_t* indptr, const int32_t* indices32, const int64_t* indices64,
-                      int64_t n_solid, int64_t n_local);
+                      int64_t n_solid, int64_t n_local, AdjacencyProvider* adjacency = nullptr);
 
   std::vector<SampledBlock> sample(const int64_t* seeds, int64_t n_seeds,
                                    const std::vector<int64_t>& fanouts, uint64_t seed,
@@ -98,9 +122,9 @@ class NeighborSamplerCore {
 
  private:
   template <class Idx>
-  void sample_layer(const Idx* indices, const int64_t* dst, int64_t n_dst, int64_t fanout,
-                    uint64_t key, bool mark_destinations, bool input_layer,
-                    SampledBlock& out);
+  void sample_layer(const Idx* indices, const int64_t* list_starts, const int64_t* dst,
+                    int64_t n_dst, int64_t fanout, uint64_t key, bool mark_destinations,
+                    bool input_layer, SampledBlock& out);
 
   struct RowRef {
     int64_t begin, deg;  // CSR row of one destination
@@ -109,10 +133,13 @@ class NeighborSamplerCore {
   const int64_t* indptr_;
   const int32_t* indices32_;      // exactly one of indices32_ / indices64_ is non-null
   const int64_t* indices64_;
+  AdjacencyProvider* adjacency_;  // non-null: lists come from it (indices32_/64_ null)
   int64_t n_solid_, n_local_;
   std::vector<Slot> scratch_;     // [n_local]: kUnset outside a call (see sampler.cpp)
   std::vector<int64_t> nbr_;      // sampled neighbours (VID_p) of the current layer, reused
   std::vector<RowRef> rows_;      // CSR rows of the current layer's destinations, reused
+  std::vector<int64_t> list_starts_;  // with adjacency_: the fetched lists of a layer, reused
+  std::vector<uint8_t> list_bytes_;
   std::mutex mutex_;
 };
 
@@ -445,18 +472,79 @@ class LruCache {
 };
 
 // ---- end of feature_cache.cpp section ---------------------------------------------------
+// ---- direct_io.cpp: aligned, coalesced, thread-parallel byte-range reads (O_DIRECT) ------
+
+// Alignment of offsets, lengths and buffers of direct reads (distmb.data.rowfile.DIRECT_IO_ALIGN).
+constexpr int64_t kDirectIoAlign = 4096;
+// Cap of one coalesced read request in bytes (a request holding a single larger range exceeds
+// it).
+constexpr int64_t kMaxReadRequest = int64_t{1} << 20;
+
+// open_for_reads: open path read-only for positioned reads. With direct, O_DIRECT is tried
+// and the first align bytes are read as a probe; if the open or the probe fails with EINVAL
+// (the filesystem or the alignment is refused), the file is reopened buffered and
+// fallback_reason says why (is_direct is then false). Other errors throw std::runtime_error
+// "cannot open <what> <path>: <errno text>". Returns the descriptor.
+int open_for_reads(const std::string& path, const std::string& what, bool direct, int64_t align,
+                   bool& is_direct, std::string& fallback_reason);
+
+struct ReadRangesStats {
+  int64_t bytes_read = 0;  // sum of the lengths of the requests read from the file
+  int64_t requests = 0;    // pread requests issued (after coalescing; retries not counted)
+};
+
+// Scratch of read_ranges reused across calls: per-thread aligned buffers (grown to the largest
+// request of a call, released after a call whose largest request exceeded max_request) and
+// the sort / request lists. Not thread-safe: its owner serialises.
+class RangeReadScratch {
+ public:
+  RangeReadScratch() = default;
+  RangeReadScratch(const RangeReadScratch&) = delete;
+  RangeReadScratch& operator=(const RangeReadScratch&) = delete;
+
+ private:
+  friend void read_ranges(int, const int64_t*, const int64_t*, uint8_t* const*, int64_t,
+                          int64_t, int64_t, RangeReadScratch&, ReadRangesStats&,
+                          const std::string&, int64_t);
+  struct FreeBytes {
+    void operator()(uint8_t* p) const;
+  };
+  struct Request {
+    int64_t offset, length;  // aligned byte range of the file
+    int64_t first, last;     // entries [first, last) of order
+    int64_t need_end;        // end of the last byte the ranges of the request need
+  };
+  uint8_t* buffer(int t, int64_t bytes, int64_t align);
+
+  std::vector<std::unique_ptr<uint8_t, FreeBytes>> buffers_;  // [threads]
+  std::vector<int64_t> buffer_bytes_;                          // [threads]
+  std::vector<std::pair<int64_t, int64_t>> order_;            // (offset, range index)
+  std::vector<Request> requests_;
+};
+
+// read_ranges: copy file bytes [offsets[k], offsets[k] + lengths[k]) to dst[k] for k in
+// [0, n) (any order; ranges may repeat or overlap; zero lengths are skipped). The ranges are
+// sorted by offset, each widened to the align-aligned byte range that holds it, and merged
+// into requests: a range inside the current request joins it, one that overlaps or touches it
+// joins while the request stays within max_request bytes (a single larger range is a request
+// of its own). The requests are read with pread from an OpenMP loop (dynamic schedule, the
+// caller's omp_get_max_threads()) into per-thread aligned buffers; a short read is continued,
+// EINTR retried. The requests read are added to stats even when it throws. A request that
+// stops before a range's last byte throws std::runtime_error "<what>: read of bytes [a, b)
+// stopped at offset x" followed by "(end of file: the file has s bytes, the layout needs
+// layout_bytes)" or the errno text. dst is complete only when no exception was thrown.
+void read_ranges(int fd, const int64_t* offsets, const int64_t* lengths, uint8_t* const* dst,
+                 int64_t n, int64_t align, int64_t max_request, RangeReadScratch& scratch,
+                 ReadRangesStats& stats, const std::string& what, int64_t layout_bytes);
+
+// ---- end of direct_io.cpp section -------------------------------------------------------
+
 // ---- rowfile.cpp: out-of-core feature rows, one raw file per table (O_DIRECT) ----------
 //
 // Layout (distmb/data/rowfile.py): row i of row_bytes bytes starts at byte i * row_stride;
 // row_stride is a power of two <= align (a row never straddles an align boundary) or a
 // multiple of align; padding is zero and the file size is num_rows * row_stride rounded up to
 // a multiple of align. No header.
-
-// Alignment of offsets, lengths and buffers of direct reads (distmb.data.rowfile.DIRECT_IO_ALIGN).
-constexpr int64_t kDirectIoAlign = 4096;
-// Cap of one coalesced read request in bytes (a request holding a single larger row exceeds
-// it).
-constexpr int64_t kMaxReadRequest = int64_t{1} << 20;
 
 struct RowFileCounters {
   int64_t bytes_read = 0;  // sum of the lengths of the requests read from the file
@@ -465,21 +553,16 @@ struct RowFileCounters {
 };
 
 // RowFileReader: positioned reads of rows of one row file by id.
-// - The constructor opens path (O_RDONLY | O_DIRECT when direct) and, with O_DIRECT, reads
-//   the first align bytes as a probe; if the open or the probe fails with EINVAL (the
-//   filesystem or the alignment is refused), the file is reopened buffered and
-//   fallback_reason() says why (direct() is then false). Other errors throw
+// - The constructor opens path with open_for_reads (O_DIRECT when direct, unless refused:
+//   then buffered, direct() false and fallback_reason() says why). Other errors throw
 //   std::runtime_error naming the path; bad geometry throws std::invalid_argument.
 // - read_rows(ids[n], out[n * row_bytes]): out row k = file row ids[k] (any order,
 //   duplicates allowed). Throws std::out_of_range naming the first id outside
-//   [0, num_rows). The distinct rows are sorted by id, each turned into its align-aligned
-//   byte range, ranges that overlap or touch are coalesced into requests of at most
-//   max_request() bytes (never splitting an aligned block), and the requests are read with
-//   pread from an OpenMP loop (dynamic schedule, the caller's omp_get_max_threads()) into
-//   per-thread aligned buffers kept across calls; a short read is continued, EINTR retried,
-//   and a request that ends before a row's last byte (truncated file) throws
-//   std::runtime_error naming the path and the offset. out is complete only when no
-//   exception was thrown.
+//   [0, num_rows). The rows are read with read_ranges (row k: bytes [ids[k] * row_stride,
+//   + row_bytes) to out + k * row_bytes; max_request() caps a coalesced request), so the
+//   distinct aligned blocks are read once each; a request that ends before a row's last byte
+//   (truncated file) throws std::runtime_error naming the path and the offset. out is
+//   complete only when no exception was thrown.
 // - evict_page_cache(): posix_fadvise(DONTNEED) over the whole file.
 // Calls on one object are serialised by a mutex (the buffers and counters are shared).
 class RowFileReader {
@@ -507,25 +590,16 @@ class RowFileReader {
   const std::string& fallback_reason() const { return fallback_reason_; }
 
  private:
-  struct FreeBytes {
-    void operator()(uint8_t* p) const;
-  };
-  struct Request {
-    int64_t offset, length;  // aligned byte range of the file
-    int64_t first, last;     // entries [first, last) of the sorted (id, position) list
-  };
-
   int require_open() const;
-  uint8_t* thread_buffer(int t);
 
   std::string path_;
   int64_t num_rows_, row_bytes_, row_stride_, align_, max_request_;
   int fd_ = -1;
   bool direct_ = false;
   std::string fallback_reason_;
-  std::vector<std::unique_ptr<uint8_t, FreeBytes>> buffers_;  // [threads] x max_request_
-  std::vector<std::pair<int64_t, int64_t>> order_;  // (id, position), reused across calls
-  std::vector<Request> requests_;                   // reused across calls
+  RangeReadScratch scratch_;
+  std::vector<int64_t> offsets_, lengths_;  // per requested row, reused across calls
+  std::vector<uint8_t*> dst_;               // per requested row, reused across calls
   RowFileCounters counters_;
   mutable std::mutex mutex_;
 };
@@ -536,5 +610,94 @@ class RowFileReader {
 void drop_page_cache(const std::string& path);
 
 // ---- end of rowfile.cpp section ---------------------------------------------------------
+
+// ---- neighbor_file.cpp: a part's in-neighbour lists on disk behind a static cache ------
+//
+// The file holds indices (int32 or int64, native byte order) of the part's in-edge CSR from
+// byte data_offset on (a .npy file is read in place: data_offset is its header length);
+// entry e of the CSR is at data_offset + e * index_bytes. indptr stays in memory.
+
+struct NeighborFileCounters {
+  int64_t lists_requested = 0;  // destinations asked for by fetch (repeats counted)
+  int64_t cache_hits = 0;       // of those, served from the cache (the rest came from disk)
+  int64_t lists_read = 0;       // lists read from disk (misses with at least one entry)
+  int64_t entries_read = 0;     // entries of those lists
+  int64_t bytes_read = 0;       // bytes of the coalesced requests read from the file
+  int64_t requests = 0;         // pread requests issued
+  double read_seconds = 0;      // wall time in read_ranges, seconds
+};
+
+// NeighborFile: in-neighbour lists of a part's solid vertices read from a file (O_DIRECT
+// unless refused, as RowFileReader) behind a static neighbour cache (Ginex, section 3.2):
+// the full lists of a chosen set of vertices in one compact in-memory array, addressed by a
+// direct table over VID_p.
+// - The constructor borrows indptr[n_solid + 1] (must outlive the object), checks that it is
+//   non-decreasing from 0 to num_entries (std::invalid_argument) and that the file holds
+//   data_offset + num_entries * index_bytes bytes (std::runtime_error naming the file).
+// - fill(vertices[n], capacity_bytes): replaces the cache with the lists of vertices[0..),
+//   taken in that order while the next list (deg * index_bytes bytes) still fits in
+//   capacity_bytes (repeats are skipped); reads them with one read_ranges call and checks
+//   their entries. Returns the number of vertices cached. The address table (8 bytes per
+//   solid vertex) is allocated when the cache is not empty and is not charged to the budget.
+// - fetch (AdjacencyProvider): cached lists are copied from the cache; all the other
+//   non-empty lists are read with one read_ranges call straight into their place in lists.
+//   Every entry read from disk is checked against [0, n_local): a corrupt file throws
+//   std::runtime_error naming the file, the entry and the bound; a short file likewise.
+// Calls on one object are serialised by a mutex.
+class NeighborFile : public AdjacencyProvider {
+ public:
+  NeighborFile(std::string path, int64_t data_offset, int64_t index_bytes, int64_t num_entries,
+               const int64_t* indptr, int64_t n_solid, int64_t n_local, bool direct);
+  ~NeighborFile() override;
+  NeighborFile(const NeighborFile&) = delete;
+  NeighborFile& operator=(const NeighborFile&) = delete;
+
+  int64_t fill(const int64_t* vertices, int64_t n, int64_t capacity_bytes);
+  void fetch(const int64_t* dst, int64_t n, std::vector<int64_t>& starts,
+             std::vector<uint8_t>& lists) override;
+  void close();
+  void reset_counters();
+  NeighborFileCounters counters() const;
+
+  int64_t index_bytes() const override { return index_bytes_; }
+  int64_t n_solid() const override { return n_solid_; }
+  int64_t n_local() const override { return n_local_; }
+  int64_t num_entries() const override { return num_entries_; }
+  const int64_t* indptr() const { return indptr_; }
+  const std::string& path() const { return path_; }
+  int64_t data_offset() const { return data_offset_; }
+  bool direct() const { return direct_; }
+  bool closed() const;
+  const std::string& fallback_reason() const { return fallback_reason_; }
+  int64_t cache_vertices() const;
+  int64_t cache_entries() const;
+  int64_t cache_bytes() const;       // cached lists + address table, bytes
+  int64_t fill_bytes_read() const;   // bytes the last fill read from the file
+
+ private:
+  int require_open() const;
+  // Read the non-empty lists of vertices[0..n) to dst + starts[i] * index_bytes_ and check
+  // their entries (caller holds the mutex).
+  void read_lists(int fd, const int64_t* vertices, const int64_t* starts, int64_t n,
+                  uint8_t* dst, ReadRangesStats& stats);
+
+  std::string path_;
+  int64_t data_offset_, index_bytes_, num_entries_;
+  const int64_t* indptr_;
+  int64_t n_solid_, n_local_;
+  int fd_ = -1;
+  bool direct_ = false;
+  std::string fallback_reason_;
+  RangeReadScratch scratch_;
+  std::vector<int64_t> cache_at_;   // [n_solid] or empty: first cache entry of a list, or -1
+  std::vector<uint8_t> cache_;      // cached lists, index_bytes_ per entry
+  int64_t cache_vertices_ = 0, fill_bytes_read_ = 0;
+  std::vector<int64_t> offsets_, lengths_;
+  std::vector<uint8_t*> dst_;
+  NeighborFileCounters counters_;
+  mutable std::mutex mutex_;
+};
+
+// ---- end of neighbor_file.cpp section ---------------------------------------------------
 
 }  // namespace distmb

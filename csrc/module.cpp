@@ -22,4 +22,5 @@ PYBIND11_MODULE(_C, m) {
   bind_update(m);
   bind_feature_cache(m);
   bind_rowfile(m);
+  bind_neighbor_file(m);
 }

@@ -3,11 +3,11 @@
 // bypass the page cache (O_DIRECT), falling back to buffered reads where the filesystem
 // refuses direct I/O.
 //
-// A call sorts the requested (id, position) pairs by id, turns every distinct row into the
-// align-aligned byte range that holds it, merges ranges that overlap (rows sharing a block) or
-// touch (consecutive blocks) into requests of at most max_request_ bytes, and reads the
-// requests in parallel, each thread into its own aligned buffer, copying every row it holds
-// to all the output positions that asked for it.
+// A call turns every requested row into its byte range and hands them to read_ranges
+// (csrc/direct_io.cpp), which sorts them, widens each to the aligned blocks that hold it,
+// merges rows sharing a block or in consecutive blocks into requests of at most max_request_
+// bytes, and reads the requests in parallel, copying every row to each output position that
+// asked for it.
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE  // O_DIRECT
 #endif
@@ -50,37 +50,7 @@ int64_t first_out_of_range(const int64_t* ids, int64_t n, int64_t num_rows) {
   return bad;
 }
 
-// pread of length bytes at offset into buf: continues short reads, retries EINTR; stops at the
-// end of the file (returns the bytes read so far) or at an error (err = errno).
-int64_t pread_full(int fd, uint8_t* buf, int64_t length, int64_t offset, int& err) {
-  int64_t got = 0;
-  err = 0;
-  while (got < length) {
-    const ssize_t k = ::pread(fd, buf + got, static_cast<size_t>(length - got),
-                              static_cast<off_t>(offset + got));
-    if (k > 0) {
-      got += k;
-    } else if (k < 0 && errno == EINTR) {
-      continue;
-    } else {
-      if (k < 0) err = errno;
-      break;  // k == 0: end of file
-    }
-  }
-  return got;
-}
-
-uint8_t* aligned_buffer(int64_t bytes, int64_t align) {
-  void* p = nullptr;
-  const size_t a = static_cast<size_t>(std::max<int64_t>(align, kDirectIoAlign));
-  if (posix_memalign(&p, a, static_cast<size_t>(round_up(bytes, static_cast<int64_t>(a)))) != 0)
-    throw std::bad_alloc();
-  return static_cast<uint8_t*>(p);
-}
-
 }  // namespace
-
-void RowFileReader::FreeBytes::operator()(uint8_t* p) const { std::free(p); }
 
 RowFileReader::RowFileReader(std::string path, int64_t num_rows, int64_t row_bytes,
                              int64_t row_stride, int64_t align, bool direct)
@@ -105,34 +75,7 @@ RowFileReader::RowFileReader(std::string path, int64_t num_rows, int64_t row_byt
     throw std::invalid_argument(where + "num_rows * row_stride overflows");
   max_request_ = std::max(round_up(kMaxReadRequest, align), round_up(row_bytes, align));
 
-  if (direct) {
-    fd_ = ::open(path_.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
-    if (fd_ < 0 && errno == EINVAL) {
-      fallback_reason_ = "open(O_DIRECT) failed: " + errno_text(EINVAL) +
-                         " (the filesystem refuses direct I/O)";
-    } else if (fd_ >= 0) {
-      // Probe: the smallest request a read_rows call issues (align bytes at offset 0).
-      std::unique_ptr<uint8_t, FreeBytes> probe(aligned_buffer(align, align));
-      int err = 0;
-      pread_full(fd_, probe.get(), align, 0, err);
-      if (err == EINVAL) {
-        fallback_reason_ = "pread(O_DIRECT) of " + std::to_string(align) +
-                           " bytes at offset 0 failed: " + errno_text(EINVAL) +
-                           " (the filesystem refuses direct I/O at this alignment)";
-        ::close(fd_);
-        fd_ = -1;
-      } else {
-        direct_ = true;
-      }
-    }
-  }
-  if (!direct_) {
-    fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd_ < 0) {
-      const int err = errno;
-      throw std::runtime_error("cannot open row file " + path_ + ": " + errno_text(err));
-    }
-  }
+  fd_ = open_for_reads(path_, "row file", direct, align, direct_, fallback_reason_);
 }
 
 RowFileReader::~RowFileReader() {
@@ -155,12 +98,6 @@ void RowFileReader::close() {
   fd_ = -1;
 }
 
-uint8_t* RowFileReader::thread_buffer(int t) {
-  if (static_cast<int>(buffers_.size()) <= t) buffers_.resize(t + 1);
-  if (!buffers_[t]) buffers_[t].reset(aligned_buffer(max_request_, align_));
-  return buffers_[t].get();
-}
-
 void RowFileReader::read_rows(const int64_t* ids, int64_t n, uint8_t* out) {
   std::lock_guard<std::mutex> lock(mutex_);
   const int fd = require_open();
@@ -171,88 +108,26 @@ void RowFileReader::read_rows(const int64_t* ids, int64_t n, uint8_t* out) {
                             std::to_string(num_rows_) + ") of row file " + path_);
   if (n == 0) return;
 
-  // (id, position) sorted by id: rows in file order, duplicates adjacent.
-  order_.resize(n);
+  offsets_.resize(n);
+  lengths_.resize(n);
+  dst_.resize(n);
 #pragma omp parallel for schedule(static) num_threads(threads_for(n, kGrainIds))
-  for (int64_t k = 0; k < n; ++k) order_[k] = {ids[k], k};
-  if (!std::is_sorted(order_.begin(), order_.end())) std::sort(order_.begin(), order_.end());
-
-  // Coalesce the aligned ranges of the distinct rows into requests.
-  const int64_t block_mask = ~(align_ - 1);
-  requests_.clear();
   for (int64_t k = 0; k < n; ++k) {
-    const int64_t id = order_[k].first;
-    if (k > 0 && id == order_[k - 1].first) continue;  // same row, same request
-    const int64_t start = id * row_stride_;
-    const int64_t lo = start & block_mask;
-    const int64_t hi = round_up(start + row_bytes_, align_);
-    if (!requests_.empty()) {
-      Request& r = requests_.back();
-      const int64_t end = r.offset + r.length;
-      // Overlap (a block the request holds) always merges; touching merges up to the cap.
-      if (lo < end || (lo == end && hi - r.offset <= max_request_)) {
-        r.length = std::max(end, hi) - r.offset;
-        continue;
-      }
-      r.last = k;
-    }
-    requests_.push_back(Request{lo, hi - lo, k, n});
+    offsets_[k] = ids[k] * row_stride_;
+    lengths_[k] = row_bytes_;
+    dst_[k] = out + k * row_bytes_;
   }
-
-  const int64_t n_req = static_cast<int64_t>(requests_.size());
-  const int nt = static_cast<int>(std::min<int64_t>(omp_get_max_threads(), n_req));
-  for (int t = 0; t < nt; ++t) thread_buffer(t);
-
-  int64_t bytes = 0;
-  int64_t fail_at = INT64_MAX;  // file offset where the first failing request stopped
-  int64_t fail_req = -1;
-  int fail_err = 0;
-#pragma omp parallel num_threads(nt) reduction(+ : bytes)
-  {
-    uint8_t* buf = buffers_[omp_get_thread_num()].get();
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t q = 0; q < n_req; ++q) {
-      const Request& r = requests_[q];
-      int err = 0;
-      const int64_t got = pread_full(fd, buf, r.length, r.offset, err);
-      bytes += got;
-      // Bytes of the request the rows need: up to the end of its last row.
-      const int64_t need = order_[r.last - 1].first * row_stride_ + row_bytes_ - r.offset;
-      if (got < need) {
-#pragma omp critical(distmb_rowfile_fail)
-        if (r.offset + got < fail_at) {
-          fail_at = r.offset + got;
-          fail_req = q;
-          fail_err = err;
-        }
-        continue;
-      }
-      for (int64_t k = r.first; k < r.last; ++k) {
-        const int64_t src = order_[k].first * row_stride_ - r.offset;
-        std::memcpy(out + order_[k].second * row_bytes_, buf + src,
-                    static_cast<size_t>(row_bytes_));
-      }
-    }
+  ReadRangesStats stats;
+  try {
+    read_ranges(fd, offsets_.data(), lengths_.data(), dst_.data(), n, align_, max_request_,
+                scratch_, stats, "row file " + path_, num_rows_ * row_stride_);
+  } catch (...) {
+    counters_.bytes_read += stats.bytes_read;
+    counters_.requests += stats.requests;
+    throw;
   }
-  counters_.bytes_read += bytes;
-  counters_.requests += n_req;
-  if (fail_req >= 0) {
-    // A read that ends inside the file failed (errno); one that ends at its end means the file
-    // is shorter than the layout (with O_DIRECT a read continued at an unaligned end of file
-    // fails with EINVAL rather than returning 0, so the size decides, not the errno).
-    struct stat st;
-    const bool at_eof = ::fstat(fd, &st) == 0 && st.st_size <= fail_at;
-    const Request& r = requests_[fail_req];
-    std::string what = "row file " + path_ + ": read of bytes [" + std::to_string(r.offset) +
-                       ", " + std::to_string(r.offset + r.length) + ") stopped at offset " +
-                       std::to_string(fail_at);
-    if (at_eof)
-      what += " (end of file: the file has " + std::to_string(st.st_size) +
-              " bytes, the layout needs " + std::to_string(num_rows_ * row_stride_) + ")";
-    else
-      what += ": " + errno_text(fail_err ? fail_err : EIO);
-    throw std::runtime_error(what);
-  }
+  counters_.bytes_read += stats.bytes_read;
+  counters_.requests += stats.requests;
   counters_.rows_read += n;
 }
 

@@ -148,11 +148,21 @@ void choose_positions(Stream& rng, int64_t deg, int64_t k, int64_t* out) {
 
 NeighborSamplerCore::NeighborSamplerCore(const int64_t* indptr, const int32_t* indices32,
                                          const int64_t* indices64, int64_t n_solid,
-                                         int64_t n_local)
-    : indptr_(indptr), indices32_(indices32), indices64_(indices64), n_solid_(n_solid),
-      n_local_(n_local) {
-  if ((indices32 == nullptr) == (indices64 == nullptr))
-    throw std::invalid_argument("exactly one of the int32 / int64 index arrays must be given");
+                                         int64_t n_local, AdjacencyProvider* adjacency)
+    : indptr_(indptr), indices32_(indices32), indices64_(indices64), adjacency_(adjacency),
+      n_solid_(n_solid), n_local_(n_local) {
+  const int given = (indices32 != nullptr) + (indices64 != nullptr) + (adjacency != nullptr);
+  if (given != 1)
+    throw std::invalid_argument(
+        "exactly one of the int32 / int64 index arrays or an adjacency provider must be given");
+  if (adjacency &&
+      (adjacency->n_solid() != n_solid || adjacency->n_local() != n_local ||
+       (adjacency->index_bytes() != 4 && adjacency->index_bytes() != 8)))
+    throw std::invalid_argument(
+        "the adjacency provider has n_solid=" + std::to_string(adjacency->n_solid()) +
+        ", n_local=" + std::to_string(adjacency->n_local()) + " and " +
+        std::to_string(adjacency->index_bytes()) + "-byte indices; the sampler has n_solid=" +
+        std::to_string(n_solid) + ", n_local=" + std::to_string(n_local));
   if (n_solid < 0 || n_local < n_solid)
     throw std::invalid_argument("need 0 <= n_solid <= n_local (got n_solid=" +
                                 std::to_string(n_solid) + ", n_local=" +
@@ -169,6 +179,15 @@ NeighborSamplerCore::NeighborSamplerCore(const int64_t* indptr, const int32_t* i
   if (bad_row < n_solid)
     throw std::invalid_argument("indptr decreases at row " + std::to_string(bad_row));
   const int64_t nnz = indptr[n_solid];
+  if (adjacency && nnz != adjacency->num_entries())
+    throw std::invalid_argument("indptr[n_solid] = " + std::to_string(nnz) +
+                                " differs from the adjacency provider's " +
+                                std::to_string(adjacency->num_entries()) + " entries");
+  // With a provider the lists are checked as they are fetched.
+  if (adjacency) {
+    scratch_.assign(n_local, kUnset);
+    return;
+  }
   int64_t bad_edge = nnz;
 #pragma omp parallel for reduction(min : bad_edge) schedule(static)
   for (int64_t e = 0; e < nnz; ++e) {
@@ -217,12 +236,23 @@ std::vector<SampledBlock> NeighborSamplerCore::sample(const int64_t* seeds, int6
       // Only the seeds need marking (and can repeat); a lower layer's destinations are the
       // previous block's solid sources, whose scratch entries already hold ~position.
       const bool seeds_layer = l == num_layers - 1, input_layer = l == 0;
-      if (indices32_)
-        sample_layer(indices32_, dst, n_dst, fanouts[l], key, seeds_layer, input_layer,
-                     blocks[l]);
-      else
-        sample_layer(indices64_, dst, n_dst, fanouts[l], key, seeds_layer, input_layer,
-                     blocks[l]);
+      if (adjacency_) {
+        // The destinations' lists, packed: row i is [list_starts_[i], list_starts_[i+1]).
+        adjacency_->fetch(dst, n_dst, list_starts_, list_bytes_);
+        const void* lists = list_bytes_.data();
+        if (adjacency_->index_bytes() == 4)
+          sample_layer(static_cast<const int32_t*>(lists), list_starts_.data(), dst, n_dst,
+                       fanouts[l], key, seeds_layer, input_layer, blocks[l]);
+        else
+          sample_layer(static_cast<const int64_t*>(lists), list_starts_.data(), dst, n_dst,
+                       fanouts[l], key, seeds_layer, input_layer, blocks[l]);
+      } else if (indices32_) {
+        sample_layer(indices32_, nullptr, dst, n_dst, fanouts[l], key, seeds_layer,
+                     input_layer, blocks[l]);
+      } else {
+        sample_layer(indices64_, nullptr, dst, n_dst, fanouts[l], key, seeds_layer,
+                     input_layer, blocks[l]);
+      }
       dst = blocks[l].src_ids.data();
       n_dst = static_cast<int64_t>(blocks[l].src_ids.size()) - blocks[l].n_halo;
     }
@@ -236,6 +266,9 @@ std::vector<SampledBlock> NeighborSamplerCore::sample(const int64_t* seeds, int6
 }
 
 // One block: destinations dst[0..n_dst) (solid, distinct; checked when mark_destinations).
+// Row i is indices[indptr[dst[i]] ..) of the CSR, or, when list_starts is given (adjacency
+// provider), indices[list_starts[i] .. list_starts[i+1]) of the fetched lists: the same
+// entries in the same order, so the blocks are the same.
 // Passes:
 //  1. size every row (and with mark_destinations set scratch[dst[i]] = ~i); scan -> indptr;
 //  2. sample every row into nbr_ (ascending CSR position) and atomic-min each neighbour's
@@ -251,9 +284,10 @@ std::vector<SampledBlock> NeighborSamplerCore::sample(const int64_t* seeds, int6
 // rehashing, lookups are one load, concurrent inserts are one atomic-min, and it is reset in
 // O(n_src) by walking the sources, so its O(n_local) allocation is paid once per sampler.
 template <class Idx>
-void NeighborSamplerCore::sample_layer(const Idx* indices, const int64_t* dst, int64_t n_dst,
-                                       int64_t fanout, uint64_t key, bool mark_destinations,
-                                       bool input_layer, SampledBlock& out) {
+void NeighborSamplerCore::sample_layer(const Idx* indices, const int64_t* list_starts,
+                                       const int64_t* dst, int64_t n_dst, int64_t fanout,
+                                       uint64_t key, bool mark_destinations, bool input_layer,
+                                       SampledBlock& out) {
   Slot* const scratch = scratch_.data();
   const int64_t* const indptr = indptr_;
 
@@ -267,7 +301,8 @@ void NeighborSamplerCore::sample_layer(const Idx* indices, const int64_t* dst, i
 #pragma omp parallel for schedule(static) num_threads(threads_for(n_dst, kGrainRows))
   for (int64_t i = 0; i < n_dst; ++i) {
     const int64_t v = dst[i];
-    const int64_t begin = indptr[v], deg = indptr[v + 1] - begin;
+    const int64_t begin = list_starts ? list_starts[i] : indptr[v];
+    const int64_t deg = (list_starts ? list_starts[i + 1] : indptr[v + 1]) - begin;
     rows[i] = {begin, deg};
     out.indptr[i] = (fanout == kFanoutAll || deg <= fanout) ? deg : fanout;
     if (mark_destinations &&

@@ -23,6 +23,8 @@ import numpy as np
 import torch
 
 from distmb import _C
+from distmb.data.neighborfile import NeighborFile
+from distmb.errors import PartitionError
 from distmb.sampling.blocks import Block
 
 #: Fan-out meaning "every in-neighbour" (exact, full-neighbour blocks for evaluation).
@@ -58,7 +60,11 @@ class NeighborSampler:
     """Thread-parallel uniform neighbour sampler over one part's local in-edge CSR.
 
     The graph arrays are borrowed, not copied (memory-mapped arrays of a
-    :class:`~distmb.data.PartitionStore` are read in place) and validated once here. The
+    :class:`~distmb.data.PartitionStore` are read in place) and validated once here. With a
+    :class:`~distmb.data.neighborfile.NeighborFile` in place of ``indices`` (out-of-core
+    adjacency, ``--graph-layout ooc``) every layer fetches its destinations' lists from it
+    (its cache, else one coalesced batch of reads from disk, checked per fetch) and the blocks
+    are identical to those of the in-memory sampler over the same CSR. The
     sampler keeps an ``int32[n_local]`` scratch table that every call reuses, so create one
     sampler per part and keep it. Calls on one sampler from several Python threads are safe
     but serialised; the C++ kernel uses the OpenMP thread count of the calling thread
@@ -67,7 +73,9 @@ class NeighborSampler:
     Args:
         indptr: int64[n_solid + 1], CSR row pointers of the solid vertices' in-edges.
         indices: int32 or int64[indptr[-1]], sources as VID_p in ``[0, n_local)``; VID_p
-            ``>= n_solid`` are halo vertices (leaves).
+            ``>= n_solid`` are halo vertices (leaves). Or a
+            :class:`~distmb.data.neighborfile.NeighborFile` over the same CSR (same
+            ``indptr``, ``n_solid`` and ``n_local``): the lists are then read through it.
         n_solid: number of solid vertices (rows of the CSR).
         n_local: number of local vertices, solid and halo.
         fanouts: per layer, from the input layer to the output layer: a positive count or
@@ -76,7 +84,8 @@ class NeighborSampler:
 
     Raises:
         ValueError: malformed CSR (wrong dtype or length, decreasing ``indptr``, an index
-            outside ``[0, n_local)``), empty fan-out list, fan-out 0 or below -1.
+            outside ``[0, n_local)``), a neighbour file of another CSR, empty fan-out list,
+            fan-out 0 or below -1.
     """
 
     #: Sampling reads this rank's part only (safe on a background thread).
@@ -85,7 +94,7 @@ class NeighborSampler:
     def __init__(
         self,
         indptr: np.ndarray,
-        indices: np.ndarray,
+        indices: np.ndarray | NeighborFile,
         n_solid: int,
         n_local: int,
         fanouts: Sequence[int],
@@ -94,14 +103,23 @@ class NeighborSampler:
         self.fanouts = self._check_fanouts(fanouts)
         self.seed = _check_counter(seed, "seed")
         indptr = np.asarray(indptr)
-        indices = np.asarray(indices)
         if indptr.dtype != np.int64:
             raise ValueError(f"indptr must be int64 (got {indptr.dtype})")
-        if indices.dtype not in (np.int32, np.int64):
-            raise ValueError(f"indices must be int32 or int64 (got {indices.dtype})")
+        #: The neighbour file the lists are read through, or None (``indices`` in memory).
+        self.neighbor_file: NeighborFile | None = None
+        if isinstance(indices, NeighborFile):
+            self.neighbor_file = indices
+            if indices.closed:
+                raise ValueError(f"NeighborSampler: {indices!r} is closed")
+            graph: object = indices._core
+        else:
+            indices = np.asarray(indices)
+            if indices.dtype not in (np.int32, np.int64):
+                raise ValueError(f"indices must be int32 or int64 (got {indices.dtype})")
+            graph = np.ascontiguousarray(indices)
         # Contiguous views pass through unchanged; only a strided view is copied.
         self._core = _C.NeighborSamplerCore(
-            np.ascontiguousarray(indptr), np.ascontiguousarray(indices), int(n_solid), int(n_local)
+            np.ascontiguousarray(indptr), graph, int(n_solid), int(n_local)
         )
 
     @staticmethod
@@ -144,6 +162,8 @@ class NeighborSampler:
         Raises:
             ValueError: a seed that is a halo vertex, out of range or repeated; a block of
                 ``2**31 - 1`` or more destinations + edges (the scratch entries are 32-bit).
+            PartitionError: with a neighbour file, a short read or an entry outside
+                ``[0, n_local)`` (the message names the file).
         """
         return self._run(seeds, self.fanouts, epoch, iteration)
 
@@ -167,13 +187,20 @@ class NeighborSampler:
         self, seeds: torch.Tensor | np.ndarray, fanouts: list[int], epoch: int, iteration: int
     ) -> list[Block]:
         seed_arr = _index_array(seeds, "seeds")
-        raw = self._core.sample(
+        args = (
             seed_arr,
             np.asarray(fanouts, dtype=np.int64),
             self.seed,
             _check_counter(epoch, "epoch"),
             _check_counter(iteration, "iteration"),
         )
+        if self.neighbor_file is None:
+            raw = self._core.sample(*args)
+        else:
+            try:
+                raw = self._core.sample(*args)
+            except RuntimeError as exc:  # a short read or a corrupt list, naming the file
+                raise PartitionError(str(exc)) from None
         return [
             Block(
                 n_dst=int(n_dst),
