@@ -30,6 +30,7 @@ memory budget Belady reads at most half the bytes ``mmap`` reads and its epoch i
 from __future__ import annotations
 
 import argparse
+import mmap
 import os
 import platform
 import statistics
@@ -42,6 +43,7 @@ from distmb import _C
 from distmb.config import TrainConfig
 from distmb.data import load_dataset
 from distmb.data.local import LocalGraph
+from distmb.data.rowfile import evict_page_cache
 from distmb.data.store import PartitionStore
 from distmb.features.select import open_features
 from distmb.loader.loader import BatchLoader
@@ -64,6 +66,29 @@ def kernel_read_bytes() -> int:
             if line.startswith("read_bytes:"):
                 return int(line.split()[1])
     raise RuntimeError("/proc/self/io has no read_bytes")
+
+
+def mapping_of(array: np.ndarray) -> mmap.mmap:
+    """The ``mmap`` object behind a (view of a) ``np.memmap``."""
+    base = array
+    while base is not None and not isinstance(base, mmap.mmap):
+        base = getattr(base, "_mmap", None) or base.base
+    if base is None:
+        raise RuntimeError("the feature table is not memory-mapped")
+    return base
+
+
+def evictor(path: Path, table: np.ndarray | None):
+    """Drops the file's pages: first from this process's mapping (``madvise(DONTNEED)``:
+    ``posix_fadvise`` leaves mapped pages alone), then from the page cache."""
+    mapping = mapping_of(table) if table is not None else None
+
+    def evict() -> None:
+        if mapping is not None:
+            mapping.madvise(mmap.MADV_DONTNEED)
+        evict_page_cache(path)
+
+    return evict
 
 
 def loading_epoch(
@@ -110,21 +135,21 @@ def run_setting(
     t0 = time.perf_counter()
     sources = open_features(local, config)
     setup_s = time.perf_counter() - t0
+    rows_file = store.feature_file
+    assert rows_file is not None
+    evict = evictor(rows_file.path, store.features if kind == "mmap" else None)
     loader = BatchLoader(
         sampler, sources.train, local.labels, prefetch=0, superbatch=args.superbatch
     )
     rng = np.random.default_rng(0)
     num_batches = -(-local.train_idx.size // args.batch_size)
-    rows_file = store.feature_file
-    assert rows_file is not None
     epochs = []
     for epoch in range(args.epochs):
         if sources.cache is not None:
             sources.cache.reset_counters()
         order = local.train_idx[rng.permutation(local.train_idx.size)]
-        record = loading_epoch(
-            loader, np.array_split(order, num_batches), epoch, rows_file.evict_page_cache
-        )
+        batches = np.array_split(order, num_batches)[: args.batches or None]
+        record = loading_epoch(loader, batches, epoch, evict)
         if sources.cache is not None:
             stats = sources.cache.stats()
             record.update(
@@ -202,6 +227,12 @@ def main() -> None:
     p.add_argument("--superbatch", type=int, default=32)
     p.add_argument("--sizes", type=float, nargs="+", default=[5, 10, 20, 40])
     p.add_argument("--epochs", type=int, default=2)
+    p.add_argument(
+        "--batches",
+        type=int,
+        default=0,
+        help="batches per measured epoch (the first of each shuffled epoch; 0: all)",
+    )
     p.add_argument("--workdir", type=Path, default=Path("/tmp/distmb-ooc-bench"))
     p.add_argument("--out", type=Path, default=RESULTS / "out_of_core.json")
     args = p.parse_args()

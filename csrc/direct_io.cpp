@@ -3,15 +3,17 @@
 // out-of-core neighbour lists (csrc/neighbor_file.cpp).
 //
 // A call sorts the ranges by offset, turns each into the align-aligned byte range that holds
-// it, merges ranges that overlap or touch into requests of at most max_request bytes, and
-// reads the requests in parallel, each thread into its own aligned buffer, copying every range
-// a request holds to its destination.
+// it, merges ranges that overlap, touch or lie within kCoalesceGap bytes into requests of at
+// most max_request bytes, and reads the requests with io_depth() reads in flight, each thread
+// into its own aligned buffer, copying every range a request holds to its destination.
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE  // O_DIRECT
 #endif
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include <atomic>
 
 #include <algorithm>
 #include <cerrno>
@@ -64,7 +66,30 @@ uint8_t* aligned_buffer(int64_t bytes, int64_t align) {
   return static_cast<uint8_t*>(p);
 }
 
+std::atomic<int> g_io_depth{kDefaultIoDepth};
+
 }  // namespace
+
+int io_depth() { return g_io_depth.load(std::memory_order_relaxed); }
+
+void set_io_depth(int depth) {
+  if (depth < 1) throw std::invalid_argument("io depth must be >= 1, got " + std::to_string(depth));
+  g_io_depth.store(depth, std::memory_order_relaxed);
+}
+
+int64_t direct_io_alignment(int fd, int64_t fallback) {
+#if defined(STATX_DIOALIGN)
+  struct statx stx;
+  if (::statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &stx) == 0 &&
+      (stx.stx_mask & STATX_DIOALIGN)) {
+    const int64_t a = static_cast<int64_t>(stx.stx_dio_offset_align);
+    if (a > 0 && (a & (a - 1)) == 0 && a <= fallback && fallback % a == 0) return a;
+  }
+#else
+  (void)fd;
+#endif
+  return fallback;
+}
 
 void RangeReadScratch::FreeBytes::operator()(uint8_t* p) const { std::free(p); }
 
@@ -146,8 +171,9 @@ void read_ranges(int fd, const int64_t* offsets, const int64_t* lengths, uint8_t
     if (!requests.empty()) {
       Request& r = requests.back();
       const int64_t end = r.offset + r.length;
-      // Inside the request always joins; overlapping or touching joins up to the cap.
-      if (hi <= end || (lo <= end && hi - r.offset <= max_request)) {
+      // Inside the request always joins; overlapping, touching or within kCoalesceGap of its
+      // end joins up to the cap (reading the gap costs less than another request).
+      if (hi <= end || (lo <= end + kCoalesceGap && hi - r.offset <= max_request)) {
         r.length = std::max(end, hi) - r.offset;
         r.last = k + 1;
         r.need_end = std::max(r.need_end, stop);
@@ -161,7 +187,9 @@ void read_ranges(int fd, const int64_t* offsets, const int64_t* lengths, uint8_t
 
   const int64_t n_req = static_cast<int64_t>(requests.size());
   if (n_req == 0) return;
-  const int nt = static_cast<int>(std::min<int64_t>(omp_get_max_threads(), n_req));
+  // Reads in flight: the io depth, not the core count (a blocked pread uses no CPU).
+  const int nt =
+      static_cast<int>(std::min<int64_t>(std::max(omp_get_max_threads(), io_depth()), n_req));
   for (int t = 0; t < nt; ++t) scratch.buffer(t, largest, align);
 
   int64_t bytes = 0;

@@ -479,6 +479,23 @@ constexpr int64_t kDirectIoAlign = 4096;
 // Cap of one coalesced read request in bytes (a request holding a single larger range exceeds
 // it).
 constexpr int64_t kMaxReadRequest = int64_t{1} << 20;
+// Unrequested bytes a request may read to take in the next range instead of issuing a request
+// of its own: a request costs a device round trip (~20 us on an SSD at moderate queue depth),
+// a few KiB more of a request cost ~1 us.
+constexpr int64_t kCoalesceGap = 4096;
+// Default reads in flight (threads issuing preads): SSDs need a queue depth of 8 or more to
+// reach their throughput, whatever the number of cores (blocked readers use no CPU).
+constexpr int kDefaultIoDepth = 16;
+
+// io_depth / set_io_depth: reads in flight per read_ranges call, at least the caller's OpenMP
+// thread count (set_io_depth(d), d >= 1; distmb.data.rowfile.set_io_depth).
+int io_depth();
+void set_io_depth(int depth);
+
+// direct_io_alignment(fd, fallback): the offset alignment O_DIRECT reads of fd need (statx
+// STATX_DIOALIGN: often the device's 512-byte logical block), when the kernel reports one that
+// divides fallback; else fallback. Smaller alignment = fewer bytes read per small range.
+int64_t direct_io_alignment(int fd, int64_t fallback);
 
 // open_for_reads: open path read-only for positioned reads. With direct, O_DIRECT is tried
 // and the first align bytes are read as a probe; if the open or the probe fails with EINVAL
@@ -573,7 +590,10 @@ class RowFileReader {
   RowFileReader(const RowFileReader&) = delete;
   RowFileReader& operator=(const RowFileReader&) = delete;
 
-  void read_rows(const int64_t* ids, int64_t n, uint8_t* out);
+  // With positions (int64[n], each in [0, out_rows), checked by the caller), row ids[k] goes
+  // to out row positions[k] instead of k: a gather's misses land in their final places.
+  void read_rows(const int64_t* ids, int64_t n, uint8_t* out,
+                 const int64_t* positions = nullptr);
   void evict_page_cache();
   void close();
   void reset_counters();
@@ -584,6 +604,9 @@ class RowFileReader {
   int64_t row_bytes() const { return row_bytes_; }
   int64_t row_stride() const { return row_stride_; }
   int64_t align() const { return align_; }
+  // Alignment of the reads: the file's O_DIRECT alignment when it divides align (e.g. 512
+  // bytes), else align.
+  int64_t read_align() const { return read_align_; }
   int64_t max_request() const { return max_request_; }
   bool direct() const { return direct_; }
   bool closed() const;
@@ -594,6 +617,7 @@ class RowFileReader {
 
   std::string path_;
   int64_t num_rows_, row_bytes_, row_stride_, align_, max_request_;
+  int64_t read_align_ = 0;
   int fd_ = -1;
   bool direct_ = false;
   std::string fallback_reason_;
@@ -687,6 +711,7 @@ class NeighborFile : public AdjacencyProvider {
   int64_t n_solid_, n_local_;
   int fd_ = -1;
   bool direct_ = false;
+  int64_t read_align_ = kDirectIoAlign;  // the file's O_DIRECT alignment (direct_io_alignment)
   std::string fallback_reason_;
   RangeReadScratch scratch_;
   std::vector<int64_t> cache_at_;   // [n_solid] or empty: first cache entry of a list, or -1

@@ -74,6 +74,7 @@ NeighborFile::NeighborFile(std::string path, int64_t data_offset, int64_t index_
 
   fd_ = open_for_reads(path_, "neighbour file", direct, kDirectIoAlign, direct_,
                        fallback_reason_);
+  read_align_ = direct_ ? direct_io_alignment(fd_, kDirectIoAlign) : kDirectIoAlign;
   struct stat st {};
   const int64_t need = data_offset + num_entries * index_bytes;
   if (::fstat(fd_, &st) != 0 || st.st_size < need) {
@@ -125,7 +126,7 @@ void NeighborFile::read_lists(int fd, const int64_t* vertices, const int64_t* st
     lengths_[i] = (indptr[v + 1] - indptr[v]) * index_bytes_;
     dst_[i] = dst + starts[i] * index_bytes_;
   }
-  read_ranges(fd, offsets_.data(), lengths_.data(), dst_.data(), n, kDirectIoAlign,
+  read_ranges(fd, offsets_.data(), lengths_.data(), dst_.data(), n, read_align_,
               kMaxReadRequest, scratch_, stats, "neighbour file " + path_,
               data_offset_ + num_entries_ * index_bytes_);
 

@@ -76,6 +76,7 @@ RowFileReader::RowFileReader(std::string path, int64_t num_rows, int64_t row_byt
   max_request_ = std::max(round_up(kMaxReadRequest, align), round_up(row_bytes, align));
 
   fd_ = open_for_reads(path_, "row file", direct, align, direct_, fallback_reason_);
+  read_align_ = direct_ ? direct_io_alignment(fd_, align) : align;
 }
 
 RowFileReader::~RowFileReader() {
@@ -98,7 +99,8 @@ void RowFileReader::close() {
   fd_ = -1;
 }
 
-void RowFileReader::read_rows(const int64_t* ids, int64_t n, uint8_t* out) {
+void RowFileReader::read_rows(const int64_t* ids, int64_t n, uint8_t* out,
+                              const int64_t* positions) {
   std::lock_guard<std::mutex> lock(mutex_);
   const int fd = require_open();
   const int64_t bad = first_out_of_range(ids, n, num_rows_);
@@ -115,11 +117,11 @@ void RowFileReader::read_rows(const int64_t* ids, int64_t n, uint8_t* out) {
   for (int64_t k = 0; k < n; ++k) {
     offsets_[k] = ids[k] * row_stride_;
     lengths_[k] = row_bytes_;
-    dst_[k] = out + k * row_bytes_;
+    dst_[k] = out + (positions ? positions[k] : k) * row_bytes_;
   }
   ReadRangesStats stats;
   try {
-    read_ranges(fd, offsets_.data(), lengths_.data(), dst_.data(), n, align_, max_request_,
+    read_ranges(fd, offsets_.data(), lengths_.data(), dst_.data(), n, read_align_, max_request_,
                 scratch_, stats, "row file " + path_, num_rows_ * row_stride_);
   } catch (...) {
     counters_.bytes_read += stats.bytes_read;

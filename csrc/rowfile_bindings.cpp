@@ -1,6 +1,9 @@
 // Python bindings of the row-file reader (csrc/rowfile.cpp).
 #include <memory>
+#include <optional>
 #include <string>
+
+#include <pybind11/stl.h>
 
 #include "binding_utils.h"
 #include "kernels.h"
@@ -28,11 +31,28 @@ uint8_t* row_buffer(py::array& out, int64_t n, int64_t row_bytes) {
   return static_cast<uint8_t*>(out.mutable_data());
 }
 
-void py_read_rows(RowFileReader& self, const carray<int64_t>& ids, py::array out) {
+void py_read_rows(RowFileReader& self, const carray<int64_t>& ids, py::array out,
+                  std::optional<carray<int64_t>> positions) {
   require_1d(ids, "ids");
-  uint8_t* dst = row_buffer(out, ids.size(), self.row_bytes());
+  if (!positions) {
+    uint8_t* dst = row_buffer(out, ids.size(), self.row_bytes());
+    py::gil_scoped_release nogil;
+    self.read_rows(ids.data(), ids.size(), dst);
+    return;
+  }
+  // Scattered: out has any number of rows; positions[k] is the out row of ids[k].
+  require_1d(*positions, "positions");
+  if (positions->size() != ids.size())
+    throw py::value_error("positions must have one entry per id");
+  const int64_t rows = out.ndim() == 2 ? out.shape(0) : -1;
+  uint8_t* dst = row_buffer(out, rows, self.row_bytes());
+  const int64_t* pos = positions->data();
+  for (py::ssize_t k = 0; k < positions->size(); ++k)
+    if (pos[k] < 0 || pos[k] >= rows)
+      throw py::index_error("positions[" + std::to_string(k) + "] = " + std::to_string(pos[k]) +
+                            " is outside the " + std::to_string(rows) + " rows of out");
   py::gil_scoped_release nogil;
-  self.read_rows(ids.data(), ids.size(), dst);
+  self.read_rows(ids.data(), ids.size(), dst, pos);
 }
 
 py::dict py_counters(const RowFileReader& self) {
@@ -53,6 +73,21 @@ py::dict py_counters(const RowFileReader& self) {
 void bind_rowfile(py::module_& m) {
   m.attr("DIRECT_IO_ALIGN") = kDirectIoAlign;
   m.attr("ROWFILE_MAX_REQUEST") = kMaxReadRequest;
+  m.attr("READ_COALESCE_GAP") = kCoalesceGap;
+  m.attr("DEFAULT_IO_DEPTH") = kDefaultIoDepth;
+  m.def("get_io_depth", &io_depth, "Reads in flight per out-of-core read call.");
+  m.def(
+      "set_io_depth",
+      [](int depth) {
+        try {
+          set_io_depth(depth);
+        } catch (const std::invalid_argument& e) {
+          throw py::value_error(e.what());
+        }
+      },
+      py::arg("depth"),
+      "Reads in flight per out-of-core read call (>= 1; at least the OpenMP thread count is "
+      "used). Default: DEFAULT_IO_DEPTH.");
   py::class_<RowFileReader>(m, "RowFileReader",
                             "Rows of one row file read by id with concurrent positioned reads "
                             "(O_DIRECT unless refused); see distmb.data.rowfile. Calls on "
@@ -68,9 +103,12 @@ void bind_rowfile(py::module_& m) {
            "Open path; with direct, O_DIRECT unless the open or a probe read fails with EINVAL "
            "(then buffered, and fallback_reason says why).")
       .def("read_rows", &py_read_rows, py::arg("ids"), py::arg("out"),
+           py::arg("positions") = py::none(),
            "ids int64[n] (any order, duplicates allowed) -> out uint8[n, row_bytes] or "
-           "float32[n, row_bytes / 4] (C-contiguous). IndexError for an id outside "
-           "[0, num_rows), RuntimeError for a failed or short read.")
+           "float32[n, row_bytes / 4] (C-contiguous); with positions int64[n], row ids[k] "
+           "goes to out row positions[k] (out may have any number of rows). IndexError for an "
+           "id outside [0, num_rows) or a position outside out, RuntimeError for a failed or "
+           "short read.")
       .def("evict_page_cache", &RowFileReader::evict_page_cache,
            py::call_guard<py::gil_scoped_release>(),
            "posix_fadvise(DONTNEED) over the file: drop its pages from the OS page cache.")
@@ -83,6 +121,7 @@ void bind_rowfile(py::module_& m) {
       .def_property_readonly("row_bytes", &RowFileReader::row_bytes)
       .def_property_readonly("row_stride", &RowFileReader::row_stride)
       .def_property_readonly("align", &RowFileReader::align)
+      .def_property_readonly("read_align", &RowFileReader::read_align)
       .def_property_readonly("max_request", &RowFileReader::max_request)
       .def_property_readonly("direct", &RowFileReader::direct)
       .def_property_readonly("closed", [](const RowFileReader& self) {

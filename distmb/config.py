@@ -46,6 +46,7 @@ __all__ = [
     "DEFAULT_FEATURE_CACHE_MB",
     "DEFAULT_SUPERBATCH",
     "FEATURE_SOURCES",
+    "GRAPH_LAYOUTS",
     "GROUP_DATA_LOADING",
     "GROUP_FEATURES",
     "GROUP_HEC",
@@ -103,6 +104,12 @@ MAX_FANOUT = 2**31 - 1
 FEATURE_SOURCES: tuple[str, ...] = ("memory", "mmap", "ooc")
 #: Replacement policies of the out-of-core feature cache (``--cache-policy``).
 CACHE_POLICIES: tuple[str, ...] = ("belady", "presc", "degree", "lru", "none")
+#: Where the in-neighbour lists (``indices``) are read from (``--graph-layout``).
+GRAPH_LAYOUTS: tuple[str, ...] = ("mmap", "ooc")
+#: Orders in which the static neighbour cache takes vertices (``--neighbor-cache-order``).
+NEIGHBOR_CACHE_ORDERS: tuple[str, ...] = ("degree", "ratio")
+#: Default size of the out-of-core neighbour cache, MiB.
+DEFAULT_NEIGHBOR_CACHE_MB = 256.0
 #: Default size of the out-of-core feature cache, MiB (clamped to the table).
 DEFAULT_FEATURE_CACHE_MB = 1024.0
 #: Default mini-batches per superbatch (what the Belady inspector sees ahead).
@@ -333,6 +340,29 @@ class TrainConfig:
         group=GROUP_FEATURES,
         min=1,
     )
+    graph_layout: str = option(
+        "mmap",
+        "where sampling reads in-neighbour lists: mmap (the part's indices.npy memory-mapped) "
+        "or ooc (read from indices.npy with O_DIRECT behind --neighbor-cache-mb; a rank then "
+        "holds nothing that grows with the edges; needs --part-dir)",
+        group=GROUP_FEATURES,
+        choices=GRAPH_LAYOUTS,
+    )
+    neighbor_cache_mb: float = option(
+        DEFAULT_NEIGHBOR_CACHE_MB,
+        "MiB of in-neighbour lists cached in memory with --graph-layout ooc (static, filled "
+        "before training in --neighbor-cache-order)",
+        group=GROUP_FEATURES,
+        min=0,
+    )
+    neighbor_cache_order: str = option(
+        "degree",
+        "which lists the neighbour cache holds: degree (highest in-degree first: the vertices "
+        "sampled most often in a symmetric graph) or ratio (out/in-degree, Ginex's order for "
+        "directed graphs)",
+        group=GROUP_FEATURES,
+        choices=NEIGHBOR_CACHE_ORDERS,
+    )
     hec_size: int = option(
         DEFAULT_HEC_SIZE,
         "cache lines per layer (cs)",
@@ -403,6 +433,16 @@ class TrainConfig:
             )
         if self.resume and not self.checkpoint_dir:
             raise InputError("--resume needs --checkpoint-dir")
+        if self.graph_layout != "ooc":
+            nbr_flags = [
+                opt.flag
+                for opt in OPTIONS
+                if opt.name in ("neighbor_cache_mb", "neighbor_cache_order")
+                and getattr(self, opt.name) != opt.default
+            ]
+            if nbr_flags:
+                verb = "applies" if len(nbr_flags) == 1 else "apply"
+                raise InputError(f"{', '.join(nbr_flags)} {verb} only to --graph-layout ooc")
         if self.features in ("memory", "mmap"):
             cache_flags = [
                 opt.flag

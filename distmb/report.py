@@ -60,8 +60,10 @@ def plot(records: list[dict[str, Any]], out: Path, title: str) -> None:
     epochs = [r["epoch"] for r in records]
     hit_rates = [r.get("hec_hit_rate") or [] for r in records]
     with_hec = any(h is not None for rates in hit_rates for h in rates)
-    caches = [r.get("feature_cache") for r in records]
-    with_cache = any(c and c.get("hit_rate") is not None for c in caches)
+    caches = {key: [r.get(key) for r in records] for key in ("feature_cache", "neighbor_cache")}
+    with_cache = any(
+        c and c.get("hit_rate") is not None for series in caches.values() for c in series
+    )
     panels = 3 + with_hec + with_cache
     cols = min(panels, 3)
     rows = -(-panels // cols)
@@ -111,15 +113,20 @@ def plot(records: list[dict[str, Any]], out: Path, title: str) -> None:
         ax_hec.legend(fontsize=8)
     if with_cache:
         ax_fc = axes[-1]
-        pts = [
-            (i, 100 * c["hit_rate"])
-            for i, c in enumerate(caches)
-            if c and c.get("hit_rate") is not None
-        ]
-        last = next(c for c in reversed(caches) if c)
-        label = f"{last.get('policy', '?')}, {last.get('memory_bytes', 0) / 2**20:.0f} MiB"
-        ax_fc.plot(*zip(*pts, strict=True), "o-", ms=3, label=label)
-        ax_fc.set_ylabel("feature cache hit rate (%)")
+        for key, name in (("feature_cache", "features"), ("neighbor_cache", "neighbour lists")):
+            pts = [
+                (i, 100 * c["hit_rate"])
+                for i, c in enumerate(caches[key])
+                if c and c.get("hit_rate") is not None
+            ]
+            if not pts:
+                continue
+            last = next(c for c in reversed(caches[key]) if c)
+            label = (
+                f"{name}: {last.get('policy', '?')}, {last.get('memory_bytes', 0) / 2**20:.0f} MiB"
+            )
+            ax_fc.plot(*zip(*pts, strict=True), "o-", ms=3, label=label)
+        ax_fc.set_ylabel("out-of-core cache hit rate (%)")
         ax_fc.legend(fontsize=8)
     for ax in axes:
         ax.set_xlabel("epoch")

@@ -62,6 +62,9 @@ FLAG_FIELDS = {
     "--cache-policy": "cache_policy",
     "--superbatch": "superbatch",
     "--presample-epochs": "presample_epochs",
+    "--graph-layout": "graph_layout",
+    "--neighbor-cache-mb": "neighbor_cache_mb",
+    "--neighbor-cache-order": "neighbor_cache_order",
     "--hec-size": "hec_size",
     "--hec-nc": "hec_nc",
     "--hec-lifespan": "hec_lifespan",
@@ -93,6 +96,7 @@ BAD_VALUES = [
     ("--feature-cache-mb", "-1", "--feature-cache-mb must be >= 0, got -1.0"),
     ("--superbatch", "0", "--superbatch must be >= 1, got 0"),
     ("--presample-epochs", "0", "--presample-epochs must be >= 1, got 0"),
+    ("--neighbor-cache-mb", "-1", "--neighbor-cache-mb must be >= 0, got -1.0"),
     ("--hec-size", "0", "--hec-size must be >= 1, got 0"),
     ("--hec-nc", "0", "--hec-nc must be >= 1, got 0"),
     ("--hec-lifespan", "-1", "--hec-lifespan must be >= 0, got -1"),
@@ -101,7 +105,13 @@ BAD_VALUES = [
 
 
 #: Fields a probe of ``test_every_flag_maps_to_one_field_and_back`` changes beside its own.
-ALSO_CHANGED = {"--resume": {"checkpoint_dir"}, "--layers": {"fanout"}, "--model": {"lr"}}
+ALSO_CHANGED = {
+    "--resume": {"checkpoint_dir"},
+    "--layers": {"fanout"},
+    "--model": {"lr"},
+    "--neighbor-cache-mb": {"graph_layout"},
+    "--neighbor-cache-order": {"graph_layout"},
+}
 
 
 def _actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
@@ -136,6 +146,9 @@ def test_every_flag_maps_to_one_field_and_back():
         "--partition-cache": ["pc"],
         "--features": ["memory"],
         "--cache-policy": ["lru"],
+        "--graph-layout": ["ooc"],
+        "--neighbor-cache-mb": ["5", "--graph-layout", "ooc"],
+        "--neighbor-cache-order": ["ratio", "--graph-layout", "ooc"],
     }
     for flag, name in FLAG_FIELDS.items():
         action = next(a for a in _actions(parser) if flag in a.option_strings)
@@ -173,7 +186,8 @@ def test_cli_defaults_equal_dataclass_defaults():
         checkpoint_dir=None, resume=False, overwrite_checkpoint=False, results=None,
         progress=True, kernels="fused",
         prefetch=2, loader_threads=None, features=None, feature_cache_mb=1024.0,
-        cache_policy="belady", superbatch=32, presample_epochs=1, hec_size=1_000_000,
+        cache_policy="belady", superbatch=32, presample_epochs=1, graph_layout="mmap",
+        neighbor_cache_mb=256.0, neighbor_cache_order="degree", hec_size=1_000_000,
         hec_nc=2000, hec_lifespan=2, hec_delay=1,
         no_hec=False, exact_remote=False, partition_cache=".cache/distmb-parts",
     )  # fmt: skip

@@ -29,10 +29,11 @@ from distmb.loader.loader import BatchLoader
 from distmb.partition import partition_graph
 from distmb.partition.cli import main as partition_main
 from distmb.partition.convert import convert_features
+from distmb.sampling.adjacency import open_adjacency
 from distmb.sampling.neighbor import NeighborSampler
 
 #: Record keys that depend on where rows came from, not on what was trained.
-SOURCE_KEYS = {"feature_cache"}
+SOURCE_KEYS = {"feature_cache", "neighbor_cache"}
 
 
 @pytest.fixture(scope="module")
@@ -347,6 +348,8 @@ def test_single_rank_training_is_identical_for_every_source(parts):
         ],
         ("belady-0", "p1-ooc", {"feature_cache_mb": 0}),
         ("belady-all", "p1-ooc", {"superbatch": 3, "feature_cache_mb": 100}),
+        ("graph-ooc", "p1-ooc", {"graph_layout": "ooc", "neighbor_cache_mb": 0.01}),
+        ("graph-ooc-0", "p1-npy", {"graph_layout": "ooc", "neighbor_cache_mb": 0}),
     ]:
         trainer = Trainer(
             LocalGraph.from_store(PartitionStore(parts[part], 0)),
@@ -358,20 +361,31 @@ def test_single_rank_training_is_identical_for_every_source(parts):
     for name, records in runs.items():
         assert _strip(records) == reference, name
     assert "feature_cache" not in runs["mmap"][-1] and "feature_cache" not in runs["memory"][-1]
-    rates = {
-        n: r[-1]["feature_cache"]["hit_rate"]
-        for n, r in runs.items()
-        if n not in ("memory", "mmap")
-    }
+    with_cache = (*CACHE_POLICIES, "belady-0", "belady-all", "graph-ooc")
+    rates = {n: runs[n][-1]["feature_cache"]["hit_rate"] for n in with_cache}
     assert rates["none"] == 0 and rates["belady-0"] == 0
     assert rates["belady-all"] > rates["belady"] > 0
     fc = runs["belady"][-1]["feature_cache"]
     assert fc["policy"] == "belady" and fc["bytes_read"] > 0 and fc["memory_bytes"] > 0
     assert fc["lookups"] == fc["hits"] + fc["rows_read"]
+    nc = runs["graph-ooc"][-1]["neighbor_cache"]
+    assert 0 < nc["hits"] < nc["lookups"] and nc["bytes_read"] > 0 and nc["memory_bytes"] > 0
+    nc0 = runs["graph-ooc-0"][-1]["neighbor_cache"]
+    assert (
+        nc0["hits"] == 0 and nc0["rows_read"] > 0 and "feature_cache" not in runs["graph-ooc-0"][-1]
+    )
+    assert "neighbor_cache" not in runs["belady"][-1]
 
 
-@pytest.mark.parametrize("policy", ["belady", "presc", "lru"])
-def test_two_rank_training_is_identical_to_memory(parts, tmp_path, policy):
+@pytest.mark.parametrize(
+    "policy, extra",
+    [
+        ("belady", []),
+        ("presc", ["--graph-layout", "ooc", "--neighbor-cache-mb", "0.01"]),
+        ("lru", []),
+    ],
+)
+def test_two_rank_training_is_identical_to_memory(parts, tmp_path, policy, extra):
     argv = [*FAST_FLAGS, "--threads", "1", "--epochs", "2"]
     memory = train_results(
         2,
@@ -390,6 +404,7 @@ def test_two_rank_training_is_identical_to_memory(parts, tmp_path, policy):
             "0.05",
             "--superbatch",
             "4",
+            *extra,
         ],
         tmp_path / "o.jsonl",
     )
@@ -410,6 +425,10 @@ def test_feature_flags_are_checked(parts):
     graph = LocalGraph.from_graph(random_graph())
     with pytest.raises(InputError, match="ooc layout"):
         open_features(graph, TrainConfig(**_fast_cfg(), features="ooc"))
+    with pytest.raises(InputError, match="--part-dir"):
+        open_adjacency(graph, TrainConfig(**_fast_cfg(), graph_layout="ooc"))
+    with pytest.raises(InputError, match="only to --graph-layout ooc"):
+        parse_config(["--neighbor-cache-mb", "3"])
 
 
 def test_array_source_and_part_features_with_one_table():

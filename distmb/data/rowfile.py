@@ -20,13 +20,16 @@ Layout (cited by the partition format, docs/partition-format.md):
   returns them.
 
 Reading ``ids`` (int64[m], any order, duplicates allowed): the distinct rows are sorted, each
-becomes the aligned byte range that holds it, ranges that overlap or touch are coalesced into
+becomes the byte range aligned to :attr:`RowFile.read_align` that holds it (the file's
+``O_DIRECT`` alignment, e.g. the device's 512-byte sector, when it divides ``align``),
+ranges that overlap, touch or lie within :data:`COALESCE_GAP` bytes are coalesced into
 requests of at most ``max_request`` bytes (``distmb._C.ROWFILE_MAX_REQUEST`` = 1 MiB, more
-only for a single larger row), and the requests are read with ``pread`` from an OpenMP loop
-(``distmb._C.set_num_threads`` threads). Where the filesystem refuses ``O_DIRECT`` (the open
-or a first aligned read fails with ``EINVAL``, e.g. some tmpfs or network filesystems) the
-reader uses buffered reads through the page cache and says so (:attr:`RowFile.direct`,
-:attr:`RowFile.fallback_reason`, one warning per reason per process).
+only for a single larger row), and the requests are read with ``pread`` by
+``max(io_depth(), OpenMP threads)`` threads (:func:`set_io_depth`). Where the filesystem
+refuses ``O_DIRECT`` (the open or a first aligned read fails with ``EINVAL``, e.g. some
+tmpfs or network filesystems) the reader uses buffered reads through the page cache and says
+so (:attr:`RowFile.direct`, :attr:`RowFile.fallback_reason`, one warning per reason per
+process).
 """
 
 from __future__ import annotations
@@ -50,6 +53,24 @@ from distmb.units import FLOAT32_BYTES
 DIRECT_IO_ALIGN: int = int(_C.DIRECT_IO_ALIGN)
 #: Largest coalesced read request, in bytes (a single row larger than this is one request).
 MAX_READ_REQUEST: int = int(_C.ROWFILE_MAX_REQUEST)
+#: Unrequested bytes a read request takes in to join the next row instead of issuing a
+#: request of its own (a request costs a device round trip; a few KiB more cost little).
+COALESCE_GAP: int = int(_C.READ_COALESCE_GAP)
+#: Default reads in flight per call (:func:`set_io_depth`).
+DEFAULT_IO_DEPTH: int = int(_C.DEFAULT_IO_DEPTH)
+
+
+def set_io_depth(depth: int) -> None:
+    """Reads in flight per out-of-core read call (row files and neighbour files), at least
+    the caller's OpenMP thread count: SSDs reach their throughput only with several requests
+    outstanding, and a thread blocked in ``pread`` uses no CPU. Default
+    :data:`DEFAULT_IO_DEPTH`."""
+    _C.set_io_depth(int(depth))
+
+
+def io_depth() -> int:
+    """Reads in flight per out-of-core read call (:func:`set_io_depth`)."""
+    return int(_C.get_io_depth())
 #: The one dtype string of a row file's table.
 ROW_FILE_DTYPE = "float32"
 #: Bytes of padded rows :func:`write_row_file` writes at a time by default.
@@ -293,26 +314,35 @@ class RowFile:
             raise PartitionError(str(exc)) from None
 
     # -- reads ------------------------------------------------------------------------------
-    def read_into(self, ids: Any, out: Any) -> None:
+    def read_into(self, ids: Any, out: Any, positions: np.ndarray | None = None) -> None:
         """Write the rows of ``ids`` into ``out``.
 
         Args:
             ids: int64[n] (any integer dtype; any order, duplicates allowed), in
                 ``[0, num_rows)``.
-            out: float32[n, dim], C-contiguous and writeable (a CPU tensor or numpy array).
+            out: float32[n, dim], C-contiguous and writeable (a CPU tensor or numpy array);
+                with ``positions``, float32[m, dim] for any m.
+            positions: optional int64[n]: row ``ids[k]`` goes to ``out[positions[k]]``
+                (scattered straight into place, no staging copy).
 
         Raises:
-            ValueError: ``ids`` or ``out`` has the wrong shape or dtype, or the file is closed.
-            IndexError: an id is outside ``[0, num_rows)``.
+            ValueError: ``ids``, ``positions`` or ``out`` has the wrong shape or dtype, or the
+                file is closed.
+            IndexError: an id is outside ``[0, num_rows)``, a position outside ``out``.
             PartitionError: a read stopped short (the file was truncated after opening) or
                 failed.
         """
         ids_np = self._check_ids(ids)
-        out_np = self._check_out(out, ids_np.size)
+        if positions is None:
+            out_np = self._check_out(out, ids_np.size)
+        else:
+            rows = int(out.shape[0]) if getattr(out, "ndim", 0) == 2 else -1
+            out_np = self._check_out(out, rows)
+            positions = np.ascontiguousarray(positions, dtype=np.int64)
         reader = self._require_open()
         start = time.perf_counter()
         try:
-            reader.read_rows(ids_np, out_np)
+            reader.read_rows(ids_np, out_np, positions)
         except RuntimeError as exc:
             raise PartitionError(str(exc)) from None
         finally:
@@ -392,6 +422,13 @@ class RowFile:
             raise OSError(str(exc)) from None
 
     # -- counters ---------------------------------------------------------------------------
+    @property
+    def read_align(self) -> int:
+        """Alignment of the reads in bytes: the file's ``O_DIRECT`` alignment as the kernel
+        reports it (often the device's 512-byte logical block) when it divides ``align``, else
+        ``align``. A row of ``row_stride <= read_align`` costs one read unit."""
+        return int(self._reader.read_align)
+
     @property
     def max_request(self) -> int:
         """Largest coalesced read request, in bytes."""

@@ -33,6 +33,7 @@ def global_stats(
     record: dict[str, Any],
     halo: dict[str, np.ndarray],
     feature_cache: dict[str, float] | None = None,
+    neighbor_cache: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """Cross-rank view of an epoch: loss and accuracy averaged over ranks, phases (and the
     loader's wait) at their maximum, load imbalance, halo-scheme counters summed.
@@ -42,6 +43,8 @@ def global_stats(
         halo: this rank's halo-scheme counters (:meth:`HaloScheme.stats`).
         feature_cache: this rank's out-of-core feature cache counters
             (:meth:`CachedFeatures.stats`), or None on every rank.
+        neighbor_cache: the same for the out-of-core neighbour lists
+            (:func:`distmb.sampling.adjacency.neighbor_cache_stats`), or None on every rank.
     """
     total = allreduce_named(
         comm,
@@ -72,7 +75,9 @@ def global_stats(
     for phase in ("epoch_time", *PHASES, "sample", "gather", "load_wait"):
         out[phase] = round(comm.allreduce_max(record[phase]), 4)
     if feature_cache is not None:
-        out["feature_cache"] = feature_cache_record(comm, feature_cache)
+        out["feature_cache"] = cache_record(comm, feature_cache)
+    if neighbor_cache is not None:
+        out["neighbor_cache"] = cache_record(comm, neighbor_cache)
     return out
 
 
@@ -80,12 +85,11 @@ def global_stats(
 _CACHE_SUMS = ("lookups", "hits", "rows_read", "bytes_read", "memory_bytes")
 
 
-def feature_cache_record(
-    comm: Communicator | SingleProcess, counters: dict[str, float]
-) -> dict[str, Any]:
-    """The epoch record's ``feature_cache``: rows requested (``lookups``), ``hits`` and the
-    ``hit_rate``, rows and bytes read from disk, cache memory (summed over ranks); disk read
-    and inspector seconds (maximum over ranks)."""
+def cache_record(comm: Communicator | SingleProcess, counters: dict[str, float]) -> dict[str, Any]:
+    """The epoch record of an out-of-core cache (``feature_cache``, ``neighbor_cache``):
+    rows (or lists) requested (``lookups``), ``hits`` and the ``hit_rate``, rows and bytes
+    read from disk, cache memory (summed over ranks); disk read and inspector seconds
+    (maximum over ranks)."""
     total = allreduce_named(comm, {k: np.array([counters[k]]) for k in _CACHE_SUMS})
     out: dict[str, Any] = {k: int(total[k][0]) for k in _CACHE_SUMS}
     out["hit_rate"] = out["hits"] / out["lookups"] if out["lookups"] else None
@@ -108,15 +112,19 @@ def format_epoch(r: dict[str, Any]) -> str:
 
 
 def format_feature_cache(r: dict[str, Any]) -> str:
-    """The out-of-core part of the epoch line (empty without ``--features ooc``)."""
-    fc = r.get("feature_cache")
-    if not fc:
-        return ""
-    rate = "-" if fc["hit_rate"] is None else f"{100 * fc['hit_rate']:.1f}%"
-    return (
-        f"  |  feature cache hit {rate}  read {fc['bytes_read'] / 2**20:.1f} MiB in "
-        f"{fc['read_time']:.2f}s  inspect {fc['inspect_time']:.2f}s"
-    )
+    """The out-of-core part of the epoch line (empty without ``--features ooc`` and
+    ``--graph-layout ooc``)."""
+    parts = []
+    for key, name in (("feature_cache", "feature cache"), ("neighbor_cache", "neighbour cache")):
+        c = r.get(key)
+        if not c:
+            continue
+        rate = "-" if c["hit_rate"] is None else f"{100 * c['hit_rate']:.1f}%"
+        text = f"{name} hit {rate}  read {c['bytes_read'] / 2**20:.1f} MiB in {c['read_time']:.2f}s"
+        if c["inspect_time"]:
+            text += f"  inspect {c['inspect_time']:.2f}s"
+        parts.append(text)
+    return "".join(f"  |  {p}" for p in parts)
 
 
 def format_hec(r: dict[str, Any]) -> str:

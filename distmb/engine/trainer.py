@@ -30,6 +30,7 @@ from tqdm import tqdm
 from distmb.comm import Communicator, SingleProcess
 from distmb.config import RESUME_APPLIED, TrainConfig, flag_of
 from distmb.data.local import LocalGraph
+from distmb.data.neighborfile import NeighborFile
 from distmb.engine.checkpoint import (
     load_cache_state,
     load_checkpoint,
@@ -56,6 +57,7 @@ from distmb.loader.minibatch import MiniBatch
 from distmb.nn import build_model
 from distmb.nn.backend import set_kernels
 from distmb.nn.models import parameter_count
+from distmb.sampling.adjacency import neighbor_cache_stats, open_adjacency
 from distmb.sampling.neighbor import NeighborSampler
 from distmb.units import FLOAT32_BYTES
 
@@ -117,10 +119,11 @@ class Trainer:
         self.optimizer = torch.optim.Adam(
             self.model.parameters(), lr=config.lr, weight_decay=config.weight_decay
         )
+        self.adjacency = open_adjacency(local, config)
         self.sampler = NeighborSampler(
-            local.indptr, local.indices, local.n_solid, local.n_local, config.fanout, config.seed
+            local.indptr, self.adjacency, local.n_solid, local.n_local, config.fanout, config.seed
         )
-        self.feature_sources = open_features(local, config)
+        self.feature_sources = open_features(local, config, self.adjacency)
         self.features = self.feature_sources.train
         self.halo = halo if halo is not None else HaloScheme()
         self.halo.setup(self.model.layer_dims())
@@ -278,6 +281,8 @@ class Trainer:
         self.loader.load_wait = 0.0
         if self.feature_sources.cache is not None:
             self.feature_sources.cache.reset_counters()
+        if isinstance(self.adjacency, NeighborFile):
+            self.adjacency.reset_counters()  # evaluation's reads are not this epoch's
         self.halo.begin_epoch(epoch)
         plan = self.loader.plan(epoch, self.epoch_batches(epoch))
         # Global batch size of every step (``Allreduce SUM``), in production order.
@@ -399,9 +404,19 @@ class Trainer:
             )
         for epoch in range(self.start_epoch, cfg.epochs):
             record = self.train_epoch(epoch)
-            record.update(global_stats(self.comm, record, self.halo.stats(), self.cache_stats()))
+            record.update(
+                global_stats(
+                    self.comm,
+                    record,
+                    self.halo.stats(),
+                    self.cache_stats(),
+                    neighbor_cache_stats(self.adjacency),
+                )
+            )
             if "feature_cache" in record:
                 record["feature_cache"]["policy"] = self.cfg.cache_policy
+            if "neighbor_cache" in record:
+                record["neighbor_cache"]["policy"] = self.cfg.neighbor_cache_order
             if (epoch + 1) % cfg.eval_every == 0 or epoch == cfg.epochs - 1:
                 record.update(self.evaluate())
             self.history.append(record)

@@ -97,7 +97,6 @@ class CachedFeatures(FeatureSource):
         self._belady = BeladyPlanner(self.capacity, self.num_rows) if policy == "belady" else None
         self._lru = LruPlanner(self.capacity, self.num_rows) if policy == "lru" else None
         self._slot_of: np.ndarray | None = None  # static policies: id -> slot
-        self._staging = torch.empty(0, dtype=torch.float32)
         self.reset_counters()
         if policy in STATIC_POLICIES:
             if hot_ids is None:
@@ -243,12 +242,9 @@ class CachedFeatures(FeatureSource):
         miss_pos = np.flatnonzero(~hit)
         self.rows_read += miss_pos.size
         if miss_pos.size == ids.size:
-            staged = out
             self.file.read_into(ids, out)
-        else:
-            staged = self._stage(miss_pos.size)
-            self.file.read_into(ids[miss_pos], staged)
-            out.index_copy_(0, torch.from_numpy(miss_pos), staged)
+        else:  # straight into place
+            self.file.read_into(ids[miss_pos], out, positions=miss_pos)
         if fill_slot is None:
             return
         fills = fill_slot[miss_pos]
@@ -259,15 +255,8 @@ class CachedFeatures(FeatureSource):
         # The last write of each slot wins: keep the last occurrence of every slot.
         last_rev = np.unique(slots[::-1], return_index=True)[1]
         last = keep[keep.size - 1 - last_rev]
-        self.table.index_copy_(
-            0, torch.from_numpy(fills[last]), torch.index_select(staged, 0, torch.from_numpy(last))
-        )
-
-    def _stage(self, n: int) -> torch.Tensor:
-        """A reused float32[n, dim] buffer for missed rows."""
-        if self._staging.numel() < n * self.dim:
-            self._staging = torch.empty(int(n * 1.25) * self.dim + self.dim, dtype=torch.float32)
-        return self._staging[: n * self.dim].view(n, self.dim)
+        rows = torch.index_select(out, 0, torch.from_numpy(miss_pos[last]))
+        self.table.index_copy_(0, torch.from_numpy(fills[last]), rows)
 
     # -- other readers ------------------------------------------------------------------------
     def lookup_only(self) -> FeatureSource:
@@ -310,7 +299,5 @@ class _LookupView(FeatureSource):
         if miss_pos.size == ids.size:
             self.file.read_into(ids, out)
         elif miss_pos.size:
-            staged = torch.empty((miss_pos.size, self.dim), dtype=torch.float32)
-            self.file.read_into(ids[miss_pos], staged)
-            out.index_copy_(0, torch.from_numpy(miss_pos), staged)
+            self.file.read_into(ids[miss_pos], out, positions=miss_pos)
         self.bytes_read = int(self.file.bytes_read)

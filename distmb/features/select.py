@@ -8,6 +8,7 @@ import numpy as np
 
 from distmb.config import TrainConfig
 from distmb.data.local import LocalGraph
+from distmb.data.neighborfile import NeighborFile
 from distmb.errors import InputError
 from distmb.features.cached import STATIC_POLICIES, CachedFeatures, cache_rows
 from distmb.features.memory import PartFeatures
@@ -52,8 +53,16 @@ def feature_kind(config: TrainConfig, local: LocalGraph) -> str:
     return config.features
 
 
-def open_features(local: LocalGraph, config: TrainConfig) -> FeatureSources:
-    """The rank's feature sources for ``config.features`` (see :func:`feature_kind`)."""
+def open_features(
+    local: LocalGraph, config: TrainConfig, adjacency: np.ndarray | NeighborFile | None = None
+) -> FeatureSources:
+    """The rank's feature sources for ``config.features`` (see :func:`feature_kind`).
+
+    Args:
+        adjacency: what the rank's sampler reads in-neighbour lists from
+            (:func:`distmb.sampling.adjacency.open_adjacency`), for pre-sampling; default:
+            ``local.indices``.
+    """
     kind = feature_kind(config, local)
     if kind != "ooc":
         solid, halo = local.features, local.halo_features
@@ -69,7 +78,7 @@ def open_features(local: LocalGraph, config: TrainConfig) -> FeatureSources:
         capacity = 0
     hot = None
     if config.cache_policy in STATIC_POLICIES and capacity:
-        hot = _hot_ids(local, config, rows.num_rows)
+        hot = _hot_ids(local, config, rows.num_rows, adjacency)
     cache = CachedFeatures(rows, config.cache_policy, capacity, hot_ids=hot)
     cache.reset_counters()  # a static cache's fill is not the first epoch's reading
     table_mb = rows.num_rows * rows.dim * 4 / 2**20
@@ -86,7 +95,12 @@ def open_features(local: LocalGraph, config: TrainConfig) -> FeatureSources:
     return FeatureSources(train, evaluate, cache, "ooc", note)
 
 
-def _hot_ids(local: LocalGraph, config: TrainConfig, num_rows: int) -> np.ndarray:
+def _hot_ids(
+    local: LocalGraph,
+    config: TrainConfig,
+    num_rows: int,
+    adjacency: np.ndarray | NeighborFile | None,
+) -> np.ndarray:
     """The static cache's rows by priority: pre-sampling counts (``presc``; ties by
     in-degree) or in-degree (``degree``)."""
     store = local.store
@@ -95,8 +109,9 @@ def _hot_ids(local: LocalGraph, config: TrainConfig, num_rows: int) -> np.ndarra
     if config.cache_policy == "degree":
         return hot_rows(degree)
     seed = presample_seed(config.seed)
+    indices = adjacency if adjacency is not None else local.indices
     sampler = NeighborSampler(
-        local.indptr, local.indices, local.n_solid, local.n_local, config.fanout, seed
+        local.indptr, indices, local.n_solid, local.n_local, config.fanout, seed
     )
     counts = presample_counts(
         sampler, local.train_idx, config.batch_size, config.presample_epochs, num_rows, seed
