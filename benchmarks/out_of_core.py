@@ -43,7 +43,13 @@ from distmb import _C
 from distmb.config import TrainConfig
 from distmb.data import load_dataset
 from distmb.data.local import LocalGraph
-from distmb.data.rowfile import evict_page_cache
+from distmb.data.rowfile import (
+    coalesce_gap,
+    evict_page_cache,
+    io_depth,
+    set_coalesce_gap,
+    set_io_depth,
+)
 from distmb.data.store import PartitionStore
 from distmb.features.select import open_features
 from distmb.loader.loader import BatchLoader
@@ -189,6 +195,8 @@ def plot(result: dict, path: Path) -> None:
     none = next(r for r in runs if r["policy"] == "none")["last"]
     for policy in POLICIES:
         rows = [r for r in runs if r["policy"] == policy and r["features"] == "ooc"]
+        if not rows:
+            continue
         pct = [r["cache_percent"] for r in rows]
         ax_hit.plot(pct, [100 * r["last"]["hit_rate"] for r in rows], "o-", label=policy)
         ax_bytes.plot(pct, [r["last"]["bytes_read"] / 2**20 for r in rows], "o-", label=policy)
@@ -233,9 +241,18 @@ def main() -> None:
         default=0,
         help="batches per measured epoch (the first of each shuffled epoch; 0: all)",
     )
+    p.add_argument("--coalesce-gap", type=int, default=None, help="bytes (default: distmb's)")
+    p.add_argument("--io-depth", type=int, default=None, help="reads in flight (default: distmb's)")
+    p.add_argument(
+        "--policies", nargs="+", default=list(POLICIES), choices=POLICIES, help="policies swept"
+    )
     p.add_argument("--workdir", type=Path, default=Path("/tmp/distmb-ooc-bench"))
     p.add_argument("--out", type=Path, default=RESULTS / "out_of_core.json")
     args = p.parse_args()
+    if args.coalesce_gap is not None:
+        set_coalesce_gap(args.coalesce_gap)
+    if args.io_depth is not None:
+        set_io_depth(args.io_depth)
 
     spec = (
         f"synthetic:nodes={args.nodes},avg_degree={args.avg_degree},feat_dim={args.feat_dim},"
@@ -260,7 +277,7 @@ def main() -> None:
     for kind, policy, pct in [
         ("mmap", "-", 0.0),
         ("ooc", "none", 0.0),
-        *[("ooc", policy, pct) for pct in args.sizes for policy in POLICIES],
+        *[("ooc", policy, pct) for pct in args.sizes for policy in args.policies],
     ]:
         run = run_setting(store, local, sampler, kind, policy, table_mb * pct / 100, args)
         run["cache_percent"] = pct
@@ -269,6 +286,8 @@ def main() -> None:
     goals = []
     for pct in args.sizes:
         at = {r["policy"]: r["last"] for r in runs if r["cache_percent"] == pct}
+        if not {"belady", "presc", "degree", "lru"} <= set(at):
+            continue
         b, presc = at["belady"], at["presc"]
         goals.append(
             {
@@ -299,6 +318,11 @@ def main() -> None:
         "cache_percent": args.sizes,
         "page_cache_control": "posix_fadvise(DONTNEED) before each epoch and after every batch",
         "direct_io": bool(rows.direct),
+        "read_align": rows.read_align,
+        "coalesce_gap": coalesce_gap(),
+        "io_depth": io_depth(),
+        "superbatch": args.superbatch,
+        "batches_per_epoch": args.batches,
         "runs": runs,
         "goals": goals,
         "median_mmap_epoch_s": statistics.median(e["epoch_s"] for e in runs[0]["epochs"]),

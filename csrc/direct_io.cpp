@@ -67,6 +67,7 @@ uint8_t* aligned_buffer(int64_t bytes, int64_t align) {
 }
 
 std::atomic<int> g_io_depth{kDefaultIoDepth};
+std::atomic<int64_t> g_coalesce_gap{kCoalesceGap};
 
 }  // namespace
 
@@ -75,6 +76,14 @@ int io_depth() { return g_io_depth.load(std::memory_order_relaxed); }
 void set_io_depth(int depth) {
   if (depth < 1) throw std::invalid_argument("io depth must be >= 1, got " + std::to_string(depth));
   g_io_depth.store(depth, std::memory_order_relaxed);
+}
+
+int64_t coalesce_gap() { return g_coalesce_gap.load(std::memory_order_relaxed); }
+
+void set_coalesce_gap(int64_t bytes) {
+  if (bytes < 0)
+    throw std::invalid_argument("coalesce gap must be >= 0 bytes, got " + std::to_string(bytes));
+  g_coalesce_gap.store(bytes, std::memory_order_relaxed);
 }
 
 int64_t direct_io_alignment(int fd, int64_t fallback) {
@@ -161,6 +170,7 @@ void read_ranges(int fd, const int64_t* offsets, const int64_t* lengths, uint8_t
   auto& requests = scratch.requests_;
   requests.clear();
   const int64_t block_mask = ~(align - 1);
+  const int64_t gap = coalesce_gap();
   int64_t largest = 0;
   for (int64_t k = 0; k < n; ++k) {
     const int64_t length = lengths[order[k].second];
@@ -171,9 +181,9 @@ void read_ranges(int fd, const int64_t* offsets, const int64_t* lengths, uint8_t
     if (!requests.empty()) {
       Request& r = requests.back();
       const int64_t end = r.offset + r.length;
-      // Inside the request always joins; overlapping, touching or within kCoalesceGap of its
-      // end joins up to the cap (reading the gap costs less than another request).
-      if (hi <= end || (lo <= end + kCoalesceGap && hi - r.offset <= max_request)) {
+      // Inside the request always joins; overlapping, touching or within the coalesce gap of
+      // its end joins up to the cap (reading the gap costs less than another request).
+      if (hi <= end || (lo <= end + gap && hi - r.offset <= max_request)) {
         r.length = std::max(end, hi) - r.offset;
         r.last = k + 1;
         r.need_end = std::max(r.need_end, stop);

@@ -491,6 +491,10 @@ constexpr int kDefaultIoDepth = 16;
 // thread count (set_io_depth(d), d >= 1; distmb.data.rowfile.set_io_depth).
 int io_depth();
 void set_io_depth(int depth);
+// coalesce_gap / set_coalesce_gap: the gap read_ranges reads through (default kCoalesceGap;
+// >= 0 bytes): a device with slow small reads and fast large ones wants more.
+int64_t coalesce_gap();
+void set_coalesce_gap(int64_t bytes);
 
 // direct_io_alignment(fd, fallback): the offset alignment O_DIRECT reads of fd need (statx
 // STATX_DIOALIGN: often the device's 512-byte logical block), when the kernel reports one that

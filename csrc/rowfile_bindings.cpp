@@ -76,6 +76,19 @@ void bind_rowfile(py::module_& m) {
   m.attr("READ_COALESCE_GAP") = kCoalesceGap;
   m.attr("DEFAULT_IO_DEPTH") = kDefaultIoDepth;
   m.def("get_io_depth", &io_depth, "Reads in flight per out-of-core read call.");
+  m.def("get_coalesce_gap", &coalesce_gap, "Bytes an out-of-core read reads through.");
+  m.def(
+      "set_coalesce_gap",
+      [](int64_t bytes) {
+        try {
+          set_coalesce_gap(bytes);
+        } catch (const std::invalid_argument& e) {
+          throw py::value_error(e.what());
+        }
+      },
+      py::arg("bytes"),
+      "Unrequested bytes a read request reads through to take in the next range (>= 0). "
+      "Default: READ_COALESCE_GAP.");
   m.def(
       "set_io_depth",
       [](int depth) {

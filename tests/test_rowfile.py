@@ -20,9 +20,11 @@ from distmb.data.rowfile import (
     COALESCE_GAP,
     DIRECT_IO_ALIGN,
     RowFile,
+    coalesce_gap,
     evict_page_cache,
     row_file_size,
     row_stride,
+    set_coalesce_gap,
     write_row_file,
 )
 from distmb.errors import PartitionError
@@ -61,7 +63,7 @@ def expected_requests(
 ) -> list[tuple[int, int]]:
     """(offset, length) of the read requests the documented rule makes: distinct rows in file
     order, each widened to ``align``; a row joins the open request when it lies inside it, or
-    starts within COALESCE_GAP bytes of its end and the request stays within ``max_request``."""
+    starts within coalesce_gap() bytes of its end and the request stays within ``max_request``."""
     requests: list[list[int]] = []
     for i in np.unique(ids):
         start = int(i) * stride
@@ -69,7 +71,7 @@ def expected_requests(
         if requests:
             offset, length = requests[-1]
             end = offset + length
-            if hi <= end or (lo <= end + COALESCE_GAP and hi - offset <= max_request):
+            if hi <= end or (lo <= end + coalesce_gap() and hi - offset <= max_request):
                 requests[-1][1] = max(end, hi) - offset
                 continue
         requests.append([lo, hi - lo])
@@ -197,8 +199,16 @@ def test_direct_flag_and_reason(tmp_path):
     assert open_rows(path, meta, direct=False).fallback_reason == ""
 
 
+@pytest.fixture(params=[COALESCE_GAP, 0, 65536])
+def gap(request):
+    """Each coalescing test under the default, no and a large read-through gap."""
+    set_coalesce_gap(request.param)
+    yield request.param
+    set_coalesce_gap(COALESCE_GAP)
+
+
 @pytest.mark.parametrize("dim", [100, 1024, 1500])
-def test_coalescing(tmp_path, dim):
+def test_coalescing(tmp_path, dim, gap):
     n = 2000 if dim == 100 else 600
     table = make_table(n, dim)
     path, meta = written(tmp_path, table)
@@ -208,9 +218,11 @@ def test_coalescing(tmp_path, dim):
         assert rf.read_requests == rf.bytes_read == rf.rows_read == 0
         perm = np.random.default_rng(0).permutation(n)
         assert np.array_equal(rf.read(perm), table[perm])
-        assert rf.read_requests <= math.ceil(size / rf.max_request) + 1 < n
         every = expected_requests(np.arange(n), row_bytes, stride, rf.read_align, rf.max_request)
+        assert rf.read_requests == len(every)
         assert rf.bytes_read == sum(length for _, length in every)
+        if gap >= stride:  # rows and their padding are read through: few 1 MiB requests
+            assert rf.read_requests <= math.ceil(size / rf.max_request) + 1 < n
         assert rf.rows_read == n
         assert rf.read_align <= align and align % rf.read_align == 0
         assert rf.read_seconds > 0

@@ -22,7 +22,7 @@ Layout (cited by the partition format, docs/partition-format.md):
 Reading ``ids`` (int64[m], any order, duplicates allowed): the distinct rows are sorted, each
 becomes the byte range aligned to :attr:`RowFile.read_align` that holds it (the file's
 ``O_DIRECT`` alignment, e.g. the device's 512-byte sector, when it divides ``align``),
-ranges that overlap, touch or lie within :data:`COALESCE_GAP` bytes are coalesced into
+ranges that overlap, touch or lie within :func:`coalesce_gap` bytes are coalesced into
 requests of at most ``max_request`` bytes (``distmb._C.ROWFILE_MAX_REQUEST`` = 1 MiB, more
 only for a single larger row), and the requests are read with ``pread`` by
 ``max(io_depth(), OpenMP threads)`` threads (:func:`set_io_depth`). Where the filesystem
@@ -53,8 +53,8 @@ from distmb.units import FLOAT32_BYTES
 DIRECT_IO_ALIGN: int = int(_C.DIRECT_IO_ALIGN)
 #: Largest coalesced read request, in bytes (a single row larger than this is one request).
 MAX_READ_REQUEST: int = int(_C.ROWFILE_MAX_REQUEST)
-#: Unrequested bytes a read request takes in to join the next row instead of issuing a
-#: request of its own (a request costs a device round trip; a few KiB more cost little).
+#: Default unrequested bytes a read request takes in to join the next row instead of issuing
+#: a request of its own (a request costs a device round trip; a few KiB more cost little).
 COALESCE_GAP: int = int(_C.READ_COALESCE_GAP)
 #: Default reads in flight per call (:func:`set_io_depth`).
 DEFAULT_IO_DEPTH: int = int(_C.DEFAULT_IO_DEPTH)
@@ -66,6 +66,19 @@ def set_io_depth(depth: int) -> None:
     outstanding, and a thread blocked in ``pread`` uses no CPU. Default
     :data:`DEFAULT_IO_DEPTH`."""
     _C.set_io_depth(int(depth))
+
+
+def set_coalesce_gap(nbytes: int) -> None:
+    """Unrequested bytes a read request reads through to take in the next row (default
+    :data:`COALESCE_GAP`): raise it on storage whose small reads are slow next to its large
+    ones (network or virtual disks), lower it (0) to read only the aligned blocks of the
+    requested rows."""
+    _C.set_coalesce_gap(int(nbytes))
+
+
+def coalesce_gap() -> int:
+    """Bytes a read request reads through (:func:`set_coalesce_gap`)."""
+    return int(_C.get_coalesce_gap())
 
 
 def io_depth() -> int:
