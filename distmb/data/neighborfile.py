@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import os
 import time
-import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +28,7 @@ import numpy as np
 
 from distmb import _C
 from distmb.data.format import part_dir_name
+from distmb.data.rowfile import warn_fallback
 from distmb.errors import PartitionError
 
 if TYPE_CHECKING:
@@ -40,9 +40,6 @@ CACHE_PRIORITIES = ("degree", "ratio")
 _COUNT_CHUNK = 1 << 22
 #: Bytes in one MiB (``cache_mb`` is in MiB, as ``--feature-cache-mb``).
 _MIB = 1 << 20
-
-#: Fallback reasons already warned about in this process (one warning each).
-_warned_fallbacks: set[str] = set()
 
 
 def npy_data_offset(path: str | Path) -> tuple[int, np.dtype, tuple[int, ...], bool]:
@@ -186,7 +183,7 @@ class NeighborFile:
         self.direct: bool = bool(self._core.direct)
         self.fallback_reason: str = str(self._core.fallback_reason)
         if direct and not self.direct:
-            _warn_fallback(self.path, self.fallback_reason)
+            warn_fallback("neighbour file", self.path, self.fallback_reason)
         self.fill_seconds = 0.0
 
     # -- construction from files ------------------------------------------------------------
@@ -406,17 +403,3 @@ class NeighborFile:
             f"entries={self.num_entries}, {self.dtype}, cached={self.cache_vertices} lists / "
             f"{self.cache_bytes} B, {mode})"
         )
-
-
-def _warn_fallback(path: Path, reason: str) -> None:
-    """One warning per fallback reason per process: O_DIRECT refused, buffered reads used."""
-    if reason in _warned_fallbacks:
-        return
-    _warned_fallbacks.add(reason)
-    warnings.warn(
-        f"O_DIRECT was refused for neighbour file {path} ({reason}); reading it with buffered "
-        "I/O through the OS page cache (timings are not out-of-core); further neighbour "
-        "files refused for the same reason are not reported",
-        RuntimeWarning,
-        stacklevel=3,
-    )

@@ -90,7 +90,7 @@ ROW_FILE_DTYPE = "float32"
 WRITE_CHUNK_BYTES = 64 << 20
 
 #: Fallback reasons already warned about in this process (one warning each).
-_warned_fallbacks: set[str] = set()
+_warned_fallbacks: set[tuple[str, str]] = set()
 
 
 def _is_power_of_two(x: int) -> bool:
@@ -279,7 +279,7 @@ class RowFile:
         self.direct: bool = bool(self._reader.direct)
         self.fallback_reason: str = str(self._reader.fallback_reason)
         if direct and not self.direct:
-            _warn_fallback(self.path, self.fallback_reason)
+            warn_fallback("row file", self.path, self.fallback_reason)
         self.read_seconds = 0.0
 
     def _check_layout(self) -> None:
@@ -497,15 +497,16 @@ class RowFile:
         )
 
 
-def _warn_fallback(path: Path, reason: str) -> None:
-    """One warning per fallback reason per process: O_DIRECT refused, buffered reads used."""
-    if reason in _warned_fallbacks:
+def warn_fallback(kind: str, path: Path, reason: str) -> None:
+    """One warning per (kind of file, fallback reason) per process: O_DIRECT was refused and
+    buffered reads through the page cache are used (the row files and the neighbour files)."""
+    if (kind, reason) in _warned_fallbacks:
         return
-    _warned_fallbacks.add(reason)
+    _warned_fallbacks.add((kind, reason))
     warnings.warn(
-        f"O_DIRECT was refused for row file {path} ({reason}); reading it with buffered I/O "
-        "through the OS page cache (feature reads may be served from memory, and timings are "
-        "not out-of-core); further row files refused for the same reason are not reported",
+        f"O_DIRECT was refused for {kind} {path} ({reason}); reading it with buffered I/O "
+        "through the OS page cache (reads may be served from memory, and timings are not "
+        f"out-of-core); further {kind}s refused for the same reason are not reported",
         RuntimeWarning,
         stacklevel=3,
     )
