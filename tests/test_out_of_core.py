@@ -227,6 +227,27 @@ def test_belady_plans_and_serves_superbatches(table_file, capacity, superbatch):
             source.gather(np.array([1, 2, 4]))
 
 
+def test_unserved_plans_never_serve_stale_rows(table_file):
+    """An epoch closed early leaves planned gathers unserved, a gather that differs from its
+    plan is refused: either way the cache starts again empty and every row stays exact."""
+    table, rows = table_file
+    source = CachedFeatures(rows, "belady", 30)
+    first = [np.arange(0, 40), np.arange(20, 60), np.arange(40, 80)]
+    source.inspect(first)
+    np.testing.assert_array_equal(source.gather(first[0]).numpy(), table[first[0]])
+    # The other two were never gathered; a new superbatch is planned.
+    second = [np.arange(30, 70)[::-1].copy(), np.arange(50, 90)]
+    source.inspect(second)
+    for ids in second:
+        np.testing.assert_array_equal(source.gather(ids).numpy(), table[ids])
+    source.inspect([np.array([5, 6, 7])])
+    with pytest.raises(RuntimeError, match="planned"):
+        source.gather(np.array([5, 6, 8]))
+    for ids in (np.arange(60, 100), np.array([61, 3, 99])):
+        source.inspect([ids])
+        np.testing.assert_array_equal(source.gather(ids).numpy(), table[ids])
+
+
 def test_belady_reads_less_than_lru_and_none(table_file):
     table, rows = table_file
     rng = np.random.default_rng(7)

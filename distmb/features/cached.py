@@ -166,6 +166,10 @@ class CachedFeatures(FeatureSource):
         then come in exactly this order (a gather that differs raises)."""
         if self._belady is None or not traces:
             return
+        if self._planned:
+            # Gathers planned earlier were never made (an epoch closed early): the planner's
+            # directory counts fills that did not happen, so start again from an empty cache.
+            self._drop_plans()
         start = time.perf_counter()
         arrays = [np.ascontiguousarray(t, dtype=np.int64) for t in traces]
         ptr = np.zeros(len(arrays) + 1, dtype=np.int64)
@@ -183,12 +187,16 @@ class CachedFeatures(FeatureSource):
         if self._planned:
             planned, hit_slot, fill_slot = self._planned.popleft()
             if not np.array_equal(planned, ids):
-                self._planned.clear()
+                self._drop_plans()
                 raise RuntimeError(
                     "CachedFeatures: a gather differs from the one the inspector planned "
                     f"({ids.size} ids, {planned.size} planned); gathers must follow inspect()"
                 )
-            self._serve(ids, hit_slot, fill_slot, out)
+            try:
+                self._serve(ids, hit_slot, fill_slot, out)
+            except BaseException:
+                self._drop_plans()  # the cache's rows may now disagree with its directory
+                raise
         elif self._lru is not None and self.capacity:
             unique, inverse = np.unique(ids, return_inverse=True)
             if unique.size == ids.size:
@@ -202,6 +210,13 @@ class CachedFeatures(FeatureSource):
                 torch.index_select(rows, 0, torch.from_numpy(inverse.reshape(-1)), out=out)
         else:
             self._serve(ids, self._lookup(ids), None, out)
+
+    def _drop_plans(self) -> None:
+        """Forget the plans not yet served and empty the cache (its directory already holds
+        their fills): later gathers stay exact, only colder."""
+        self._planned.clear()
+        if self._belady is not None:
+            self._belady.reset()
 
     def directory(self) -> np.ndarray:
         """int32[num_rows]: the slot holding each row now, or :data:`NO_SLOT`."""
