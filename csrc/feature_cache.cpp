@@ -1,6 +1,6 @@
 // Replacement policies of an out-of-core feature cache (Ginex, "superbatch" inspector/executor):
-// BeladyPlanner plans a whole superbatch with Belady's MIN (bypass allowed), LruCache decides
-// access by access. Both keep only the cache's directory (id <-> slot); the executor that owns
+// BeladyPlanner plans a whole superbatch with Belady's MIN (bypass allowed) decided gather by
+// gather, LruCache decides access by access. Both keep only the cache's directory (id <-> slot); the executor that owns
 // the rows applies their decisions. Contracts: csrc/kernels.h; Python: distmb.features.policy.
 //
 // Layout shared by both (one entry per id or per slot):
@@ -73,7 +73,8 @@ void BeladyPlanner::rebuild_heap() {
 }
 
 // plan: validate, compute next uses with one reverse scan (last_seen_ maps an id to its
-// nearest later position and is restored to kNeverUsed after), then simulate MIN in order.
+// nearest later position and is restored to kNeverUsed after), then decide gather by gather:
+// all hits first, then the misses in order (gather-level MIN with bypass).
 void BeladyPlanner::plan(const int64_t* trace, int64_t n, const int64_t* batch_ptr,
                          int64_t n_batches, int64_t* hit_slot, int64_t* fill_slot) {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -110,16 +111,31 @@ void BeladyPlanner::plan(const int64_t* trace, int64_t n, const int64_t* batch_p
 
   rebuild_heap();
   const int64_t heap_limit = 2 * capacity_ + kHeapSlack;
-  for (int64_t t = 0; t < n; ++t) {
-    const int64_t v = trace[t];
-    const int64_t nu = next_[t];
-    int64_t s = slot_of_[v];
-    if (s != kNoSlot) {  // hit: the id stays, with its new next use
+  auto push = [&](int64_t next_use, int64_t s) {
+    heap_.push_back(HeapEntry{next_use, s});
+    std::push_heap(heap_.begin(), heap_.end(), HeapLess());
+    if (static_cast<int64_t>(heap_.size()) > heap_limit) rebuild_heap();
+  };
+  for (int64_t b = 0; b < n_batches; ++b) {
+    const int64_t lo = batch_ptr[b], hi = batch_ptr[b + 1];
+    // Pass 1: every id cached at the start of the gather hits (the executor copies all hits
+    // before any fill), and its next use becomes its next position after this gather (ids are
+    // unique within a gather, so next_[t] >= hi).
+    for (int64_t t = lo; t < hi; ++t) {
+      const int64_t s = slot_of_[trace[t]];
       hit_slot[t] = s;
       fill_slot[t] = kNoSlot;
-      next_use_[s] = nu;
-    } else {
-      hit_slot[t] = kNoSlot;
+      if (s == kNoSlot) continue;
+      next_use_[s] = next_[t];
+      push(next_[t], s);
+    }
+    // Pass 2: the misses in gather order. Every cached id (hit by this gather, untouched by it,
+    // or filled earlier in it) now has a next use >= hi, so any of them may be replaced.
+    for (int64_t t = lo; t < hi; ++t) {
+      const int64_t v = trace[t];
+      if (hit_slot[t] != kNoSlot) continue;
+      const int64_t nu = next_[t];
+      int64_t s = kNoSlot;
       if (count_ < capacity_) {  // a free slot, lowest first
         s = count_++;
       } else if (capacity_ > 0) {
@@ -139,10 +155,8 @@ void BeladyPlanner::plan(const int64_t* trace, int64_t n, const int64_t* batch_p
       slot_of_[v] = static_cast<int32_t>(s);
       id_of_slot_[s] = v;
       next_use_[s] = nu;
+      push(nu, s);
     }
-    heap_.push_back(HeapEntry{nu, s});
-    std::push_heap(heap_.begin(), heap_.end(), HeapLess());
-    if (static_cast<int64_t>(heap_.size()) > heap_limit) rebuild_heap();
   }
 }
 

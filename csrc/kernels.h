@@ -393,16 +393,20 @@ constexpr int64_t kNoSlot = -1;
 // Next use of an id that does not occur again in the trace being planned.
 constexpr int64_t kNeverUsed = INT64_MAX;
 
-// BeladyPlanner: Ginex's superbatch cache (inspector): Belady's MIN with bypass, optimal in
-// misses for the planned trace.
+// BeladyPlanner: Ginex's superbatch cache (inspector): Belady's MIN with bypass decided gather
+// by gather, optimal in misses for the planned trace among policies that change the cache
+// between gathers (the executor copies a gather's hits before it writes any fill).
 // - plan(trace[T], batch_ptr[B + 1]) -> hit_slot[T], fill_slot[T]: gather b is
-//   trace[batch_ptr[b] .. batch_ptr[b+1]). Accesses are simulated in trace order; the next
-//   use of access t is the first position > t holding the same id, or kNeverUsed. A cached id
-//   hits (hit_slot = its slot, fill_slot = kNoSlot). A miss (hit_slot = kNoSlot) takes the
-//   lowest free slot; with none free, it replaces the cached id whose next use F is farthest
-//   if its own next use N < F, else it bypasses (fill_slot = kNoSlot). Among cached ids that
-//   are never used again the one in the lowest slot is replaced. The directory carries over
-//   to the next plan(), whose trace gives the cached ids their next uses.
+//   trace[batch_ptr[b] .. batch_ptr[b+1]). The next use of access t is the first position
+//   > t holding the same id (after t's gather, as ids are unique within one), or kNeverUsed.
+//   Per gather, in order: (1) every id cached at its start hits, wherever it is in the
+//   gather (hit_slot = its slot, fill_slot = kNoSlot), and takes its access's next use;
+//   (2) the misses (hit_slot = kNoSlot), in gather order: a miss takes the lowest free
+//   slot; with none free, it replaces the cached id whose next use F is farthest (an id this
+//   gather hit or filled earlier included) if its own next use N < F, else it bypasses
+//   (fill_slot = kNoSlot). Ties (only among ids never used again): the lowest slot is
+//   replaced. A slot may be filled twice in one gather; the later fill holds. The directory
+//   carries over to the next plan(), whose trace gives the cached ids their next uses.
 //   Throws std::invalid_argument (directory unchanged) for a batch_ptr that does not go
 //   from 0 to T without decreasing or for an id repeated within a gather, std::out_of_range
 //   for an id outside [0, num_rows). O(T log capacity) time, O(T + capacity) scratch.
