@@ -1,7 +1,8 @@
 // Replacement policies of an out-of-core feature cache (Ginex, "superbatch" inspector/executor):
 // BeladyPlanner plans a whole superbatch with Belady's MIN (bypass allowed) decided gather by
-// gather, LruCache decides access by access. Both keep only the cache's directory (id <-> slot); the executor that owns
-// the rows applies their decisions. Contracts: csrc/kernels.h; Python: distmb.features.policy.
+// gather, LruCache decides access by access. Both keep only the cache's directory (id <->
+// slot); the executor that owns the rows applies their decisions. Contracts: csrc/kernels.h;
+// Python: distmb.features.policy.
 //
 // Layout shared by both (one entry per id or per slot):
 //   slot_of_     int32 per id: the slot holding it, or kNoSlot (so capacity < 2^31);

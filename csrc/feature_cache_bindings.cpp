@@ -50,7 +50,8 @@ py::array_t<int64_t> py_slot_ids(const Cache& self) {
 void bind_feature_cache(py::module_& m) {
   py::class_<BeladyPlanner>(m, "BeladyPlanner",
                             "Directory of a feature cache planned superbatch by superbatch with "
-                            "Belady's MIN (bypass allowed); see distmb.features.policy.")
+                            "Belady's MIN decided gather by gather (bypass allowed); see "
+                            "distmb.features.policy.")
       .def(py::init([](int64_t capacity, int64_t num_rows) {
              py::gil_scoped_release nogil;
              return std::make_unique<BeladyPlanner>(capacity, num_rows);

@@ -10,9 +10,10 @@ Policies (``--cache-policy``):
 
 - ``belady``: the BatchLoader samples a superbatch (``--superbatch K`` batches) ahead and hands
   the inspector (:meth:`CachedFeatures.inspect`) every row its gathers will request, in order;
-  the planner (:class:`~distmb.features.policy.BeladyPlanner`) decides per access whether it
-  hits, and which slot a miss fills (evicting the row whose next use is farthest, or
-  bypassing the cache when the missed row's own next use is farther still). The executor
+  the planner (:class:`~distmb.features.policy.BeladyPlanner`) decides gather by gather: the
+  rows cached at a gather's start hit, then each miss fills a slot (evicting the row whose
+  next use is farthest, possibly one this gather just copied, or bypassing the cache when the
+  missed row's own next use is farther still). The executor
   (:meth:`CachedFeatures._read_into`) then serves each gather as planned. The cache carries
   over between superbatches and epochs.
 - ``presc``: static, the rows pre-sampling (``--presample-epochs``) visited most

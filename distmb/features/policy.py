@@ -17,11 +17,12 @@ Slots are filled lowest first and never freed except by ``reset()``, so the occu
 
 - :class:`BeladyPlanner` (Ginex, "Feature Cache Policy" and "Changeset Precomputation"): the
   trainer knows the ids that the K mini-batches of a superbatch will gather (the *trace*), so
-  the inspector simulates Belady's MIN with bypass, optimal in misses: a miss takes a free
-  slot; with none free it replaces the cached id whose next use is farthest when its own next
-  use is nearer, and is not inserted otherwise. Decisions are per access in trace order (an
-  id replaced earlier in its own gather misses), not per iteration as in Ginex. The directory
-  carries over from one superbatch to the next.
+  the inspector plans Belady's MIN with bypass gather by gather, optimal in misses: since the
+  executor copies a gather's hits before it writes any fill, every id cached at the start of
+  a gather hits, and only then are its misses placed, in order: a miss takes a free slot; with
+  none free it replaces the cached id whose next use (after this gather) is farthest, a row
+  this gather already copied included, when its own next use is nearer, and is not inserted
+  otherwise. The directory carries over from one superbatch to the next.
 - :class:`LruPlanner`: least recently used, decided gather by gather (no look-ahead); every
   miss is inserted.
 
@@ -129,7 +130,8 @@ class _Directory:
 
 
 class BeladyPlanner(_Directory):
-    """Belady's MIN with bypass over a superbatch's known trace (Ginex's inspector).
+    """Belady's MIN with bypass, gather by gather, over a superbatch's known trace (Ginex's
+    inspector).
 
     Args:
         capacity: number of slots, ``>= 0`` (0: every access misses and nothing is filled;
@@ -151,14 +153,18 @@ class BeladyPlanner(_Directory):
         ``trace[batch_ptr[b]:batch_ptr[b + 1]]``; None: one gather), and leave the directory
         as the executor will have it after applying the plan.
 
-        Access ``t`` hits when its id is cached. A miss takes the lowest free slot; with none
-        free, let ``F`` be the farthest next use (position in this trace) among the cached ids
-        and ``N`` that of the missed id (never used again counts as infinitely far): if
-        ``N < F`` the id with next use ``F`` is replaced, else the access bypasses the cache.
-        Among cached ids never used again, the one in the lowest slot is replaced first. The
-        resulting number of misses is the minimum that any policy deciding access by access in
-        trace order can reach on this trace from this directory. Ids cached by an earlier plan
-        keep their slots and get their next uses from this trace.
+        Gather by gather: first every access whose id is cached at the start of the gather hits
+        (wherever it is in the gather); then the misses, in order, each take the lowest free
+        slot; with none free, let ``F`` be the farthest next use (position in this trace, after
+        this gather) among the cached ids, those this gather hit or filled included, and ``N``
+        that of the missed id (never used again counts as infinitely far): if ``N < F`` the id
+        with next use ``F`` is replaced, else the access bypasses the cache. Among cached ids
+        never used again, the one in the lowest slot is replaced first. A slot may be filled
+        twice within a gather (the later fill holds). The resulting number of misses is the
+        minimum that any policy changing the cache between gathers (each gather misses exactly
+        its ids not cached at its start) can reach on this trace from this directory; never
+        more than deciding access by access. Ids cached by an earlier plan keep their slots and
+        get their next uses from this trace.
 
         Returns:
             :class:`CachePlan` ``(hit_slot int64[T], fill_slot int64[T])``.
