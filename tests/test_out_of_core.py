@@ -248,6 +248,20 @@ def test_unserved_plans_never_serve_stale_rows(table_file):
         np.testing.assert_array_equal(source.gather(ids).numpy(), table[ids])
 
 
+def test_unplanned_reads_between_planned_gathers_stay_exact(table_file):
+    """A reader that does not follow the plan (evaluation's view, a gather without a plan)
+    while planned gathers are pending must not see slots whose rows are not written yet."""
+    table, rows = table_file
+    source = CachedFeatures(rows, "belady", 50)
+    plan = [np.arange(0, 60), np.arange(100, 160), np.arange(0, 60)]
+    source.inspect(plan)
+    np.testing.assert_array_equal(source.gather(plan[0]).numpy(), table[plan[0]])
+    view = source.lookup_only()  # rows 100..159 are planned into slots, not yet read
+    np.testing.assert_array_equal(view.gather(np.arange(200)).numpy(), table[:200])
+    ids = np.arange(90, 170)
+    np.testing.assert_array_equal(source.gather(ids).numpy(), table[ids])
+
+
 def test_belady_reads_less_than_lru_and_none(table_file):
     table, rows = table_file
     rng = np.random.default_rng(7)

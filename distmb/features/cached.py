@@ -223,6 +223,10 @@ class CachedFeatures(FeatureSource):
         """int32[num_rows]: the slot holding each row now, or :data:`NO_SLOT`."""
         if self._slot_of is not None:
             return self._slot_of
+        if self._planned:
+            # The planner's directory already holds the fills of gathers not served yet: it
+            # runs ahead of the rows. An unplanned reader must not trust it: start again.
+            self._drop_plans()
         slot_of = np.full(self.num_rows, NO_SLOT, dtype=np.int32)
         planner = self._belady if self._belady is not None else self._lru
         if planner is not None and self.capacity:
