@@ -466,6 +466,22 @@ def test_feature_flags_are_checked(parts):
         parse_config(["--neighbor-cache-mb", "3"])
 
 
+def test_caches_larger_than_memory_are_refused_by_flag(parts, monkeypatch):
+    """A cache that cannot fit in the machine's memory is a one-line error naming its flag,
+    not an allocator traceback (the table and the lists are clamped first)."""
+    import distmb.machine as machine
+
+    local = LocalGraph.from_store(PartitionStore(parts["p1-ooc"], 0))
+    monkeypatch.setattr(machine, "physical_memory_bytes", lambda: 4096)
+    with pytest.raises(InputError, match=r"--feature-cache-mb 1024: .* GiB of memory"):
+        open_features(local, TrainConfig(**_fast_cfg(), features="ooc"))
+    with pytest.raises(InputError, match=r"--neighbor-cache-mb 256: .* GiB of memory"):
+        open_adjacency(local, TrainConfig(**_fast_cfg(), graph_layout="ooc"))
+    open_features(local, TrainConfig(**_fast_cfg(), features="ooc", cache_policy="none"))
+    monkeypatch.setattr(machine, "physical_memory_bytes", lambda: None)  # unknown: no check
+    open_features(local, TrainConfig(**_fast_cfg(), features="ooc"))
+
+
 def test_array_source_and_part_features_with_one_table():
     table = np.arange(40, dtype=np.float32).reshape(10, 4)
     part = PartFeatures(ArrayFeatures(table), n_solid=6)

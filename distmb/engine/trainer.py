@@ -15,7 +15,6 @@ collective is the identity and the halo scheme has nothing to do.
 from __future__ import annotations
 
 import math
-import os
 import sys
 import time
 import uuid
@@ -54,6 +53,7 @@ from distmb.features.select import open_features, refresh_evaluation
 from distmb.halo.base import HaloScheme
 from distmb.loader.loader import BatchLoader
 from distmb.loader.minibatch import MiniBatch
+from distmb.machine import physical_memory_bytes
 from distmb.nn import build_model
 from distmb.nn.backend import set_kernels
 from distmb.nn.models import parameter_count
@@ -451,9 +451,8 @@ def check_model_fits(config: TrainConfig, in_dim: int, num_classes: int) -> None
         config.model, in_dim, config.hidden, num_classes, config.layers, config.heads, config.aggr
     )
     need = params * TRAINING_VALUES_PER_PARAMETER * FLOAT32_BYTES
-    try:
-        have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):  # not POSIX: no estimate
+    have = physical_memory_bytes()
+    if have is None:  # not POSIX: no estimate
         return
     if need > have:
         raise InputError(

@@ -13,7 +13,9 @@ from distmb.errors import InputError
 from distmb.features.cached import STATIC_POLICIES, CachedFeatures, cache_rows
 from distmb.features.memory import PartFeatures
 from distmb.features.presample import hot_rows, presample_counts, presample_seed
+from distmb.machine import check_fits
 from distmb.sampling.neighbor import NeighborSampler
+from distmb.units import FLOAT32_BYTES
 
 
 @dataclass
@@ -76,19 +78,21 @@ def open_features(
     capacity = cache_rows(config.feature_cache_mb, rows.dim, rows.num_rows)
     if config.cache_policy == "none":
         capacity = 0
+    cache_bytes = capacity * rows.dim * FLOAT32_BYTES
+    check_fits("--feature-cache-mb", config.feature_cache_mb, cache_bytes)
     hot = None
     if config.cache_policy in STATIC_POLICIES and capacity:
         hot = _hot_ids(local, config, rows.num_rows, adjacency)
     cache = CachedFeatures(rows, config.cache_policy, capacity, hot_ids=hot)
     cache.reset_counters()  # a static cache's fill is not the first epoch's reading
-    table_mb = rows.num_rows * rows.dim * 4 / 2**20
+    table_mb = rows.num_rows * rows.dim * FLOAT32_BYTES / 2**20
     note = (
         f"features: ooc {rows.path} ({table_mb:.1f} MiB, "
         f"{'O_DIRECT' if rows.direct else 'buffered: ' + str(rows.fallback_reason)}), "
         f"cache {config.cache_policy} {cache.capacity} rows "
         f"({100 * cache.capacity / max(rows.num_rows, 1):.1f} % of the table)"
     )
-    if config.feature_cache_mb * 2**20 > rows.num_rows * rows.dim * 4 and capacity:
+    if config.feature_cache_mb * 2**20 > rows.num_rows * rows.dim * FLOAT32_BYTES and capacity:
         note += f"; --feature-cache-mb {config.feature_cache_mb:g} exceeds the table: all of it"
     train = PartFeatures(cache, n_solid=local.n_solid)
     evaluate = PartFeatures(cache.lookup_only(), n_solid=local.n_solid)

@@ -12,6 +12,7 @@ from distmb.data.format import META_FILE, part_dir_name
 from distmb.data.graph import Graph
 from distmb.data.store import STAMP_FILE, read_meta
 from distmb.errors import InputError, PartitionError
+from distmb.machine import physical_memory_bytes
 from distmb.partition.assign import (
     METHODS,
     assign_parts,
@@ -31,7 +32,7 @@ DEFAULT_MEMORY_SHARE = 0.6
 
 def default_memory_budget_gib() -> float:
     """:data:`DEFAULT_MEMORY_SHARE` of physical memory, in GiB."""
-    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    total = physical_memory_bytes() or 0
     return round(DEFAULT_MEMORY_SHARE * total / 2**30, 1)
 
 

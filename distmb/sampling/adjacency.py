@@ -8,6 +8,7 @@ from distmb.config import TrainConfig
 from distmb.data.local import LocalGraph
 from distmb.data.neighborfile import NeighborFile
 from distmb.errors import InputError
+from distmb.machine import check_fits
 
 
 def open_adjacency(local: LocalGraph, config: TrainConfig) -> np.ndarray | NeighborFile:
@@ -25,6 +26,9 @@ def open_adjacency(local: LocalGraph, config: TrainConfig) -> np.ndarray | Neigh
             "--graph-layout ooc reads a partition's indices.npy: give --part-dir (a 1-part "
             "partition for one rank: distmb-partition --parts 1)"
         )
+    lists_bytes = int(local.indptr[-1]) * np.dtype(local.indices.dtype).itemsize
+    need = min(int(config.neighbor_cache_mb * 2**20), lists_bytes)
+    check_fits("--neighbor-cache-mb", config.neighbor_cache_mb, need)
     return NeighborFile.from_store(
         local.store, cache_mb=config.neighbor_cache_mb, priority=config.neighbor_cache_order
     )

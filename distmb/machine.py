@@ -1,0 +1,27 @@
+"""Facts about the machine a process runs on, read in one place."""
+
+from __future__ import annotations
+
+import os
+
+from distmb.errors import InputError
+
+
+def physical_memory_bytes() -> int | None:
+    """Bytes of physical memory, or None where the OS does not say (not POSIX)."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_fits(flag: str, value_mb: float, need: int) -> None:
+    """Refuse, naming ``flag`` (given as ``value_mb`` MiB), a buffer of ``need`` bytes that
+    exceeds this machine's physical memory: a one-line error instead of an allocator failure
+    from deep inside PyTorch or C++. Nothing is checked where the memory size is unknown."""
+    have = physical_memory_bytes()
+    if have is not None and need > have:
+        raise InputError(
+            f"{flag} {value_mb:g}: the cache would hold {need / 2**30:.1f} GiB and this "
+            f"machine has {have / 2**30:.1f} GiB of memory; give a smaller {flag}"
+        )
