@@ -434,28 +434,19 @@ class TrainConfig:
         if self.resume and not self.checkpoint_dir:
             raise InputError("--resume needs --checkpoint-dir")
         if self.graph_layout != "ooc":
-            nbr_flags = [
-                opt.flag
-                for opt in OPTIONS
-                if opt.name in ("neighbor_cache_mb", "neighbor_cache_order")
-                and getattr(self, opt.name) != opt.default
-            ]
-            if nbr_flags:
-                verb = "applies" if len(nbr_flags) == 1 else "apply"
-                raise InputError(f"{', '.join(nbr_flags)} {verb} only to --graph-layout ooc")
+            self._only_with(("neighbor_cache_mb", "neighbor_cache_order"), "--graph-layout ooc")
         if self.features in ("memory", "mmap"):
-            cache_flags = [
-                opt.flag
-                for opt in OPTIONS
-                if opt.name in ("feature_cache_mb", "cache_policy", "presample_epochs")
-                and getattr(self, opt.name) != opt.default
-            ]
-            if cache_flags:
-                verb = "applies" if len(cache_flags) == 1 else "apply"
-                raise InputError(
-                    f"{', '.join(cache_flags)} {verb} only to --features ooc, not --features "
-                    f"{self.features}"
-                )
+            self._only_with(
+                ("feature_cache_mb", "cache_policy", "presample_epochs"),
+                f"--features ooc, not --features {self.features}",
+            )
+
+    def _only_with(self, names: tuple[str, ...], where: str) -> None:
+        """Refuse the options ``names`` given (not at their defaults) outside ``where``."""
+        given = [o.flag for o in OPTIONS if o.name in names and getattr(self, o.name) != o.default]
+        if given:
+            verb = "applies" if len(given) == 1 else "apply"
+            raise InputError(f"{', '.join(given)} {verb} only to {where}")
 
     @property
     def hec(self) -> HecSettings:

@@ -129,6 +129,7 @@ def train(local, config: TrainConfig, *, comm=None, halo=None, log=print) -> lis
     import torch
 
     from distmb.engine import Trainer
+    from distmb.sampling.adjacency import describe_adjacency
 
     trainer = Trainer(local, config, comm=comm, halo=halo, log=log)
     params = sum(p.numel() for p in trainer.model.parameters())
@@ -143,14 +144,7 @@ def train(local, config: TrainConfig, *, comm=None, halo=None, log=print) -> lis
         f"{config.batch_size}{per_rank}, lr {config.lr}, {config.epochs} epochs, "
         f"{torch.get_num_threads()} thread(s){per_rank}, {loading}{halo_text}"
     )
-    note = trainer.feature_sources.note
-    if trainer.cfg.graph_layout == "ooc":
-        adj = trainer.adjacency
-        note += (
-            f"; neighbour lists: ooc ({'O_DIRECT' if adj.direct else 'buffered'}), cache "
-            f"{adj.cache_vertices} lists, {adj.cache_bytes / 2**20:.1f} MiB "
-            f"({trainer.cfg.neighbor_cache_order})"
-        )
+    note = trainer.feature_sources.note + describe_adjacency(trainer.adjacency, config)
     log(note + (" (rank 0)" if trainer.num_ranks > 1 else ""))
     history = trainer.fit()
     last = next((r for r in reversed(history) if "test_acc" in r), None)

@@ -49,7 +49,7 @@ from distmb.engine.stats import (
 )
 from distmb.engine.timers import PhaseTimer
 from distmb.errors import DistmbError, InputError
-from distmb.features.select import open_features, refresh_evaluation
+from distmb.features.select import open_features
 from distmb.halo.base import HaloScheme
 from distmb.loader.loader import BatchLoader
 from distmb.loader.minibatch import MiniBatch
@@ -371,7 +371,7 @@ class Trainer:
         """Exact val/test accuracy (layer-wise full-neighbour inference over every part, one
         synchronous halo exchange per layer with several ranks; counts summed over ranks)."""
         start = time.perf_counter()
-        features = refresh_evaluation(self.feature_sources, self.local)
+        features = self.feature_sources.evaluation()
         if self.eval_table is not None:
             self.eval_table.features = features
         logits = layerwise_inference(

@@ -98,11 +98,12 @@ class CachedFeatures(FeatureSource):
         self._belady = BeladyPlanner(self.capacity, self.num_rows) if policy == "belady" else None
         self._lru = LruPlanner(self.capacity, self.num_rows) if policy == "lru" else None
         self._slot_of: np.ndarray | None = None  # static policies: id -> slot
-        self.reset_counters()
+        self._planned_dir: np.ndarray | None = None  # belady: directory() while no plan runs
         if policy in STATIC_POLICIES:
             if hot_ids is None:
                 raise ValueError(f"cache policy {policy!r} needs hot_ids")
             self._fill_static(np.asarray(hot_ids, dtype=np.int64))
+        self.reset_counters()  # the static fill is not the first epoch's reading
 
     # -- counters ------------------------------------------------------------------------------
     def reset_counters(self) -> None:
@@ -175,6 +176,7 @@ class CachedFeatures(FeatureSource):
         arrays = [np.ascontiguousarray(t, dtype=np.int64) for t in traces]
         ptr = np.zeros(len(arrays) + 1, dtype=np.int64)
         ptr[1:] = np.cumsum([a.size for a in arrays])
+        self._planned_dir = None
         hit_slot, fill_slot = self._belady.plan(np.concatenate(arrays), ptr)
         for i, ids in enumerate(arrays):
             self._planned.append(
@@ -216,6 +218,7 @@ class CachedFeatures(FeatureSource):
         """Forget the plans not yet served and empty the cache (its directory already holds
         their fills): later gathers stay exact, only colder."""
         self._planned.clear()
+        self._planned_dir = None
         if self._belady is not None:
             self._belady.reset()
 
@@ -227,12 +230,17 @@ class CachedFeatures(FeatureSource):
             # The planner's directory already holds the fills of gathers not served yet: it
             # runs ahead of the rows. An unplanned reader must not trust it: start again.
             self._drop_plans()
+        if self._planned_dir is not None:
+            return self._planned_dir
         slot_of = np.full(self.num_rows, NO_SLOT, dtype=np.int32)
         planner = self._belady if self._belady is not None else self._lru
         if planner is not None and self.capacity:
             held = planner.slot_ids()
             used = np.flatnonzero(held != NO_SLOT)
             slot_of[held[used]] = used
+        if self._belady is not None:
+            # Unchanged until the next plan (or drop): unplanned gathers do not rebuild it.
+            self._planned_dir = slot_of
         return slot_of
 
     def _lookup(self, ids: np.ndarray) -> np.ndarray:
@@ -251,21 +259,10 @@ class CachedFeatures(FeatureSource):
         """Copy the hits from their slots (the cache as it was before this gather), read the
         misses from disk, then write each miss with a fill slot into it (in access order: a
         slot filled twice keeps the later row)."""
-        hit = hit_slot != NO_SLOT
-        hit_pos = np.flatnonzero(hit)
-        self.hits += hit_pos.size
-        if hit_pos.size:
-            rows = torch.index_select(self.table, 0, torch.from_numpy(hit_slot[hit_pos]))
-            out.index_copy_(0, torch.from_numpy(hit_pos), rows)
-        if hit_pos.size == ids.size:
-            return
-        miss_pos = np.flatnonzero(~hit)
+        miss_pos = serve_from(self.table, self.file, ids, hit_slot, out)
+        self.hits += ids.size - miss_pos.size
         self.rows_read += miss_pos.size
-        if miss_pos.size == ids.size:
-            self.file.read_into(ids, out)
-        else:  # straight into place
-            self.file.read_into(ids[miss_pos], out, positions=miss_pos)
-        if fill_slot is None:
+        if fill_slot is None or not miss_pos.size:
             return
         fills = fill_slot[miss_pos]
         keep = np.flatnonzero(fills != NO_SLOT)
@@ -282,7 +279,7 @@ class CachedFeatures(FeatureSource):
     def lookup_only(self) -> FeatureSource:
         """A source over the same file and cache that serves hits from the cache as it
         stands and reads misses from disk, without changing the cache or consuming a plan
-        (for evaluation between epochs). Its counters are its own."""
+        (for evaluation between epochs). Its ``bytes_read`` counts its own reads."""
         return _LookupView(self)
 
     def __repr__(self) -> str:
@@ -299,25 +296,36 @@ class _LookupView(FeatureSource):
         super().__init__(cached.num_rows, cached.dim)
         self.cached = cached
         self.slot_of = cached.directory()  # a snapshot: the cache does not change meanwhile
-        self.file = RowFile(
-            cached.file.path,
-            cached.file.num_rows,
-            cached.file.dim,
-            cached.file.row_stride,
-            align=cached.file.align,
-            direct=cached.file.direct,
-        )
 
     def _read_into(self, ids: np.ndarray, out: torch.Tensor) -> None:
-        slots = self.slot_of[ids].astype(np.int64)
-        hit = slots != NO_SLOT
-        hit_pos = np.flatnonzero(hit)
-        if hit_pos.size:
-            rows = torch.index_select(self.cached.table, 0, torch.from_numpy(slots[hit_pos]))
-            out.index_copy_(0, torch.from_numpy(hit_pos), rows)
-        miss_pos = np.flatnonzero(~hit)
-        if miss_pos.size == ids.size:
-            self.file.read_into(ids, out)
-        elif miss_pos.size:
-            self.file.read_into(ids[miss_pos], out, positions=miss_pos)
-        self.bytes_read = int(self.file.bytes_read)
+        # The cache's own file: its counters are reset at the next epoch's start; this
+        # view counts its share.
+        file = self.cached.file
+        before = file.bytes_read
+        serve_from(self.cached.table, file, ids, self.slot_of[ids].astype(np.int64), out)
+        self.bytes_read += int(file.bytes_read - before)
+
+
+def serve_from(
+    table: torch.Tensor,
+    file: RowFile,
+    ids: np.ndarray,
+    hit_slot: np.ndarray,
+    out: torch.Tensor,
+) -> np.ndarray:
+    """``out[i]`` = row ``ids[i]``: from ``table[hit_slot[i]]`` where it is not
+    :data:`NO_SLOT`, else read from ``file`` straight into place. Returns the positions read
+    (int64[m], ascending)."""
+    hit = hit_slot != NO_SLOT
+    hit_pos = np.flatnonzero(hit)
+    if hit_pos.size:
+        rows = torch.index_select(table, 0, torch.from_numpy(hit_slot[hit_pos]))
+        out.index_copy_(0, torch.from_numpy(hit_pos), rows)
+    if hit_pos.size == ids.size:
+        return np.zeros(0, dtype=np.int64)
+    if not hit_pos.size:
+        file.read_into(ids, out)
+        return np.arange(ids.size, dtype=np.int64)
+    miss_pos = np.flatnonzero(~hit)
+    file.read_into(ids[miss_pos], out, positions=miss_pos)
+    return miss_pos

@@ -25,18 +25,22 @@ class FeatureSources:
     Attributes:
         train: the gather stage's source, by ``VID_p`` (halo rows when the partition holds
             them).
-        evaluate: the source of layer-wise evaluation (for ``ooc``: the same cache, read
-            without changing it).
         cache: the out-of-core cache (``--features ooc``), else None.
         kind: ``memory``, ``mmap`` or ``ooc``.
         note: one line describing the choice, for the run's header.
     """
 
     train: PartFeatures
-    evaluate: PartFeatures
     cache: CachedFeatures | None
     kind: str
     note: str
+
+    def evaluation(self) -> PartFeatures:
+        """The source of layer-wise evaluation, for the cache as it stands now: the training
+        source, or (``ooc``) the cache read without changing it."""
+        if self.cache is None:
+            return self.train
+        return PartFeatures(self.cache.lookup_only(), n_solid=self.train.n_solid)
 
 
 def feature_kind(config: TrainConfig, local: LocalGraph) -> str:
@@ -71,8 +75,7 @@ def open_features(
         if kind == "memory":  # read into RAM once (from .npy or the ooc row file)
             solid = np.ascontiguousarray(solid)
             halo = np.ascontiguousarray(halo) if halo is not None else None
-        source = PartFeatures(solid, halo)
-        return FeatureSources(source, source, None, kind, f"features: {kind}")
+        return FeatureSources(PartFeatures(solid, halo), None, kind, f"features: {kind}")
     assert local.store is not None and local.store.feature_file is not None
     rows = local.store.feature_file
     capacity = cache_rows(config.feature_cache_mb, rows.dim, rows.num_rows)
@@ -84,7 +87,6 @@ def open_features(
     if config.cache_policy in STATIC_POLICIES and capacity:
         hot = _hot_ids(local, config, rows.num_rows, adjacency)
     cache = CachedFeatures(rows, config.cache_policy, capacity, hot_ids=hot)
-    cache.reset_counters()  # a static cache's fill is not the first epoch's reading
     table_mb = rows.num_rows * rows.dim * FLOAT32_BYTES / 2**20
     note = (
         f"features: ooc {rows.path} ({table_mb:.1f} MiB, "
@@ -94,9 +96,7 @@ def open_features(
     )
     if config.feature_cache_mb * 2**20 > rows.num_rows * rows.dim * FLOAT32_BYTES and capacity:
         note += f"; --feature-cache-mb {config.feature_cache_mb:g} exceeds the table: all of it"
-    train = PartFeatures(cache, n_solid=local.n_solid)
-    evaluate = PartFeatures(cache.lookup_only(), n_solid=local.n_solid)
-    return FeatureSources(train, evaluate, cache, "ooc", note)
+    return FeatureSources(PartFeatures(cache, n_solid=local.n_solid), cache, "ooc", note)
 
 
 def _hot_ids(
@@ -121,11 +121,3 @@ def _hot_ids(
         sampler, local.train_idx, config.batch_size, config.presample_epochs, num_rows, seed
     )
     return hot_rows(counts, tie_break=degree)
-
-
-def refresh_evaluation(sources: FeatureSources, local: LocalGraph) -> PartFeatures:
-    """The evaluation source for the cache as it stands now (``ooc``); else unchanged."""
-    if sources.cache is None:
-        return sources.evaluate
-    sources.evaluate = PartFeatures(sources.cache.lookup_only(), n_solid=local.n_solid)
-    return sources.evaluate

@@ -34,6 +34,17 @@ def open_adjacency(local: LocalGraph, config: TrainConfig) -> np.ndarray | Neigh
     )
 
 
+def describe_adjacency(adjacency: np.ndarray | NeighborFile, config: TrainConfig) -> str:
+    """The run header's part about the neighbour lists: empty when they are in memory."""
+    if not isinstance(adjacency, NeighborFile):
+        return ""
+    return (
+        f"; neighbour lists: ooc ({'O_DIRECT' if adjacency.direct else 'buffered'}), cache "
+        f"{adjacency.cache_vertices} lists, {adjacency.cache_bytes / 2**20:.1f} MiB "
+        f"({config.neighbor_cache_order})"
+    )
+
+
 def neighbor_cache_stats(adjacency: np.ndarray | NeighborFile) -> dict[str, float] | None:
     """This epoch's neighbour-cache counters under the names every cache reports, or None
     for an in-memory adjacency."""
