@@ -14,12 +14,17 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from distmb.units import row_message_bytes
+
+if TYPE_CHECKING:
+    from distmb.watchdog import CollectiveWatchdog
 
 #: Growth factor of reusable communication buffers when a message does not fit.
 BUFFER_GROWTH = 1.5
@@ -40,26 +45,40 @@ class Communicator:
         self.rank: int = self.comm.Get_rank()
         self.size: int = self.comm.Get_size()
         self._grad_buffer: torch.Tensor | None = None
+        #: Marks each collective below while set (:mod:`distmb.watchdog`; the trainer sets it
+        #: for ``--collective-timeout``).
+        self.watchdog: CollectiveWatchdog | None = None
+
+    def watched(self, collective: str) -> AbstractContextManager[None]:
+        """The watchdog's mark of a wait in ``collective`` (nothing without a watchdog)."""
+        if self.watchdog is None:
+            return nullcontext()
+        return self.watchdog.watch(collective)
 
     # -- small collectives -----------------------------------------------------------------
     def allreduce_max(self, value: float) -> float:
-        return self.comm.allreduce(value, op=_mpi().MAX)
+        with self.watched("allreduce (max)"):
+            return self.comm.allreduce(value, op=_mpi().MAX)
 
     def allreduce_min(self, value: float) -> float:
-        return self.comm.allreduce(value, op=_mpi().MIN)
+        with self.watched("allreduce (min)"):
+            return self.comm.allreduce(value, op=_mpi().MIN)
 
     def allreduce_sum(self, values: np.ndarray) -> np.ndarray:
         """Element-wise sum over ranks of a float64 or int64 array."""
         out = np.empty_like(values)
-        self.comm.Allreduce(np.ascontiguousarray(values), out, op=_mpi().SUM)
+        with self.watched("allreduce (sum)"):
+            self.comm.Allreduce(np.ascontiguousarray(values), out, op=_mpi().SUM)
         return out
 
     def allgather(self, obj):
         """Python objects from every rank (small metadata only)."""
-        return self.comm.allgather(obj)
+        with self.watched("allgather"):
+            return self.comm.allgather(obj)
 
     def barrier(self) -> None:
-        self.comm.Barrier()
+        with self.watched("barrier"):
+            self.comm.Barrier()
 
     def abort(self, code: int) -> None:
         self.comm.Abort(code)
@@ -84,7 +103,8 @@ class Communicator:
                 flat[offset : offset + n].copy_(p.grad.reshape(-1))
             offset += n
         buf = flat.numpy()
-        self.comm.Allreduce(_mpi().IN_PLACE, buf, op=_mpi().SUM)
+        with self.watched("gradient allreduce"):
+            self.comm.Allreduce(_mpi().IN_PLACE, buf, op=_mpi().SUM)
         flat.div_(self.size)
         offset = 0
         for p in params:
@@ -113,17 +133,20 @@ class Communicator:
         counts = np.ascontiguousarray(counts, dtype=np.int64)
         send = np.ascontiguousarray(send)
         width = int(np.prod(send.shape[1:], dtype=np.int64))
-        if recv_counts is None:
-            recv_counts = np.empty_like(counts)
-            self.comm.Alltoall(counts, recv_counts)
-        else:
-            recv_counts = np.ascontiguousarray(recv_counts, dtype=np.int64)
-        received = np.empty((int(recv_counts.sum()), *send.shape[1:]), dtype=send.dtype)
-        mpi_type = {np.dtype(np.int64): MPI.INT64_T, np.dtype(np.float32): MPI.FLOAT}[send.dtype]
-        self.comm.Alltoallv(
-            [send, (counts * width, _offsets(counts) * width), mpi_type],
-            [received, (recv_counts * width, _offsets(recv_counts) * width), mpi_type],
-        )
+        with self.watched("all-to-all"):
+            if recv_counts is None:
+                recv_counts = np.empty_like(counts)
+                self.comm.Alltoall(counts, recv_counts)
+            else:
+                recv_counts = np.ascontiguousarray(recv_counts, dtype=np.int64)
+            received = np.empty((int(recv_counts.sum()), *send.shape[1:]), dtype=send.dtype)
+            mpi_type = {np.dtype(np.int64): MPI.INT64_T, np.dtype(np.float32): MPI.FLOAT}[
+                send.dtype
+            ]
+            self.comm.Alltoallv(
+                [send, (counts * width, _offsets(counts) * width), mpi_type],
+                [received, (recv_counts * width, _offsets(recv_counts) * width), mpi_type],
+            )
         return recv_counts, received
 
     # -- exact evaluation --------------------------------------------------------------------
@@ -247,7 +270,8 @@ class EmbeddingPush:
         size, dim = self.comm.size, self.dim
         counts = np.ascontiguousarray(counts, dtype=np.int64)
         recv_counts = np.empty(size, dtype=np.int64)
-        self.comm.comm.Alltoall(counts, recv_counts)
+        with self.comm.watched("embedding push (counts)"):
+            self.comm.comm.Alltoall(counts, recv_counts)
         buf = self._pool[self._next]
         self._next = (self._next + 1) % len(self._pool)
         n_send, n_recv = int(counts.sum()), int(recv_counts.sum())
@@ -279,6 +303,7 @@ class EmbeddingPush:
         later)."""
         requests, buf, n_recv = self._inflight.popleft()
         start = time.perf_counter()
-        _mpi().Request.Waitall(requests)
+        with self.comm.watched("embedding push (wait)"):
+            _mpi().Request.Waitall(requests)
         self.stats.wait_s += time.perf_counter() - start
         return buf.recv_ids[:n_recv], buf.recv_rows[: n_recv * self.dim].reshape(n_recv, self.dim)

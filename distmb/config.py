@@ -32,6 +32,7 @@ import numpy as np
 from distmb.errors import InputError
 
 __all__ = [
+    "DEFAULT_COLLECTIVE_TIMEOUT_S",
     "DEFAULT_FANOUT",
     "DEFAULT_HEC_DELAY",
     "DEFAULT_HEC_LIFESPAN",
@@ -123,6 +124,10 @@ GROUP_MAIN = "options"
 GROUP_DATA_LOADING = "data loading"
 GROUP_FEATURES = "input features: in memory, memory-mapped or out of core"
 GROUP_HEC = "multi-rank (mpirun -np P): historical embedding cache"
+
+#: Default of ``--collective-timeout`` (seconds; :mod:`distmb.watchdog`, which this module
+#: does not import: it needs MPI).
+DEFAULT_COLLECTIVE_TIMEOUT_S = 300.0
 
 #: How halo (remote) leaves of a multi-rank mini-batch are handled, see
 #: :attr:`TrainConfig.halo_scheme`.
@@ -404,6 +409,15 @@ class TrainConfig:
         DEFAULT_PARTITION_CACHE,
         "where --dataset is partitioned for P ranks (rank 0 writes it)",
         group=GROUP_HEC,
+    )
+    collective_timeout: float = option(
+        DEFAULT_COLLECTIVE_TIMEOUT_S,
+        "seconds a rank may wait in one collective (at least 10x the slowest iteration so "
+        "far) before the job is aborted naming the rank that stopped sending heartbeats; a "
+        "slow but live rank only gets a warning (0 = no watchdog)",
+        group=GROUP_HEC,
+        min=0,
+        resume_applied=True,
     )
 
     def __post_init__(self) -> None:

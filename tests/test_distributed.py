@@ -137,6 +137,51 @@ def test_failing_rank_aborts_the_job(small_parts):
     assert elapsed < 60, f"the job took {elapsed:.0f}s to die"
 
 
+def _alive(marker: str) -> list[int]:
+    """PIDs of processes whose command line contains ``marker``."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and marker in (entry / "cmdline").read_text():
+                pids.append(int(entry.name))
+        except OSError:
+            continue
+    return pids
+
+
+def test_stopped_rank_aborts_the_job_naming_it(small_parts):
+    """A rank stopped by SIGSTOP (no heartbeats, no progress) mid-run: the others wait in a
+    collective past --collective-timeout, then the job is aborted with a line naming rank 1
+    (not a hang at 100 % CPU), and no process is left behind."""
+    timeout = 2.0
+    start = time.monotonic()
+    proc = mpirun(
+        3, [str(SCRIPTS / "quiet_rank.py"), str(small_parts[3]), "stop", str(timeout)], 90
+    )
+    elapsed = time.monotonic() - start
+    assert proc.returncode != 0
+    assert "collective watchdog: rank 0 has waited" in proc.stderr, proc.stderr[-2000:]
+    assert "rank 1 sent no heartbeat for" in proc.stderr
+    assert "rank 2 sent no heartbeat" not in proc.stderr  # rank 2 is alive
+    assert "Traceback" not in proc.stderr
+    assert elapsed < 60, f"the job took {elapsed:.0f}s to die"
+    time.sleep(0.5)
+    assert not _alive(str(SCRIPTS / "quiet_rank.py")), "a stopped rank outlived the job"
+
+
+def test_slow_rank_is_warned_about_not_killed(small_parts, tmp_path):
+    """A rank that is slow but alive (heartbeats go on) for longer than the deadline: a
+    warning naming the wait, and the job finishes normally."""
+    timeout = 1.0
+    proc = mpirun(
+        2, [str(SCRIPTS / "quiet_rank.py"), str(small_parts[2]), "slow", str(timeout)], 90
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "warning: collective watchdog: rank 0 has waited" in proc.stderr
+    assert "every peer still sends heartbeats (alive), behind: rank 1" in proc.stderr
+    assert "Aborting" not in proc.stderr
+
+
 # ---- equivalences ------------------------------------------------------------------------
 
 

@@ -60,6 +60,7 @@ from distmb.nn.models import parameter_count
 from distmb.sampling.adjacency import neighbor_cache_stats, open_adjacency
 from distmb.sampling.neighbor import NeighborSampler
 from distmb.units import FLOAT32_BYTES
+from distmb.watchdog import CollectiveWatchdog
 
 #: Multiplier and rank stride of :func:`dropout_seed` (two primes: seeds of different runs
 #: and ranks do not collide for any realistic seed or rank count).
@@ -149,6 +150,11 @@ class Trainer:
             if self.num_ranks > 1 and store is not None
             else None
         )
+        # --collective-timeout: a rank that stops mid-run aborts the job instead of hanging it.
+        self.watchdog: CollectiveWatchdog | None = None
+        if isinstance(self.comm, Communicator) and self.num_ranks > 1 and config.collective_timeout:
+            self.watchdog = CollectiveWatchdog(self.comm.comm, config.collective_timeout)  # Dup
+            self.comm.watchdog = self.watchdog
         torch.manual_seed(dropout_seed(config.seed, self.rank))
         self.timer = PhaseTimer()
         self.start_epoch = 0
@@ -284,6 +290,8 @@ class Trainer:
         if isinstance(self.adjacency, NeighborFile):
             self.adjacency.reset_counters()  # evaluation's reads are not this epoch's
         self.halo.begin_epoch(epoch)
+        if self.watchdog is not None:
+            self.watchdog.at(epoch)
         plan = self.loader.plan(epoch, self.epoch_batches(epoch))
         # Global batch size of every step (``Allreduce SUM``), in production order.
         sizes = np.array([plan.batches[i].size for i in plan.order], dtype=np.int64)
@@ -302,8 +310,10 @@ class Trainer:
             file=sys.stderr,
             disable=not (self.cfg.progress and sys.stderr.isatty() and self.rank == 0),
         )
-        start = time.perf_counter()
+        start = step_start = time.perf_counter()
         for step, batch in enumerate(self.loader(plan)):
+            if self.watchdog is not None:
+                self.watchdog.at(epoch, step)
             sample_s += batch.sample_s
             gather_s += batch.gather_s
             with self.timer("fwd"):
@@ -334,6 +344,10 @@ class Trainer:
             seen += batch.size
             bar.update()
             bar.set_postfix(loss=f"{loss_value:.4f}")
+            if self.watchdog is not None:
+                now = time.perf_counter()
+                self.watchdog.iteration_done(now - step_start)
+                step_start = now
         bar.close()
         train_time = time.perf_counter() - start
         self.timer.seconds["mbc"] = sample_s + gather_s  # wherever the loader ran them
@@ -396,6 +410,8 @@ class Trainer:
     def fit(self) -> list[dict[str, Any]]:
         """Train from ``start_epoch`` to ``epochs``; returns the per-epoch records."""
         cfg = self.cfg
+        if self.watchdog is not None:
+            self.watchdog.start()  # heartbeats from here on; stopped (together) below
         if self.start_epoch >= cfg.epochs and self.rank == 0:
             self.log(
                 f"nothing to train: the checkpoint in {cfg.checkpoint_dir} already ran epochs "
@@ -437,6 +453,8 @@ class Trainer:
                     )
             if cfg.checkpoint_dir:
                 self._save(epoch)
+        if self.watchdog is not None:
+            self.watchdog.stop()  # every rank: goodbyes exchanged, no heartbeat left in flight
         return self.history
 
 
