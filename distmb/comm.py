@@ -255,7 +255,9 @@ class EmbeddingPush:
         self.comm = comm
         self.dim = dim
         self.delay = delay
-        self._pool = [_Buffers() for _ in range(delay + 1)]
+        # ``delay + 1`` sets used round-robin, made when first needed: pushes start only in
+        # epochs longer than ``delay``, so a huge --hec-delay allocates nothing.
+        self._pool: list[_Buffers] = []
         self._next = 0
         self._inflight: deque[tuple[list, _Buffers, int]] = deque()
         self.stats = PushStats()
@@ -272,8 +274,10 @@ class EmbeddingPush:
         recv_counts = np.empty(size, dtype=np.int64)
         with self.comm.watched("embedding push (counts)"):
             self.comm.comm.Alltoall(counts, recv_counts)
+        if self._next == len(self._pool):
+            self._pool.append(_Buffers())
         buf = self._pool[self._next]
-        self._next = (self._next + 1) % len(self._pool)
+        self._next = (self._next + 1) % (self.delay + 1)
         n_send, n_recv = int(counts.sum()), int(recv_counts.sum())
         buf.send_ids = _fit(buf.send_ids, n_send)
         buf.send_rows = _fit(buf.send_rows, n_send * dim)

@@ -53,6 +53,7 @@ __all__ = [
     "GROUP_HEC",
     "GROUP_MAIN",
     "KERNELS",
+    "MAX_THREADS",
     "MODELS",
     "OPTIONS",
     "PROG",
@@ -124,6 +125,10 @@ GROUP_MAIN = "options"
 GROUP_DATA_LOADING = "data loading"
 GROUP_FEATURES = "input features: in memory, memory-mapped or out of core"
 GROUP_HEC = "multi-rank (mpirun -np P): historical embedding cache"
+
+#: Most threads ``--threads`` / ``--loader-threads`` accept (OpenMP crashes far beyond it;
+#: more threads than cores is allowed, with a warning).
+MAX_THREADS = 4096
 
 #: Default of ``--collective-timeout`` (seconds; :mod:`distmb.watchdog`, which this module
 #: does not import: it needs MPI).
@@ -274,7 +279,7 @@ class TrainConfig:
         0, "seed of model init, shuffling, sampling", min=0, max=MAX_SEED, resume_must_match=True
     )
     threads: int | None = option(
-        None, "threads for sampling and PyTorch (default: all cores)", min=1
+        None, "threads for sampling and PyTorch (default: all cores)", min=1, max=MAX_THREADS
     )
     eval_every: int = option(1, "evaluate every N epochs", min=1)
     eval_batch_size: int = option(4096, "destinations per block in layer-wise evaluation", min=1)
@@ -309,6 +314,7 @@ class TrainConfig:
         "with prefetching, sampling and training share the cores",
         group=GROUP_DATA_LOADING,
         min=1,
+        max=MAX_THREADS,
     )
     features: str | None = option(
         None,

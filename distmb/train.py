@@ -7,6 +7,7 @@ two cores). Defaults follow Table 2 of the DistGNN-MB paper.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -98,7 +99,9 @@ def run_distributed(args: argparse.Namespace, comm) -> None:
 
     config = config_from_args(args)
     prepare_outputs(config, comm.rank)  # before partitioning or loading anything
-    _set_threads(config)
+    warning = _set_threads(config)
+    if warning and comm.rank == 0:
+        print(warning, file=sys.stderr, flush=True)
 
     def log(line: str) -> None:
         if comm.rank == 0:
@@ -113,8 +116,18 @@ def run_distributed(args: argparse.Namespace, comm) -> None:
     train(LocalGraph.from_store(store), config, comm=comm, halo=halo, log=log)
 
 
-def _set_threads(config: TrainConfig) -> None:
-    """``--threads``: PyTorch's and the C++ kernels' thread counts."""
+def _set_threads(config: TrainConfig) -> str | None:
+    """``--threads``: PyTorch's and the C++ kernels' thread counts. Returns a warning when
+    ``--threads`` or ``--loader-threads`` exceeds the cores this process may run on (allowed:
+    the threads then take turns)."""
+    warning = None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    asked = max(config.threads or 0, config.loader_threads or 0)
+    if cores is not None and asked > cores:
+        warning = (
+            f"distmb.train: warning: {asked} threads (--threads / --loader-threads) exceed the "
+            f"{cores} core(s) this process may use; the threads will take turns"
+        )
     if config.threads is not None:
         import torch
 
@@ -122,6 +135,7 @@ def _set_threads(config: TrainConfig) -> None:
 
         torch.set_num_threads(config.threads)
         _C.set_num_threads(config.threads)
+    return warning
 
 
 def train(local, config: TrainConfig, *, comm=None, halo=None, log=print) -> list[dict]:
@@ -159,7 +173,9 @@ def main_single(argv: list[str] | None = None) -> int:
 
     config = config_from_args(build_parser().parse_args(argv))
     prepare_outputs(config, rank=0)  # before loading anything
-    _set_threads(config)
+    warning = _set_threads(config)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
 
     def log(line: str) -> None:
         print(line, flush=True)

@@ -137,6 +137,17 @@ def test_failing_rank_aborts_the_job(small_parts):
     assert elapsed < 60, f"the job took {elapsed:.0f}s to die"
 
 
+def test_huge_hec_delay_allocates_nothing_up_front(small_parts, tmp_path):
+    """--hec-delay 10**9 used to build 10**9 + 1 push buffer sets at start (the job was
+    killed for memory); buffers are now made when a push first needs them."""
+    proc = mpirun(
+        2, ["-m", "distmb.train", "--part-dir", str(small_parts[2]), *FAST, "--epochs", "1",
+            "--hec-delay", str(10**9)], 90,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "not more than --hec-delay 1000000000" in proc.stdout + proc.stderr
+
+
 def _alive(marker: str) -> list[int]:
     """PIDs of processes whose command line contains ``marker``."""
     pids = []

@@ -45,6 +45,8 @@ def run(argv: list[str], capsys) -> tuple[int, str, str]:
         (["--resume"], "--resume needs --checkpoint-dir"),
         (["--exact-remote", "--no-hec"], "--exact-remote and --no-hec exclude each other"),
         (["--hidden", "100000000"], "needs"),
+        (["--threads", "100000000"], "--threads must be in [1, 4096]"),
+        (["--loader-threads", "100000000"], "--loader-threads must be in [1, 4096]"),
         (["--seed", str(2**64)], "--seed must be in [0, 9223372036854775807]"),
         (["--fanout", "5,10,99999999999"], "each value must be <= 2147483647"),
         (["--dataset", "synthetic:nodes=500,train_fraction=0"], "no training vertices"),

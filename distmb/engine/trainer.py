@@ -30,6 +30,7 @@ from distmb.comm import Communicator, SingleProcess
 from distmb.config import RESUME_APPLIED, TrainConfig, flag_of
 from distmb.data.local import LocalGraph
 from distmb.data.neighborfile import NeighborFile
+from distmb.engine.budget import GraphShape, check_memory
 from distmb.engine.checkpoint import (
     load_cache_state,
     load_checkpoint,
@@ -53,13 +54,10 @@ from distmb.features.select import open_features
 from distmb.halo.base import HaloScheme
 from distmb.loader.loader import BatchLoader
 from distmb.loader.minibatch import MiniBatch
-from distmb.machine import physical_memory_bytes
 from distmb.nn import build_model
 from distmb.nn.backend import set_kernels
-from distmb.nn.models import parameter_count
 from distmb.sampling.adjacency import neighbor_cache_stats, open_adjacency
 from distmb.sampling.neighbor import NeighborSampler
-from distmb.units import FLOAT32_BYTES
 from distmb.watchdog import CollectiveWatchdog
 
 #: Multiplier and rank stride of :func:`dropout_seed` (two primes: seeds of different runs
@@ -105,7 +103,7 @@ class Trainer:
         self.log = log
         prepare_outputs(config, self.rank)
         set_kernels(config.kernels)
-        check_model_fits(config, local.feat_dim, local.num_classes)
+        check_memory(config, GraphShape.of(local), self.num_ranks)  # before allocating
         torch.manual_seed(config.seed)  # identical model initialisation on every rank
         self.model = build_model(
             config.model,
@@ -456,30 +454,6 @@ class Trainer:
         if self.watchdog is not None:
             self.watchdog.stop()  # every rank: goodbyes exchanged, no heartbeat left in flight
         return self.history
-
-
-#: float32 values per parameter during training: weights, gradients, Adam's two moments.
-TRAINING_VALUES_PER_PARAMETER = 4
-
-
-def check_model_fits(config: TrainConfig, in_dim: int, num_classes: int) -> None:
-    """Refuse, naming the flags, a model whose weights, gradients and Adam state alone exceed
-    this machine's memory (instead of an allocator error from deep inside PyTorch)."""
-    params = parameter_count(
-        config.model, in_dim, config.hidden, num_classes, config.layers, config.heads, config.aggr
-    )
-    need = params * TRAINING_VALUES_PER_PARAMETER * FLOAT32_BYTES
-    have = physical_memory_bytes()
-    if have is None:  # not POSIX: no estimate
-        return
-    if need > have:
-        raise InputError(
-            f"--hidden {config.hidden} --layers {config.layers}"
-            + (f" --heads {config.heads}" if config.model == "gat" else "")
-            + f": the {config.model} model has {params:,} parameters and needs "
-            f"{need / 2**30:.1f} GiB for weights, gradients and Adam state; this machine has "
-            f"{have / 2**30:.1f} GiB"
-        )
 
 
 def prepare_outputs(config: TrainConfig, rank: int) -> None:

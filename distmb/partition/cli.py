@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from distmb.config import MAX_THREADS
 from distmb.data.format import FEATURE_LAYOUTS
 from distmb.errors import InputError, exit_on_user_error
 from distmb.partition.assign import METHODS
@@ -117,8 +118,8 @@ def main(argv: list[str] | None = None) -> int:
             raise InputError(f"{flag} is required (or --convert DIR to convert a partition)")
     check_partition_args(None, args.parts, args.out, method=args.method, overwrite=args.overwrite)
     if args.threads is not None:
-        if args.threads < 1:
-            raise InputError(f"--threads must be >= 1, got {args.threads}")
+        if not 1 <= args.threads <= MAX_THREADS:
+            raise InputError(f"--threads must be in [1, {MAX_THREADS}], got {args.threads}")
         from distmb import _C
 
         _C.set_num_threads(args.threads)
