@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 
 from distmb.config import TrainConfig, build_parser, config_from_args
-from distmb.errors import DistmbError, InputError, exit_on_user_error
+from distmb.errors import InputError, exit_on_user_error
 
 
 def load_local(args: TrainConfig, log) -> object:
@@ -53,41 +52,11 @@ def main(argv: list[str] | None = None) -> int:
 def main_distributed(argv: list[str] | None) -> int:
     """One rank of ``mpirun -np P python -m distmb.train``. Any error on any rank aborts
     the whole job (``MPI_Abort``), so a dead rank never leaves the others waiting."""
-    import traceback
+    from distmb.launch import run_on_ranks
 
-    from distmb.comm import Communicator
-
-    comm = Communicator()
-    try:
-        run_distributed(build_parser().parse_args(argv), comm)
-    except SystemExit as exc:  # argparse --help / bad flags: every rank exits alike
-        if exc.code not in (0, None):
-            comm.abort(int(exc.code) if isinstance(exc.code, int) else 2)
-        raise
-    except DistmbError as exc:
-        _report_and_abort(comm, f"distmb.train: error: [rank {comm.rank}] {exc}\n", exc.exit_code)
-    except BaseException as exc:
-        _report_and_abort(
-            comm,
-            f"distmb.train: [rank {comm.rank}] failed: {type(exc).__name__}: {exc}\n"
-            + traceback.format_exc(),
-            1,
-        )
-    return 0
-
-
-#: Seconds a failing rank waits after writing its message and before ``MPI_Abort``, so the
-#: launcher forwards the message before it tears the job down.
-ABORT_GRACE_S = 0.5
-
-
-def _report_and_abort(comm, message: str, code: int) -> None:
-    """Write ``message`` to stderr in one write (the summary line first), give the launcher
-    :data:`ABORT_GRACE_S` to forward it, then abort every rank with ``code``."""
-    sys.stderr.write(message)
-    sys.stderr.flush()
-    time.sleep(ABORT_GRACE_S)
-    comm.abort(code)
+    return run_on_ranks(
+        "distmb.train", lambda comm: run_distributed(build_parser().parse_args(argv), comm)
+    )
 
 
 def run_distributed(args: argparse.Namespace, comm) -> None:
