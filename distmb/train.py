@@ -67,7 +67,7 @@ def run_distributed(args: argparse.Namespace, comm) -> None:
 
     config = config_from_args(args)
     prepare_outputs(config, comm.rank)  # before partitioning or loading anything
-    _set_threads(config)
+    set_threads(config)
 
     def log(line: str) -> None:
         if comm.rank == 0:
@@ -82,7 +82,7 @@ def run_distributed(args: argparse.Namespace, comm) -> None:
     train(LocalGraph.from_store(store), config, comm=comm, halo=halo, log=log)
 
 
-def _set_threads(config: TrainConfig) -> None:
+def set_threads(config: TrainConfig) -> None:
     """``--threads``: PyTorch's and the C++ kernels' thread counts."""
     if config.threads is not None:
         import torch
@@ -128,7 +128,7 @@ def main_single(argv: list[str] | None = None) -> int:
 
     config = config_from_args(build_parser().parse_args(argv))
     prepare_outputs(config, rank=0)  # before loading anything
-    _set_threads(config)
+    set_threads(config)
 
     def log(line: str) -> None:
         print(line, flush=True)
