@@ -37,12 +37,18 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from distmb.config import OPTIONS, RESUME_MUST_MATCH, TrainConfig
 from distmb.errors import InputError, PartitionError, exit_on_user_error
+
+if TYPE_CHECKING:
+    from distmb.comm import Communicator, SingleProcess
+    from distmb.data.local import LocalGraph
+
+    Ranks = Communicator | SingleProcess
 
 #: The command (messages, ``--help``).
 PROG = "distmb.predict"
@@ -111,7 +117,7 @@ def predict(
     batch_size: int | None = None,
     threads: int | None = None,
     verify: bool = True,
-    comm: Any = None,
+    comm: Ranks | None = None,
     log: Callable[[str], None] | None = None,
 ) -> Prediction:
     """Predict every vertex with the model of ``checkpoint`` (exact layer-wise inference).
@@ -162,7 +168,7 @@ def predict(
 
     state = read_checkpoint(path, "--checkpoint")
     config = inference_config(state["args"], path, dataset, part_dir, batch_size, threads, verify)
-    local, data_text = _open_data(comm, config, say)
+    local, data_text = _open_data(comm, config)
     check_same_graph(state["identity"], local.identity, path, data_text)
     result = _run(comm, state, config, local, path, data_text, out_dir, embeddings, per_part, say)
     if out_dir is not None and comm.rank == 0:
@@ -312,8 +318,9 @@ def _remove_stale(out: Path, previous: list[str], manifest: dict[str, Any] | Non
             parent.rmdir()
 
 
-def _open_data(comm: Any, config: TrainConfig, say: Callable[[str], None]) -> tuple[Any, str]:
-    """This rank's :class:`LocalGraph` and a description of the data for messages."""
+def _open_data(comm: Ranks, config: TrainConfig) -> tuple[LocalGraph, str]:
+    """This rank's :class:`LocalGraph` (opened as training opens it, quietly) and a
+    description of the data for messages."""
     from distmb.data.local import LocalGraph
     from distmb.launch import open_part
     from distmb.train import load_local
@@ -324,7 +331,7 @@ def _open_data(comm: Any, config: TrainConfig, say: Callable[[str], None]) -> tu
             if config.part_dir
             else f"--dataset {config.dataset or 'synthetic'}"
         )
-        return load_local(config, say), data_text
+        return load_local(config, lambda _: None), data_text
     if not config.part_dir:
         raise InputError(
             f"--dataset {config.dataset or 'synthetic'} predicts on one rank; under mpirun "
@@ -332,15 +339,14 @@ def _open_data(comm: Any, config: TrainConfig, say: Callable[[str], None]) -> tu
             "one the job trained on)"
         )
     store = open_part(comm, config.part_dir, verify=config.verify)
-    say(f"{comm.size} ranks on {config.part_dir}; rank 0: {store}")
     return LocalGraph.from_store(store), f"--part-dir {config.part_dir}"
 
 
 def _run(
-    comm: Any,
+    comm: Ranks,
     state: dict[str, Any],
     config: TrainConfig,
-    local: Any,
+    local: LocalGraph,
     path: Path,
     data_text: str,
     out: Path | None,
@@ -444,7 +450,7 @@ class GatherWriter:
         num_nodes: rows of each gathered table.
     """
 
-    def __init__(self, comm: Any, out: Path | None, ids: np.ndarray, num_nodes: int) -> None:
+    def __init__(self, comm: Ranks, out: Path | None, ids: np.ndarray, num_nodes: int) -> None:
         self.comm = comm
         self.out = out
         self.ids = ids
@@ -703,7 +709,7 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _run_cli(argv: list[str] | None, comm: Any) -> None:
+def _run_cli(argv: list[str] | None, comm: Ranks | None) -> None:
     args = build_parser().parse_args(argv)
     predict(
         args.checkpoint,

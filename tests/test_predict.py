@@ -141,10 +141,40 @@ def test_one_rank_round_trip_equals_the_trainers_evaluation(one_rank_run, graph,
     assert_matches_reference(logits, predictions, final)
     assert manifest["accuracy"] == pytest.approx(split_accuracy(np.asarray(predictions), graph))
 
-    line = stdout.strip().splitlines()[-1]
+    (line,) = stdout.strip().splitlines()  # one summary line
     assert line.startswith(f"predicted {graph.num_nodes} vertices (4 classes)")
     assert re.search(r"train \d+\.\d\d%  val \d+\.\d\d%  test \d+\.\d\d%", line)
     assert str(out) in line
+
+
+def test_gat_predictions_equal_the_trainers_evaluation(graph, tmp_path, capsys):
+    """GAT: logits bit for bit as the trainer evaluates the checkpoint; the hidden layer's
+    embeddings are its output, ``hidden x heads`` wide (heads concatenated)."""
+    ckpt, out = tmp_path / "ckpt", tmp_path / "pred"
+    gat = ["--model", "gat", "--heads", "2", "--hidden", "8"]
+    argv = ["--dataset", SMALL, *FAST_FLAGS, *gat, "--epochs", "1", "--threads", "1"]
+    assert train_main([*argv, "--checkpoint-dir", str(ckpt)]) == 0
+    code, _, err = run(["--checkpoint", str(ckpt), "--out", str(out), "--embeddings"], capsys)
+    assert code == 0, err
+    config = {**CONFIG, "hidden": 8}
+    trainer = Trainer(
+        LocalGraph.from_graph(graph),
+        TrainConfig(**config, model="gat", heads=2, checkpoint_dir=str(ckpt), resume=True),
+        log=lambda _: None,
+    )
+    hidden: list[np.ndarray] = []
+    expected = layerwise_inference(
+        trainer.model,
+        trainer.features,
+        trainer.sampler,
+        trainer.cfg.eval_batch_size,
+        on_layer=lambda layer, rows: hidden.append(rows.numpy().copy()),
+    ).numpy()
+    np.testing.assert_array_equal(np.load(out / "logits.npy"), expected)
+    embedding = np.load(out / "embeddings-layer0.npy")
+    assert embedding.shape == (graph.num_nodes, 16)
+    np.testing.assert_array_equal(embedding, hidden[0])
+    np.testing.assert_array_equal(np.load(out / "predictions.npy"), expected.argmax(axis=1))
 
 
 def test_python_api_returns_the_arrays_without_writing(one_rank_run, graph, tmp_path):
