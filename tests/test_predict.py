@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 import torch
 from conftest import FAST_FLAGS, SMALL
-from test_distributed import mpirun
+from test_distributed import SCRIPTS, mpirun
 
+from distmb.comm import SingleProcess
 from distmb.config import TrainConfig
 from distmb.data import Graph, load_dataset
 from distmb.data.local import LocalGraph
@@ -339,6 +340,17 @@ def test_one_rank_checkpoint_predicts_on_two_ranks(one_rank_run, two_parts, tmp_
     )
     accuracy = json.loads((out / "predict.json").read_text())["accuracy"]
     assert accuracy["test"] == records[-1]["test_acc"]
+
+
+def test_gather_rows_delivers_every_row_once_in_bounded_chunks():
+    proc = mpirun(2, [str(SCRIPTS / "gather_rows.py"), "100"], 60)  # 8 rows per chunk
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "gathered 1000 rows in" in proc.stdout
+    chunks: list[tuple[np.ndarray, np.ndarray]] = []
+    rows = np.arange(30, dtype=np.float32).reshape(10, 3)
+    SingleProcess().gather_rows(np.arange(10), rows, lambda i, r: chunks.append((i, r)), 24)
+    assert [len(i) for i, _ in chunks] == [2] * 5
+    np.testing.assert_array_equal(np.concatenate([r for _, r in chunks]), rows)
 
 
 def test_dataset_on_two_ranks_is_refused(one_rank_run, tmp_path):
