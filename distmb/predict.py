@@ -387,13 +387,13 @@ def _run(
         else np.arange(local.n_solid, dtype=np.int64)
     )
     num_nodes = int(local.identity["num_nodes"])
-    writer = (
-        PerPartWriter(out, comm.rank, ids) if per_part else GatherWriter(comm, out, ids, num_nodes)
-    )
     if out is not None:
         if comm.rank == 0:  # a prediction cut short leaves no manifest naming stale files
             (out / MANIFEST_FILE).unlink(missing_ok=True)
-        comm.barrier()
+        comm.barrier()  # before any rank writes
+    writer = (
+        PerPartWriter(out, comm.rank, ids) if per_part else GatherWriter(comm, out, ids, num_nodes)
+    )
     last = model.num_layers - 1
 
     def on_layer(layer: int, rows: torch.Tensor) -> None:
