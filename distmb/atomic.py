@@ -1,12 +1,14 @@
 """Files written atomically: a temporary file beside the target, fsync, rename, fsync of the
 directory. A crash leaves the previous file (or none), never a half-written one; the run that
 owns a directory removes the temporaries a killed writer left there. Checkpoints, cache
-files, JSON and PNG results and partition stamps all go through :func:`write_atomic`."""
+files, JSON and PNG results and partition stamps all go through :func:`write_atomic`; writers
+that need a path (the memory-mapped arrays of ``distmb.predict``) through :func:`atomic_path`."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
@@ -18,14 +20,27 @@ def write_atomic(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
     """``write`` into a temporary file beside ``path``, fsync, rename it to ``path``, then
     fsync the directory (so the rename itself survives a power loss): a crash leaves the
     previous file (or none), never a half-written one."""
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as f:
+            write(f)
+
+
+@contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """The temporary path beside ``path`` that the ``with`` block writes by name (for writers
+    that need a path, e.g. ``np.lib.format.open_memmap``). When the block ends normally the
+    file is fsynced, renamed to ``path`` and the directory fsynced; when it raises, the
+    temporary file is removed and ``path`` is untouched."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.parent / f".{path.name}{TMP_INFIX}{os.getpid()}"
     try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
+        yield tmp
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
         _fsync_directory(path.parent)
     finally:

@@ -8,12 +8,15 @@ collectives in the same order (the trainer guarantees equal iteration counts).
 - :class:`EmbeddingPush`: the non-blocking all-to-all-v of (``VID_o``, embedding rows) of
   the Asynchronous Embedding Push, with a queue of depth ``d`` and reusable buffers.
 - :meth:`Communicator.halo_exchange`: the synchronous exchange of exact evaluation.
+- :meth:`Communicator.gather_rows`: every rank's rows to rank 0, chunk by chunk (the
+  gathered outputs of ``distmb.predict``).
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -28,6 +31,18 @@ if TYPE_CHECKING:
 
 #: Growth factor of reusable communication buffers when a message does not fit.
 BUFFER_GROWTH = 1.5
+#: Bytes of rows per message of :meth:`Communicator.gather_rows` (rank 0 holds one at a time).
+GATHER_CHUNK_BYTES = 64 << 20
+
+#: ``sink(ids, rows)``: takes one chunk of gathered rows: int64[k] ids and their rows.
+RowSink = Callable[[np.ndarray, np.ndarray], None]
+
+
+def _chunks(num_rows: int, row_bytes: int, chunk_bytes: int) -> list[tuple[int, int]]:
+    """``(start, stop)`` of consecutive chunks of ``num_rows`` rows of ``row_bytes`` bytes,
+    each at most ``chunk_bytes`` (one row at least)."""
+    step = max(1, chunk_bytes // max(row_bytes, 1))
+    return [(start, min(start + step, num_rows)) for start in range(0, num_rows, step)]
 
 
 def _mpi():
@@ -180,6 +195,46 @@ class Communicator:
         return out
 
 
+    # -- gathering outputs ------------------------------------------------------------------
+    def gather_rows(
+        self,
+        ids: np.ndarray,
+        rows: np.ndarray,
+        sink: RowSink | None,
+        chunk_bytes: int = GATHER_CHUNK_BYTES,
+    ) -> None:
+        """Hand every rank's rows to ``sink`` on rank 0, in chunks: rank 0's own first, then
+        rank 1's, and so on; the other ranks send theirs (point-to-point, in order). Rank 0
+        holds one received chunk at a time, so the gathered table never has to fit in its
+        memory (``sink`` writes each chunk where it belongs, e.g. into a memory map).
+
+        Args:
+            ids: int64[n], this rank's ids of its rows (e.g. their ``VID_o``).
+            rows: [n, D] of one dtype and width on every rank, C-contiguous.
+            sink: ``sink(ids, rows)`` per chunk, on rank 0 (ignored elsewhere).
+            chunk_bytes: bytes of rows per message at most.
+        """
+        ids = np.ascontiguousarray(ids, dtype=np.int64)
+        rows = np.ascontiguousarray(rows)
+        row_bytes = int(rows.itemsize * np.prod(rows.shape[1:], dtype=np.int64))
+        counts = self.comm.gather(int(ids.size), root=0)
+        if self.rank != 0:
+            for start, stop in _chunks(ids.size, row_bytes, chunk_bytes):
+                self.comm.Send(ids[start:stop], dest=0, tag=0)
+                self.comm.Send(rows[start:stop], dest=0, tag=1)
+            return
+        assert sink is not None
+        for start, stop in _chunks(ids.size, row_bytes, chunk_bytes):
+            sink(ids[start:stop], rows[start:stop])
+        for source in range(1, self.size):
+            for start, stop in _chunks(counts[source], row_bytes, chunk_bytes):
+                chunk_ids = np.empty(stop - start, dtype=np.int64)
+                chunk_rows = np.empty((stop - start, *rows.shape[1:]), dtype=rows.dtype)
+                self.comm.Recv(chunk_ids, source=source, tag=0)
+                self.comm.Recv(chunk_rows, source=source, tag=1)
+                sink(chunk_ids, chunk_rows)
+
+
 class SingleProcess:
     """The ranks of a run started without MPI: one rank, and every collective of
     :class:`Communicator` is the identity (nothing to reduce, gather or wait for)."""
@@ -204,6 +259,19 @@ class SingleProcess:
 
     def allreduce_gradients(self, model: torch.nn.Module) -> None:
         pass
+
+    def gather_rows(
+        self,
+        ids: np.ndarray,
+        rows: np.ndarray,
+        sink: RowSink | None,
+        chunk_bytes: int = GATHER_CHUNK_BYTES,
+    ) -> None:
+        """:meth:`Communicator.gather_rows` of one rank: its own rows, chunk by chunk."""
+        assert sink is not None
+        row_bytes = int(rows.itemsize * np.prod(rows.shape[1:], dtype=np.int64))
+        for start, stop in _chunks(len(ids), row_bytes, chunk_bytes):
+            sink(np.asarray(ids[start:stop], dtype=np.int64), rows[start:stop])
 
 
 @dataclass

@@ -1,5 +1,6 @@
 """Starting a run: one rank's part (opened and checked on every rank), the on-the-fly
-partition of ``--dataset`` for P ranks, and whether an MPI launcher started us.
+partition of ``--dataset`` for P ranks, whether an MPI launcher started us, and one rank's
+error handling (:func:`run_on_ranks`: an error on any rank aborts the job).
 
 This module sits above both the runtime and the partitioner (``distmb.partition``), so
 neither imports the other's entry points: the runtime packages never import the partitioner.
@@ -9,12 +10,16 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
+import time
+import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 from distmb.comm import Communicator
 from distmb.data.format import NODE_PART_FILE
 from distmb.data.store import PartitionStore, read_meta
-from distmb.errors import InputError, PartitionError
+from distmb.errors import DistmbError, InputError, PartitionError
 
 #: Part of the ``--partition-cache`` key: bump it when a loader's output or the partition
 #: format changes, so that no run reuses a partition of the old data (the key is computed
@@ -129,3 +134,47 @@ def ensure_partition(comm: Communicator, spec: str, cache_root: str, seed: int, 
 def is_mpi_launch() -> bool:
     """Whether this process was started by an MPI launcher (mpirun, mpiexec, srun)."""
     return any(m in os.environ for m in MPI_LAUNCH_MARKERS)
+
+
+#: Seconds a failing rank waits after writing its message and before ``MPI_Abort``, so the
+#: launcher forwards the message before it tears the job down.
+ABORT_GRACE_S = 0.5
+
+
+def run_on_ranks(prog: str, body: Callable[[Communicator], None]) -> int:
+    """Run ``body(comm)`` as one rank of an MPI job (``mpirun -np P python -m PROG``).
+
+    Any error on any rank aborts the whole job (``MPI_Abort``), so a dead rank never leaves
+    the others waiting: a :class:`DistmbError` as one line ``PROG: error: [rank i] ...`` with
+    its exit code, anything else with its traceback (exit 1). argparse's ``--help`` and flag
+    errors exit every rank alike (they all parse the same flags).
+
+    Returns:
+        0 when ``body`` returned on this rank.
+    """
+    comm = Communicator()
+    try:
+        body(comm)
+    except SystemExit as exc:  # argparse --help / bad flags: every rank exits alike
+        if exc.code not in (0, None):
+            comm.abort(int(exc.code) if isinstance(exc.code, int) else 2)
+        raise
+    except DistmbError as exc:
+        _report_and_abort(comm, f"{prog}: error: [rank {comm.rank}] {exc}\n", exc.exit_code)
+    except BaseException as exc:
+        _report_and_abort(
+            comm,
+            f"{prog}: [rank {comm.rank}] failed: {type(exc).__name__}: {exc}\n"
+            + traceback.format_exc(),
+            1,
+        )
+    return 0
+
+
+def _report_and_abort(comm: Communicator, message: str, code: int) -> None:
+    """Write ``message`` to stderr in one write (the summary line first), give the launcher
+    :data:`ABORT_GRACE_S` to forward it, then abort every rank with ``code``."""
+    sys.stderr.write(message)
+    sys.stderr.flush()
+    time.sleep(ABORT_GRACE_S)
+    comm.abort(code)

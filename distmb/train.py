@@ -9,10 +9,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 
 from distmb.config import TrainConfig, build_parser, config_from_args
-from distmb.errors import DistmbError, InputError, exit_on_user_error
+from distmb.errors import InputError, exit_on_user_error
 
 
 def load_local(args: TrainConfig, log) -> object:
@@ -54,41 +53,11 @@ def main(argv: list[str] | None = None) -> int:
 def main_distributed(argv: list[str] | None) -> int:
     """One rank of ``mpirun -np P python -m distmb.train``. Any error on any rank aborts
     the whole job (``MPI_Abort``), so a dead rank never leaves the others waiting."""
-    import traceback
+    from distmb.launch import run_on_ranks
 
-    from distmb.comm import Communicator
-
-    comm = Communicator()
-    try:
-        run_distributed(build_parser().parse_args(argv), comm)
-    except SystemExit as exc:  # argparse --help / bad flags: every rank exits alike
-        if exc.code not in (0, None):
-            comm.abort(int(exc.code) if isinstance(exc.code, int) else 2)
-        raise
-    except DistmbError as exc:
-        _report_and_abort(comm, f"distmb.train: error: [rank {comm.rank}] {exc}\n", exc.exit_code)
-    except BaseException as exc:
-        _report_and_abort(
-            comm,
-            f"distmb.train: [rank {comm.rank}] failed: {type(exc).__name__}: {exc}\n"
-            + traceback.format_exc(),
-            1,
-        )
-    return 0
-
-
-#: Seconds a failing rank waits after writing its message and before ``MPI_Abort``, so the
-#: launcher forwards the message before it tears the job down.
-ABORT_GRACE_S = 0.5
-
-
-def _report_and_abort(comm, message: str, code: int) -> None:
-    """Write ``message`` to stderr in one write (the summary line first), give the launcher
-    :data:`ABORT_GRACE_S` to forward it, then abort every rank with ``code``."""
-    sys.stderr.write(message)
-    sys.stderr.flush()
-    time.sleep(ABORT_GRACE_S)
-    comm.abort(code)
+    return run_on_ranks(
+        "distmb.train", lambda comm: run_distributed(build_parser().parse_args(argv), comm)
+    )
 
 
 def run_distributed(args: argparse.Namespace, comm) -> None:
@@ -99,7 +68,7 @@ def run_distributed(args: argparse.Namespace, comm) -> None:
 
     config = config_from_args(args)
     prepare_outputs(config, comm.rank)  # before partitioning or loading anything
-    warning = _set_threads(config)
+    warning = set_threads(config)
     if warning and comm.rank == 0:
         print(warning, file=sys.stderr, flush=True)
 
@@ -116,7 +85,7 @@ def run_distributed(args: argparse.Namespace, comm) -> None:
     train(LocalGraph.from_store(store), config, comm=comm, halo=halo, log=log)
 
 
-def _set_threads(config: TrainConfig) -> str | None:
+def set_threads(config: TrainConfig) -> str | None:
     """``--threads``: PyTorch's and the C++ kernels' thread counts. Returns a warning when
     ``--threads`` or ``--loader-threads`` exceeds the cores this process may run on (allowed:
     the threads then take turns)."""
@@ -173,7 +142,7 @@ def main_single(argv: list[str] | None = None) -> int:
 
     config = config_from_args(build_parser().parse_args(argv))
     prepare_outputs(config, rank=0)  # before loading anything
-    warning = _set_threads(config)
+    warning = set_threads(config)
     if warning:
         print(warning, file=sys.stderr, flush=True)
 

@@ -82,22 +82,7 @@ def load_checkpoint(
     path = Path(directory) / CHECKPOINT_FILE
     if not path.is_file():
         raise InputError(f"--resume: no checkpoint at {path}")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # corrupt, truncated, or not a weights-only file
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise InputError(
-            f"--resume: {path} is not a readable checkpoint: damaged, or not written by distmb "
-            f"({first[:200]})"
-        ) from None
-    if not isinstance(state, dict):
-        raise InputError(f"--resume: {path} does not hold a checkpoint (not a dictionary)")
-    if state.get("version") != CHECKPOINT_VERSION:
-        raise InputError(
-            f"--resume: {path} has checkpoint version {state.get('version')!r}, "
-            f"expected {CHECKPOINT_VERSION}"
-        )
-    _check_contents(path, state)
+    state = read_checkpoint(path, "--resume")
     saved_identity = state.get("identity", {})
     if saved_identity != identity:
         diff = sorted(
@@ -122,24 +107,53 @@ def load_checkpoint(
     return state
 
 
-def _check_contents(path: Path, state: dict[str, Any]) -> None:
+def read_checkpoint(path: Path, flag: str) -> dict[str, Any]:
+    """Read the checkpoint file ``path`` without pickle (``weights_only=True``) and check it:
+    version, checksum, required keys, a plausible epoch, finite weights.
+
+    Args:
+        flag: the flag that named the file (``--resume``, ``--checkpoint``), for messages.
+
+    Raises:
+        InputError: one line naming ``flag``, the file and what is wrong with it.
+    """
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # corrupt, truncated, or not a weights-only file
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InputError(
+            f"{flag}: {path} is not a readable checkpoint: damaged, or not written by distmb "
+            f"({first[:200]})"
+        ) from None
+    if not isinstance(state, dict):
+        raise InputError(f"{flag}: {path} does not hold a checkpoint (not a dictionary)")
+    if state.get("version") != CHECKPOINT_VERSION:
+        raise InputError(
+            f"{flag}: {path} has checkpoint version {state.get('version')!r}, "
+            f"expected {CHECKPOINT_VERSION}"
+        )
+    _check_contents(path, state, flag)
+    return state
+
+
+def _check_contents(path: Path, state: dict[str, Any], flag: str) -> None:
     """The checksum (when the checkpoint has one: older ones do not), the required keys, a
     plausible epoch and finite weights; each failure is one line naming the file."""
     saved = state.get(CHECKSUM_KEY)
     if saved is not None and saved != state_digest(state):
-        raise InputError(f"--resume: {path}: checksum mismatch; the file is altered or corrupt")
+        raise InputError(f"{flag}: {path}: checksum mismatch; the file is altered or corrupt")
     missing = [k for k in REQUIRED_KEYS if k not in state]
     if missing:
-        raise InputError(f"--resume: {path} lacks {', '.join(missing)}; not a distmb checkpoint")
+        raise InputError(f"{flag}: {path} lacks {', '.join(missing)}; not a distmb checkpoint")
     epoch = state["epoch"]
     if not isinstance(epoch, int) or not 0 <= epoch < MAX_EPOCH:
-        raise InputError(f"--resume: {path} records epoch {epoch!r}; not a real run's")
+        raise InputError(f"{flag}: {path} records epoch {epoch!r}; not a real run's")
     model = state["model"]
     if not isinstance(model, dict) or not all(isinstance(v, torch.Tensor) for v in model.values()):
-        raise InputError(f"--resume: {path}: 'model' is not a state dict of tensors")
+        raise InputError(f"{flag}: {path}: 'model' is not a state dict of tensors")
     for name, value in model.items():
         if value.is_floating_point() and not bool(torch.isfinite(value).all()):
-            raise InputError(f"--resume: {path}: weight {name} holds NaN or Inf")
+            raise InputError(f"{flag}: {path}: weight {name} holds NaN or Inf")
 
 
 def cache_state_file(directory: str | Path, epoch: int, rank: int) -> Path:

@@ -7,7 +7,8 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from distmb.comm import Communicator
+from distmb.comm import Communicator, SingleProcess
+from distmb.data.local import LocalGraph
 from distmb.features.base import FeatureSource
 from distmb.features.memory import ArrayFeatures, PartFeatures
 from distmb.sampling.neighbor import NeighborSampler
@@ -19,6 +20,11 @@ DEFAULT_EVAL_BATCH = 4096
 #: halo vertices), given this rank's rows of its solid vertices (multi-rank: a halo exchange).
 LayerTable = Callable[[int, FeatureSource], FeatureSource]
 
+#: ``on_layer(layer, out)``: called with every layer's output, float32[n_solid, width of the
+#: layer's output] by solid ``VID_p``, once that layer is complete (the last call's ``out``
+#: is the returned logits).
+LayerOutput = Callable[[int, torch.Tensor], None]
+
 
 @torch.no_grad()
 def layerwise_inference(
@@ -27,6 +33,7 @@ def layerwise_inference(
     sampler: NeighborSampler,
     batch_size: int = DEFAULT_EVAL_BATCH,
     layer_table: LayerTable | None = None,
+    on_layer: LayerOutput | None = None,
 ) -> torch.Tensor:
     """Outputs of ``model`` for every solid vertex, computed layer by layer over all
     in-neighbours (as DGL's and PyG's ``inference`` do), so the result is exact.
@@ -35,6 +42,9 @@ def layerwise_inference(
         features: the input features by ``VID_p`` (solid rows at least).
         sampler: this part's sampler (its ``full_block``).
         layer_table: supplies each layer's halo input rows when the part has halo vertices.
+        on_layer: sees each layer's output as soon as it is complete (hidden embeddings for
+            ``distmb.predict --embeddings``); it may use collectives, every rank calls it for
+            the same layers in the same order.
 
     Returns:
         float32[n_solid, num_classes] logits.
@@ -56,6 +66,8 @@ def layerwise_inference(
                     out = torch.empty((n_solid, y.shape[1]), dtype=y.dtype)
                 out[start : start + dst.numel()] = y
             assert out is not None
+            if on_layer is not None:
+                on_layer(layer, out)
             source = ArrayFeatures(out)
     finally:
         model.train(was_training)
@@ -99,6 +111,55 @@ class HaloExchange:
         send_rows = solid.gather(self.send_ids).numpy()
         halo = self.comm.halo_exchange(send_rows, self.send_ptr, self.halo_owner)
         return PartFeatures(solid, halo)
+
+
+def part_layer_table(
+    comm: Communicator | SingleProcess, local: LocalGraph, features: PartFeatures
+) -> HaloExchange | None:
+    """The :data:`LayerTable` of exact inference on ``local``: ``None`` on one rank (a whole
+    graph, or the only part: no halo vertices), else a :class:`HaloExchange` over the part's
+    send lists (training's evaluation and ``distmb.predict`` both use it).
+
+    Args:
+        comm: the ranks.
+        local: this rank's graph (a part of a partition when ``comm.size > 1``).
+        features: this part's input features (its halo rows too when replicated).
+    """
+    store = local.store
+    if comm.size == 1 or store is None:
+        return None
+    return HaloExchange(
+        comm,
+        store.send_ptr,
+        store.send_ids,
+        store.halo_owner,
+        features,
+        replicated=store.replicated,
+    )
+
+
+def split_accuracies(
+    comm: Communicator | SingleProcess,
+    logits: torch.Tensor,
+    labels: np.ndarray,
+    splits: dict[str, np.ndarray],
+) -> dict[str, float]:
+    """Accuracy of every split over all ranks: each rank counts its own vertices (its
+    ``logits`` and ``labels`` by solid ``VID_p``, ``splits`` of solid ``VID_p``), one
+    ``Allreduce SUM`` of the counts. An empty split gives nan.
+
+    Returns:
+        ``{name: share of the split's vertices whose arg-max class equals the label}``.
+    """
+    counts = np.array(
+        [c for idx in splits.values() for c in correct_counts(logits, labels, idx)],
+        dtype=np.int64,
+    )
+    total = comm.allreduce_sum(counts)
+    return {
+        name: float(total[2 * i] / total[2 * i + 1]) if total[2 * i + 1] else float("nan")
+        for i, name in enumerate(splits)
+    }
 
 
 def correct_counts(logits: torch.Tensor, labels: np.ndarray, idx: np.ndarray) -> tuple[int, int]:

@@ -1,6 +1,7 @@
 """Output paths, checked and created before any work: a run never dies after an epoch (or,
-under mpirun, takes the job down) because ``--results`` or ``--checkpoint-dir`` cannot be
-written, and never replaces a checkpoint it was not asked to."""
+under mpirun, takes the job down) because ``--results``, ``--checkpoint-dir`` or
+``distmb.predict``'s ``--out`` cannot be written, and never replaces a checkpoint it was not
+asked to."""
 
 from __future__ import annotations
 
@@ -20,20 +21,31 @@ def prepare_checkpoint_dir(directory: str, *, resume: bool, overwrite: bool) -> 
         InputError: it is not a directory, cannot be created or written, or it holds a
             checkpoint and the run neither resumes it nor was told to replace it.
     """
-    path = Path(directory).expanduser()
-    if path.exists() and not path.is_dir():
-        raise InputError(f"--checkpoint-dir {directory}: exists and is not a directory")
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise InputError(f"--checkpoint-dir {directory}: cannot be created ({exc})") from None
-    _check_writable(path, "--checkpoint-dir", directory)
-    remove_stale_temporaries(path)
+    path = prepare_output_dir(directory, "--checkpoint-dir")
     if (path / CHECKPOINT_FILE).exists() and not (resume or overwrite):
         raise InputError(
             f"--checkpoint-dir {directory} already holds a checkpoint; continue it with "
             "--resume, or replace it with --overwrite-checkpoint"
         )
+    return path
+
+
+def prepare_output_dir(directory: str, flag: str) -> Path:
+    """Create the output directory ``directory`` of ``flag`` (and its parents), check that
+    it can be written, and remove the temporaries a killed writer left in it.
+
+    Raises:
+        InputError: naming ``flag``: it is not a directory, or cannot be created or written.
+    """
+    path = Path(directory).expanduser()
+    if path.exists() and not path.is_dir():
+        raise InputError(f"{flag} {directory}: exists and is not a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"{flag} {directory}: cannot be created ({exc})") from None
+    _check_writable(path, flag, directory)
+    remove_stale_temporaries(path)
     return path
 
 

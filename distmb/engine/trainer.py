@@ -38,7 +38,7 @@ from distmb.engine.checkpoint import (
     save_cache_state,
     save_checkpoint,
 )
-from distmb.engine.evaluate import HaloExchange, correct_counts, layerwise_inference
+from distmb.engine.evaluate import layerwise_inference, part_layer_table, split_accuracies
 from distmb.engine.outputs import prepare_checkpoint_dir, prepare_results_file
 from distmb.engine.stats import (
     append_jsonl,
@@ -105,16 +105,7 @@ class Trainer:
         set_kernels(config.kernels)
         check_memory(config, GraphShape.of(local), self.num_ranks)  # before allocating
         torch.manual_seed(config.seed)  # identical model initialisation on every rank
-        self.model = build_model(
-            config.model,
-            in_dim=local.feat_dim,
-            hidden=config.hidden,
-            num_classes=local.num_classes,
-            num_layers=config.layers,
-            heads=config.heads,
-            dropout=config.dropout,
-            aggr=config.aggr,
-        )
+        self.model = model_from_config(config, local.feat_dim, local.num_classes)
         self.optimizer = torch.optim.Adam(
             self.model.parameters(), lr=config.lr, weight_decay=config.weight_decay
         )
@@ -135,19 +126,7 @@ class Trainer:
             threads=config.loader_threads or config.threads,
             reuse_buffers=True,  # the loop holds one batch at a time
         )
-        store = local.store
-        self.eval_table = (
-            HaloExchange(
-                self.comm,
-                store.send_ptr,
-                store.send_ids,
-                store.halo_owner,
-                self.features,
-                replicated=store.replicated,
-            )
-            if self.num_ranks > 1 and store is not None
-            else None
-        )
+        self.eval_table = part_layer_table(self.comm, local, self.features)
         # --collective-timeout: a rank that stops mid-run aborts the job instead of hanging it.
         self.watchdog: CollectiveWatchdog | None = None
         if isinstance(self.comm, Communicator) and self.num_ranks > 1 and config.collective_timeout:
@@ -389,18 +368,15 @@ class Trainer:
         logits = layerwise_inference(
             self.model, features, self.sampler, self.cfg.eval_batch_size, self.eval_table
         )
-        labels = self.local.labels
-        counts = np.array(
-            [
-                *correct_counts(logits, labels, self.local.val_idx),
-                *correct_counts(logits, labels, self.local.test_idx),
-            ],
-            dtype=np.int64,
+        acc = split_accuracies(
+            self.comm,
+            logits,
+            self.local.labels,
+            {"val": self.local.val_idx, "test": self.local.test_idx},
         )
-        total = self.comm.allreduce_sum(counts)
         return {
-            "val_acc": float(total[0] / total[1]) if total[1] else float("nan"),
-            "test_acc": float(total[2] / total[3]) if total[3] else float("nan"),
+            "val_acc": acc["val"],
+            "test_acc": acc["test"],
             "eval_time": round(time.perf_counter() - start, 4),
         }
 
@@ -454,6 +430,23 @@ class Trainer:
         if self.watchdog is not None:
             self.watchdog.stop()  # every rank: goodbyes exchanged, no heartbeat left in flight
         return self.history
+
+
+def model_from_config(config: TrainConfig, in_dim: int, num_classes: int) -> torch.nn.Module:
+    """The model ``config`` describes (``--model``, ``--layers``, ``--hidden``, ``--heads``,
+    ``--dropout``, ``--aggr``) for ``in_dim`` input features and ``num_classes`` classes,
+    freshly initialised from torch's generator: what the trainer trains and what
+    ``distmb.predict`` loads a checkpoint's weights into."""
+    return build_model(
+        config.model,
+        in_dim=in_dim,
+        hidden=config.hidden,
+        num_classes=num_classes,
+        num_layers=config.layers,
+        heads=config.heads,
+        dropout=config.dropout,
+        aggr=config.aggr,
+    )
 
 
 def prepare_outputs(config: TrainConfig, rank: int) -> None:
