@@ -420,3 +420,25 @@ def test_two_ranks_normalise_as_one(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "row: equal on 2 ranks" in proc.stdout and "standard: equal on 2 ranks" in proc.stdout
+
+
+def test_early_stop_stops_every_rank_after_the_same_epoch(tmp_path):
+    partition_graph(load_dataset(SMALL), 2, tmp_path / "p")
+    proc = subprocess.run(
+        [
+            _mpiexec(),
+            "-n",
+            "2",
+            sys.executable,
+            str(SCRIPTS / "early_stop_ranks.py"),
+            str(tmp_path / "p"),
+            str(tmp_path / "ckpt"),
+        ],  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "on 2 ranks; best" in proc.stdout
