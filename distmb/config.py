@@ -343,9 +343,9 @@ class TrainConfig:
         "none",
         "input feature normalisation, applied to every row read (training, evaluation, halo "
         "rows; the partition's files are not changed): row (each row divided by its sum; "
-        "rows summing to 0 stay 0; PyG's NormalizeFeatures) or standard (per column (x - "
-        "mean) / std, mean and std over the training vertices of all ranks; columns with std "
-        "0 only centred)",
+        "rows summing to 0 stay 0; PyG's NormalizeFeatures on bag-of-words rows) or standard "
+        "(per column (x - mean) / std, mean and std over the training vertices of all ranks; "
+        "columns with std 0 only centred)",
         group=GROUP_SELECTION,
         choices=NORMALIZATIONS,
         resume_must_match=True,

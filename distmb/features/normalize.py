@@ -1,7 +1,8 @@
 """``--normalize-features``: one transform applied to every input feature row read.
 
-- ``row``: each row divided by the sum of its values (PyG's ``NormalizeFeatures`` on
-  non-negative features); rows summing to 0 stay 0.
+- ``row``: each row divided by the sum of its values; rows summing to 0 stay 0. This is
+  PyG's ``NormalizeFeatures`` on non-negative rows that sum to 0 or at least 1, such as
+  bag-of-words features (PyG also subtracts the table's minimum and divides by at least 1).
 - ``standard``: per column ``(x - mean) / std``, ``mean`` and ``std`` (population, ddof 0)
   over the training vertices of *all* ranks (gathered sums), so one rank and P ranks
   normalise alike; columns whose ``std`` is 0 are only centred.
