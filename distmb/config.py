@@ -52,6 +52,9 @@ __all__ = [
     "GROUP_FEATURES",
     "GROUP_HEC",
     "GROUP_MAIN",
+    "GROUP_SELECTION",
+    "LR_SCHEDULES",
+    "NORMALIZATIONS",
     "KERNELS",
     "MAX_THREADS",
     "MODELS",
@@ -110,6 +113,10 @@ CACHE_POLICIES: tuple[str, ...] = ("belady", "presc", "degree", "lru", "none")
 GRAPH_LAYOUTS: tuple[str, ...] = ("mmap", "ooc")
 #: Orders in which the static neighbour cache takes vertices (``--neighbor-cache-order``).
 NEIGHBOR_CACHE_ORDERS: tuple[str, ...] = ("degree", "ratio")
+#: Learning-rate schedules of ``--lr-schedule``, stepped once per epoch.
+LR_SCHEDULES: tuple[str, ...] = ("none", "cosine", "step")
+#: Input feature normalisations of ``--normalize-features``.
+NORMALIZATIONS: tuple[str, ...] = ("none", "row", "standard")
 #: Default size of the out-of-core neighbour cache, MiB.
 DEFAULT_NEIGHBOR_CACHE_MB = 256.0
 #: Default size of the out-of-core feature cache, MiB (clamped to the table).
@@ -125,6 +132,7 @@ GROUP_MAIN = "options"
 GROUP_DATA_LOADING = "data loading"
 GROUP_FEATURES = "input features: in memory, memory-mapped or out of core"
 GROUP_HEC = "multi-rank (mpirun -np P): historical embedding cache"
+GROUP_SELECTION = "model selection: best epoch, early stopping, lr schedule, feature normalisation"
 
 #: Most threads ``--threads`` / ``--loader-threads`` accept (OpenMP crashes far beyond it;
 #: more threads than cores is allowed, with a warning).
@@ -301,6 +309,57 @@ class TrainConfig:
         choices=KERNELS,
         resume_applied=True,
     )
+    early_stop: int = option(
+        0,
+        "stop after this many evaluations (see --eval-every) without a better validation "
+        "accuracy (0 = off); the run reports, and with --checkpoint-dir keeps in best.pt, the "
+        "epoch of the best validation accuracy either way",
+        group=GROUP_SELECTION,
+        min=0,
+    )
+    lr_schedule: str = option(
+        "none",
+        "learning-rate schedule, stepped once per epoch: none (constant --lr), cosine (from "
+        "--lr down to --lr-min at the last of --epochs; torch's CosineAnnealingLR) or step "
+        "(--lr times --lr-gamma every --lr-step-size epochs; torch's StepLR)",
+        group=GROUP_SELECTION,
+        choices=LR_SCHEDULES,
+        resume_must_match=True,
+    )
+    lr_step_size: int = option(
+        10,
+        "--lr-schedule step: epochs between two decays",
+        group=GROUP_SELECTION,
+        min=1,
+        resume_must_match=True,
+    )
+    lr_gamma: float = option(
+        0.1,
+        "--lr-schedule step: factor applied to the lr at each decay",
+        group=GROUP_SELECTION,
+        min=0,
+        min_open=True,
+        max=1,
+        resume_must_match=True,
+    )
+    lr_min: float = option(
+        0.0,
+        "--lr-schedule cosine: the lr reached at the last epoch",
+        group=GROUP_SELECTION,
+        min=0,
+        resume_must_match=True,
+    )
+    normalize_features: str = option(
+        "none",
+        "input feature normalisation, applied to every row read (training, evaluation, halo "
+        "rows; the partition's files are not changed): row (each row divided by its sum; "
+        "rows summing to 0 stay 0; PyG's NormalizeFeatures on bag-of-words rows) or standard "
+        "(per column (x - mean) / std, mean and std over the training vertices of all ranks; "
+        "columns with std 0 only centred)",
+        group=GROUP_SELECTION,
+        choices=NORMALIZATIONS,
+        resume_must_match=True,
+    )
     prefetch: int = option(
         DEFAULT_PREFETCH,
         "mini-batches sampled and gathered ahead by a background thread while the current "
@@ -453,6 +512,15 @@ class TrainConfig:
             )
         if self.resume and not self.checkpoint_dir:
             raise InputError("--resume needs --checkpoint-dir")
+        if self.lr_schedule != "step":
+            self._only_with(("lr_step_size", "lr_gamma"), "--lr-schedule step")
+        if self.lr_schedule != "cosine":
+            self._only_with(("lr_min",), "--lr-schedule cosine")
+        elif self.lr is not None and self.lr_min >= self.lr:
+            raise InputError(
+                f"--lr-min {self.lr_min} must be below --lr {self.lr} (the cosine schedule "
+                "decreases the lr from --lr to --lr-min)"
+            )
         if self.graph_layout != "ooc":
             self._only_with(("neighbor_cache_mb", "neighbor_cache_order"), "--graph-layout ooc")
         if self.features in ("memory", "mmap"):

@@ -360,6 +360,7 @@ def _run(
 
     from distmb.engine.evaluate import layerwise_inference, part_layer_table, split_accuracies
     from distmb.engine.trainer import model_from_config
+    from distmb.features.normalize import FeatureNormalization
     from distmb.features.select import open_features
     from distmb.nn.backend import set_kernels
     from distmb.sampling.neighbor import NeighborSampler
@@ -377,7 +378,13 @@ def _run(
         raise InputError(
             f"--checkpoint {path}: its weights do not fit the model ({first})"
         ) from None
-    features = open_features(local, config).evaluation()
+    # --normalize-features: the statistics the run trained with, from the checkpoint
+    normalization = (
+        FeatureNormalization.from_state(state["feature_norm"], local.feat_dim, str(path))
+        if state.get("feature_norm") is not None
+        else None
+    )
+    features = open_features(local, config, normalization=normalization).evaluation()
     sampler = NeighborSampler(
         local.indptr, local.indices, local.n_solid, local.n_local, config.fanout, config.seed
     )

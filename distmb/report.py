@@ -1,7 +1,8 @@
 """``python -m distmb.report FILE...``: plots of ``--results`` JSONL files.
 
-For every ``FILE`` it writes ``FILE.png`` beside it: loss and accuracy curves per epoch, and
-the stacked epoch-time breakdown (MBC / FWD / BWD / ARed / OPT, plus evaluation).
+For every ``FILE`` it writes ``FILE.png`` beside it: loss and accuracy curves per epoch (with
+the best validation epoch marked), and the stacked epoch-time breakdown (MBC / FWD / BWD /
+ARed / OPT, plus evaluation).
 """
 
 from __future__ import annotations
@@ -83,6 +84,9 @@ def plot(records: list[dict[str, Any]], out: Path, title: str) -> None:
         pts = [(i, 100 * r[key]) for i, r in enumerate(records) if key in r]
         if pts:
             ax_acc.plot(*zip(*pts, strict=True), "o-", ms=3, label=label)
+    best = records[-1].get("best_epoch")  # the run's best validation epoch (model selection)
+    if best in epochs:
+        ax_acc.axvline(epochs.index(best), color="k", ls=":", label=f"best val (epoch {best})")
     ax_acc.set_ylabel("accuracy (%)")
     ax_acc.legend()
     # Stacked: what the epoch waited for. With prefetching, MBC overlaps the compute, so the

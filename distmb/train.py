@@ -132,8 +132,24 @@ def train(local, config: TrainConfig, *, comm=None, halo=None, log=print) -> lis
     history = trainer.fit()
     last = next((r for r in reversed(history) if "test_acc" in r), None)
     if last is not None:
-        log(f"final: val {100 * last['val_acc']:.2f}%  test {100 * last['test_acc']:.2f}%")
+        log(final_line(last, trainer.selection.best))
     return history
+
+
+def final_line(last: dict, best) -> str:
+    """The run's last line: the last evaluated epoch's val and test accuracy, then those of
+    the best validation epoch (``best``: a :class:`~distmb.engine.selection.BestEpoch`, or
+    None without validation vertices)."""
+    line = (
+        f"final: epoch {last['epoch']}: val {100 * last['val_acc']:.2f}%  "
+        f"test {100 * last['test_acc']:.2f}%"
+    )
+    if best is not None:
+        line += (
+            f"  |  best val: epoch {best.epoch}: val {100 * best.val_acc:.2f}%  "
+            f"test {100 * best.test_acc:.2f}%"
+        )
+    return line
 
 
 @exit_on_user_error("distmb.train")

@@ -55,6 +55,12 @@ FLAG_FIELDS = {
     "--no-progress": "progress",
     "--no-verify": "verify",
     "--kernels": "kernels",
+    "--early-stop": "early_stop",
+    "--lr-schedule": "lr_schedule",
+    "--lr-step-size": "lr_step_size",
+    "--lr-gamma": "lr_gamma",
+    "--lr-min": "lr_min",
+    "--normalize-features": "normalize_features",
     "--prefetch": "prefetch",
     "--loader-threads": "loader_threads",
     "--features": "features",
@@ -91,6 +97,10 @@ BAD_VALUES = [
     ("--eval-every", "0", "--eval-every must be >= 1, got 0"),
     ("--eval-batch-size", "0", "--eval-batch-size must be >= 1, got 0"),
     ("--aggr", "max", "--aggr must be one of mean, sum, gcn, got 'max'"),
+    ("--early-stop", "-1", "--early-stop must be >= 0, got -1"),
+    ("--lr-step-size", "0", "--lr-step-size must be >= 1, got 0"),
+    ("--lr-gamma", "1.5", "--lr-gamma must be in (0, 1], got 1.5"),
+    ("--lr-min", "-1", "--lr-min must be >= 0, got -1.0"),
     ("--prefetch", "-1", "--prefetch must be >= 0, got -1"),
     ("--loader-threads", "0", "--loader-threads must be >= 1, got 0"),
     ("--feature-cache-mb", "-1", "--feature-cache-mb must be >= 0, got -1.0"),
@@ -111,6 +121,9 @@ ALSO_CHANGED = {
     "--model": {"lr"},
     "--neighbor-cache-mb": {"graph_layout"},
     "--neighbor-cache-order": {"graph_layout"},
+    "--lr-step-size": {"lr_schedule"},
+    "--lr-gamma": {"lr_schedule"},
+    "--lr-min": {"lr_schedule"},
 }
 
 
@@ -149,6 +162,11 @@ def test_every_flag_maps_to_one_field_and_back():
         "--graph-layout": ["ooc"],
         "--neighbor-cache-mb": ["5", "--graph-layout", "ooc"],
         "--neighbor-cache-order": ["ratio", "--graph-layout", "ooc"],
+        "--lr-schedule": ["cosine"],
+        "--lr-step-size": ["5", "--lr-schedule", "step"],
+        "--lr-gamma": ["0.5", "--lr-schedule", "step"],
+        "--lr-min": ["0.001", "--lr-schedule", "cosine"],
+        "--normalize-features": ["row"],
     }
     for flag, name in FLAG_FIELDS.items():
         action = next(a for a in _actions(parser) if flag in a.option_strings)
@@ -184,7 +202,8 @@ def test_cli_defaults_equal_dataclass_defaults():
         fanout=(5, 10, 15), aggr="mean", batch_size=1000, lr=0.003, weight_decay=0.0,
         dropout=0.5, epochs=40, seed=0, threads=None, eval_every=1, eval_batch_size=4096,
         checkpoint_dir=None, resume=False, overwrite_checkpoint=False, results=None,
-        progress=True, kernels="fused",
+        progress=True, kernels="fused", early_stop=0, lr_schedule="none", lr_step_size=10,
+        lr_gamma=0.1, lr_min=0.0, normalize_features="none",
         prefetch=2, loader_threads=None, features=None, feature_cache_mb=1024.0,
         cache_policy="belady", superbatch=32, presample_epochs=1, graph_layout="mmap",
         neighbor_cache_mb=256.0, neighbor_cache_order="degree", hec_size=1_000_000,
@@ -306,7 +325,8 @@ def test_unknown_choice_is_argparse_error(capsys):
 def test_resume_must_match():
     assert RESUME_MUST_MATCH == (
         "model", "layers", "hidden", "heads", "fanout", "aggr", "batch_size", "dropout", "seed",
-        "hec_size", "hec_lifespan",
+        "lr_schedule", "lr_step_size", "lr_gamma", "lr_min", "normalize_features", "hec_size",
+        "hec_lifespan",
     )  # fmt: skip
     assert RESUME_APPLIED == ("lr", "weight_decay", "kernels", "hec_nc", "hec_delay")
 

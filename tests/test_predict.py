@@ -4,6 +4,7 @@ independent float64 full-graph forward pass; bad input."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -176,6 +177,31 @@ def test_gat_predictions_equal_the_trainers_evaluation(graph, tmp_path, capsys):
     assert embedding.shape == (graph.num_nodes, 16)
     np.testing.assert_array_equal(embedding, hidden[0])
     np.testing.assert_array_equal(np.load(out / "predictions.npy"), expected.argmax(axis=1))
+
+
+@pytest.mark.parametrize("kind", ["row", "standard"])
+def test_predict_normalises_features_as_the_run_did(graph, tmp_path, capsys, kind):
+    """A run trained with --normalize-features: predict applies the checkpoint's normalisation
+    (for standard: the training rows' mean and std), checked against the float64 reference
+    on features normalised by numpy."""
+    ckpt, out = tmp_path / "ckpt", tmp_path / "pred"
+    argv = ["--dataset", SMALL, *FAST_FLAGS, "--epochs", "1", "--threads", "1"]
+    norm = ["--normalize-features", kind]
+    assert train_main([*argv, *norm, "--checkpoint-dir", str(ckpt)]) == 0
+    code, _, err = run(["--checkpoint", str(ckpt), "--out", str(out)], capsys)
+    assert code == 0, err
+    x = graph.features.astype(np.float64)
+    if kind == "row":
+        sums = x.sum(axis=1, keepdims=True)
+        x = np.divide(x, sums, out=np.zeros_like(x), where=sums != 0)
+    else:
+        train = x[graph.train_idx]
+        std = train.std(axis=0)
+        x = (x - train.mean(axis=0)) / np.where(std > 0, std, 1.0)
+    normalised = dataclasses.replace(graph, features=x.astype(np.float32))
+    state = torch.load(ckpt / CHECKPOINT_FILE, weights_only=True)["model"]
+    _, final = sage_reference(normalised, state, 2)
+    assert_matches_reference(np.load(out / "logits.npy"), np.load(out / "predictions.npy"), final)
 
 
 def test_python_api_returns_the_arrays_without_writing(one_rank_run, graph, tmp_path):

@@ -15,6 +15,9 @@ from distmb.errors import InputError
 
 #: File name of the latest checkpoint inside ``--checkpoint-dir``.
 CHECKPOINT_FILE = "checkpoint.pt"
+#: File name of the checkpoint of the best validation epoch so far, beside the latest one
+#: (same format; written before the latest checkpoint of the same epoch).
+BEST_FILE = "best.pt"
 #: Bump when the checkpoint's contents change incompatibly.
 CHECKPOINT_VERSION = 1
 #: Key of the sha256 over the rest of the state (:func:`state_digest`).
@@ -25,10 +28,13 @@ REQUIRED_KEYS = ("epoch", "model", "optimizer", "torch_rng", "args", "identity")
 MAX_EPOCH = 10**9
 
 
-def save_checkpoint(directory: str | Path, state: dict[str, Any]) -> Path:
-    """Write ``state`` to ``directory/checkpoint.pt`` via a temporary file and a rename, so a
-    crash leaves the previous checkpoint intact. Returns the path."""
-    path = Path(directory) / CHECKPOINT_FILE
+def save_checkpoint(
+    directory: str | Path, state: dict[str, Any], name: str = CHECKPOINT_FILE
+) -> Path:
+    """Write ``state`` to ``directory/name`` (:data:`CHECKPOINT_FILE` or :data:`BEST_FILE`)
+    via a temporary file and a rename, so a crash leaves the previous file intact. Returns
+    the path."""
+    path = Path(directory) / name
     full = {"version": CHECKPOINT_VERSION, **state}
     full[CHECKSUM_KEY] = state_digest(full)
     write_atomic(path, lambda f: torch.save(full, f))
@@ -101,8 +107,8 @@ def load_checkpoint(
             flag = flag_of(key)
             raise InputError(
                 f"--resume: {path} was trained with {flag} {saved_args[key]!r}, this run has "
-                f"{args.get(key)!r} (it shapes the model, the batches or the caches: resume "
-                f"with {flag} {saved_args[key]!r}, or start a new run)"
+                f"{args.get(key)!r} (it shapes the model, the batches, the caches, the inputs "
+                f"or the lr schedule: resume with {flag} {saved_args[key]!r}, or start a new run)"
             )
     return state
 

@@ -19,6 +19,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -32,6 +33,7 @@ from distmb.data.local import LocalGraph
 from distmb.data.neighborfile import NeighborFile
 from distmb.engine.budget import GraphShape, check_memory
 from distmb.engine.checkpoint import (
+    BEST_FILE,
     load_cache_state,
     load_checkpoint,
     remove_cache_states,
@@ -40,6 +42,8 @@ from distmb.engine.checkpoint import (
 )
 from distmb.engine.evaluate import layerwise_inference, part_layer_table, split_accuracies
 from distmb.engine.outputs import prepare_checkpoint_dir, prepare_results_file
+from distmb.engine.schedule import SCHEDULER_KEY, build_scheduler, restore_schedule
+from distmb.engine.selection import SELECTION_KEY, ModelSelection
 from distmb.engine.stats import (
     append_jsonl,
     drop_records_from,
@@ -50,6 +54,7 @@ from distmb.engine.stats import (
 )
 from distmb.engine.timers import PhaseTimer
 from distmb.errors import DistmbError, InputError
+from distmb.features.normalize import fit_normalization
 from distmb.features.select import open_features
 from distmb.halo.base import HaloScheme
 from distmb.loader.loader import BatchLoader
@@ -113,7 +118,12 @@ class Trainer:
         self.sampler = NeighborSampler(
             local.indptr, self.adjacency, local.n_solid, local.n_local, config.fanout, config.seed
         )
-        self.feature_sources = open_features(local, config, self.adjacency)
+        # --normalize-features standard: two all-reduces (column sums, squared deviations)
+        # on every rank, here, in this order.
+        self.normalization = fit_normalization(
+            config.normalize_features, local.features, local.train_idx, self.comm
+        )
+        self.feature_sources = open_features(local, config, self.adjacency, self.normalization)
         self.features = self.feature_sources.train
         self.halo = halo if halo is not None else HaloScheme()
         self.halo.setup(self.model.layer_dims())
@@ -136,6 +146,8 @@ class Trainer:
         self.timer = PhaseTimer()
         self.start_epoch = 0
         self.history: list[dict[str, Any]] = []
+        self.scheduler = build_scheduler(self.optimizer, config)
+        self.selection = ModelSelection(config.early_stop)
         self._global_batch = np.zeros(0, dtype=np.int64)
         self._warned: set[str] = set()
         # The run's identity in every record: rank 0's, so that all ranks agree (a resumed
@@ -158,14 +170,20 @@ class Trainer:
             "ranks": self.num_ranks,
             "run_id": self.run_id,
             "started": self.started,
+            SELECTION_KEY: self.selection.state(),
+            SCHEDULER_KEY: self.scheduler.state_dict() if self.scheduler is not None else None,
+            "feature_norm": self.normalization.state() if self.normalization else None,
         }
 
-    def _save(self, epoch: int) -> None:
+    def _save(self, epoch: int, best: bool = False) -> None:
         """Every rank writes its halo scheme's state for ``epoch`` (if it has any); then rank
         0 writes the checkpoint (model, optimizer, every rank's RNG state) that names
         ``epoch``; then the ranks drop their older cache files. A crash at any point leaves a
         checkpoint whose cache files exist (or, between the first two steps, an older
-        checkpoint with its own files)."""
+        checkpoint with its own files). When ``epoch`` is the best so far (``best``), the same
+        state is first written to ``best.pt`` (a resume from the previous checkpoint trains
+        the epoch again and rewrites it identically); before there is a best, a ``best.pt``
+        in the directory is an older run's and is removed."""
         directory = self.cfg.checkpoint_dir
         if self.halo.stateful:
             save_cache_state(directory, epoch, self.rank, self.halo.state())
@@ -173,6 +191,10 @@ class Trainer:
         if self.rank == 0:
             state = self._state(epoch)
             state["torch_rng_per_rank"] = states
+            if best:
+                save_checkpoint(directory, state, BEST_FILE)
+            elif self.selection.best is None:
+                (Path(directory) / BEST_FILE).unlink(missing_ok=True)
             save_checkpoint(directory, state)
         self.comm.barrier()  # nobody runs ahead of a checkpoint that is still being written
         remove_cache_states(directory, self.rank, keep_epoch=epoch)
@@ -191,18 +213,26 @@ class Trainer:
             )
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
-        # The optimizer state carries the old lr and weight decay: this run's values win.
+        # The optimizer state carries the old lr and weight decay: this run's values win
+        # (the lr through the schedule, when there is one).
         for group in self.optimizer.param_groups:
-            group["lr"] = self.cfg.lr
             group["weight_decay"] = self.cfg.weight_decay
+        notes = restore_schedule(
+            self.optimizer,
+            self.scheduler,
+            state.get(SCHEDULER_KEY),
+            self.cfg,
+            int(state["epoch"]) + 1,
+        )
+        self.selection.restore(state.get(SELECTION_KEY))
         saved_args = state.get("args", {})
         changed = [
             f"{flag_of(key)} {saved_args[key]!r} -> {getattr(self.cfg, key)!r}"
             for key in RESUME_APPLIED
             if key in saved_args and saved_args[key] != getattr(self.cfg, key)
         ]
-        if changed and self.rank == 0:
-            self.log(f"resume: applied {', '.join(changed)}")
+        if (changed or notes) and self.rank == 0:
+            self.log(f"resume: applied {', '.join(changed + notes)}")
         rng_states = state.get("torch_rng_per_rank", [state["torch_rng"]])
         torch.set_rng_state(rng_states[self.rank])
         self.start_epoch = int(state["epoch"]) + 1
@@ -392,8 +422,18 @@ class Trainer:
                 f"0-{self.start_epoch - 1} and --epochs is {cfg.epochs}; raise --epochs to "
                 "continue"
             )
-        for epoch in range(self.start_epoch, cfg.epochs):
+        if cfg.early_stop:
+            self._check_validation_vertices()
+        stopped = self.selection.should_stop  # a resumed run that had stopped early
+        if stopped and self.start_epoch < cfg.epochs and self.rank == 0:
+            self.log(
+                f"nothing to train: the checkpoint in {cfg.checkpoint_dir} had stopped "
+                f"({self.selection.stop_reason()}); raise --early-stop to continue"
+            )
+        for epoch in range(self.start_epoch, cfg.epochs if not stopped else self.start_epoch):
+            lr = self.optimizer.param_groups[0]["lr"]  # this epoch's (--lr-schedule)
             record = self.train_epoch(epoch)
+            record["lr"] = lr
             record.update(
                 global_stats(
                     self.comm,
@@ -407,8 +447,17 @@ class Trainer:
                 record["feature_cache"]["policy"] = self.cfg.cache_policy
             if "neighbor_cache" in record:
                 record["neighbor_cache"]["policy"] = self.cfg.neighbor_cache_order
+            improved = False
             if (epoch + 1) % cfg.eval_every == 0 or epoch == cfg.epochs - 1:
                 record.update(self.evaluate())
+                # All-reduced accuracies: every rank takes the same decisions below.
+                improved = self.selection.update(epoch, record["val_acc"], record["test_acc"])
+            record.update(self.selection.record())
+            stopped = self.selection.should_stop
+            if stopped:
+                record["stopped"] = "early_stop"
+            if self.scheduler is not None:
+                self.scheduler.step()  # the next epoch's lr; the checkpoint holds it
             self.history.append(record)
             if self.rank == 0:
                 line = format_epoch(record) + format_feature_cache(record)
@@ -426,10 +475,23 @@ class Trainer:
                         },
                     )
             if cfg.checkpoint_dir:
-                self._save(epoch)
+                self._save(epoch, best=improved)
+            if stopped:
+                if self.rank == 0:
+                    self.log(self.selection.stop_reason())
+                break
         if self.watchdog is not None:
             self.watchdog.stop()  # every rank: goodbyes exchanged, no heartbeat left in flight
         return self.history
+
+    def _check_validation_vertices(self) -> None:
+        """``--early-stop`` needs validation vertices on some rank (one all-reduce)."""
+        total = self.comm.allreduce_sum(np.array([self.local.val_idx.size], dtype=np.int64))
+        if int(total[0]) == 0:
+            raise InputError(
+                f"--early-stop {self.cfg.early_stop}: {self.local.identity['graph_name']} has no "
+                "validation vertices to select on"
+            )
 
 
 def model_from_config(config: TrainConfig, in_dim: int, num_classes: int) -> torch.nn.Module:

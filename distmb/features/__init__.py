@@ -9,11 +9,14 @@
   policy (:mod:`distmb.features.cached`, docs/out-of-core.md).
 - :class:`BeladyPlanner`, :class:`LruPlanner`: replacement policies (slot directories) of
   that cache (:mod:`distmb.features.policy`).
+- :class:`NormalizedFeatures`: another source's rows through a
+  :class:`FeatureNormalization` (``--normalize-features``, :mod:`distmb.features.normalize`).
 """
 
 from distmb.features.base import FeatureSource
 from distmb.features.cached import CachedFeatures
 from distmb.features.memory import ArrayFeatures, ConcatFeatures, PartFeatures
+from distmb.features.normalize import FeatureNormalization, NormalizedFeatures
 from distmb.features.policy import NO_SLOT, BeladyPlanner, CachePlan, LruPlanner
 from distmb.features.remote import RemoteFeatures
 
@@ -23,9 +26,11 @@ __all__ = [
     "CachePlan",
     "CachedFeatures",
     "ConcatFeatures",
+    "FeatureNormalization",
     "FeatureSource",
     "LruPlanner",
     "NO_SLOT",
+    "NormalizedFeatures",
     "PartFeatures",
     "RemoteFeatures",
 ]

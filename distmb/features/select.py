@@ -10,8 +10,10 @@ from distmb.config import TrainConfig
 from distmb.data.local import LocalGraph
 from distmb.data.neighborfile import NeighborFile
 from distmb.errors import InputError
+from distmb.features.base import FeatureSource
 from distmb.features.cached import STATIC_POLICIES, CachedFeatures, cache_rows
 from distmb.features.memory import PartFeatures
+from distmb.features.normalize import FeatureNormalization, NormalizedFeatures
 from distmb.features.presample import hot_rows, presample_counts, presample_seed
 from distmb.machine import check_fits
 from distmb.sampling.neighbor import NeighborSampler
@@ -28,19 +30,32 @@ class FeatureSources:
         cache: the out-of-core cache (``--features ooc``), else None.
         kind: ``memory``, ``mmap`` or ``ooc``.
         note: one line describing the choice, for the run's header.
+        normalization: ``--normalize-features``, applied under both sources (None: none).
     """
 
     train: PartFeatures
     cache: CachedFeatures | None
     kind: str
     note: str
+    normalization: FeatureNormalization | None = None
 
     def evaluation(self) -> PartFeatures:
         """The source of layer-wise evaluation, for the cache as it stands now: the training
         source, or (``ooc``) the cache read without changing it."""
         if self.cache is None:
             return self.train
-        return PartFeatures(self.cache.lookup_only(), n_solid=self.train.n_solid)
+        return part_rows(self.cache.lookup_only(), self.train.n_solid, self.normalization)
+
+
+def part_rows(
+    rows: FeatureSource, n_solid: int, normalization: FeatureNormalization | None
+) -> PartFeatures:
+    """A part's features by ``VID_p`` from a source of all its rows (solid, then halo),
+    normalised as read when ``normalization`` is given: the one place where
+    ``--normalize-features`` enters the data path."""
+    if normalization is not None:
+        rows = NormalizedFeatures(rows, normalization)
+    return PartFeatures(rows, n_solid=n_solid)
 
 
 def feature_kind(config: TrainConfig, local: LocalGraph) -> str:
@@ -60,7 +75,10 @@ def feature_kind(config: TrainConfig, local: LocalGraph) -> str:
 
 
 def open_features(
-    local: LocalGraph, config: TrainConfig, adjacency: np.ndarray | NeighborFile | None = None
+    local: LocalGraph,
+    config: TrainConfig,
+    adjacency: np.ndarray | NeighborFile | None = None,
+    normalization: FeatureNormalization | None = None,
 ) -> FeatureSources:
     """The rank's feature sources for ``config.features`` (see :func:`feature_kind`).
 
@@ -68,14 +86,21 @@ def open_features(
         adjacency: what the rank's sampler reads in-neighbour lists from
             (:func:`distmb.sampling.adjacency.open_adjacency`), for pre-sampling; default:
             ``local.indices``.
+        normalization: ``--normalize-features``
+            (:func:`distmb.features.normalize.fit_normalization`), applied to every row the
+            sources return; None: rows as stored.
     """
     kind = feature_kind(config, local)
+    note_norm = f", normalised: {normalization.kind}" if normalization is not None else ""
     if kind != "ooc":
         solid, halo = local.features, local.halo_features
         if kind == "memory":  # read into RAM once (from .npy or the ooc row file)
             solid = np.ascontiguousarray(solid)
             halo = np.ascontiguousarray(halo) if halo is not None else None
-        return FeatureSources(PartFeatures(solid, halo), None, kind, f"features: {kind}")
+        train = PartFeatures(solid, halo)
+        if normalization is not None:
+            train = part_rows(train, local.n_solid, normalization)
+        return FeatureSources(train, None, kind, f"features: {kind}{note_norm}", normalization)
     assert local.store is not None and local.store.feature_file is not None
     rows = local.store.feature_file
     capacity = cache_rows(config.feature_cache_mb, rows.dim, rows.num_rows)
@@ -96,7 +121,8 @@ def open_features(
     )
     if config.feature_cache_mb * 2**20 > rows.num_rows * rows.dim * FLOAT32_BYTES and capacity:
         note += f"; --feature-cache-mb {config.feature_cache_mb:g} exceeds the table: all of it"
-    return FeatureSources(PartFeatures(cache, n_solid=local.n_solid), cache, "ooc", note)
+    train = part_rows(cache, local.n_solid, normalization)
+    return FeatureSources(train, cache, "ooc", note + note_norm, normalization)
 
 
 def _hot_ids(
