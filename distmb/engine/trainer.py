@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from distmb.comm import Communicator, SingleProcess
-from distmb.config import RESUME_APPLIED, TrainConfig, flag_of
+from distmb.config import MODELS, RESUME_APPLIED, TrainConfig, flag_of
 from distmb.data.local import LocalGraph
 from distmb.data.neighborfile import NeighborFile
 from distmb.engine.checkpoint import (
@@ -54,9 +54,9 @@ from distmb.halo.base import HaloScheme
 from distmb.loader.loader import BatchLoader
 from distmb.loader.minibatch import MiniBatch
 from distmb.machine import physical_memory_bytes
-from distmb.nn import build_model
 from distmb.nn.backend import set_kernels
 from distmb.nn.models import parameter_count
+from distmb.nn.user import check_block_model, model_from_config, model_spec
 from distmb.sampling.adjacency import neighbor_cache_stats, open_adjacency
 from distmb.sampling.neighbor import NeighborSampler
 from distmb.units import FLOAT32_BYTES
@@ -85,6 +85,11 @@ class Trainer:
         halo: what to do about halo leaves (default: nothing, one rank;
             :func:`distmb.halo.make_halo_scheme` picks one for P > 1).
         log: prints one line (rank 0 only in multi-rank runs).
+        model: your own model instead of ``config.model``'s (the contract:
+            :mod:`distmb.nn.user`, docs/api.md; checked here on a tiny mini-batch). Build
+            it identically on every rank (e.g. after ``torch.manual_seed``).
+        optimizer: your own optimizer over the model's parameters (default: Adam with
+            ``config.lr`` and ``config.weight_decay``).
     """
 
     def __init__(
@@ -95,6 +100,8 @@ class Trainer:
         comm: Communicator | SingleProcess | None = None,
         halo: HaloScheme | None = None,
         log: Callable[[str], None] = print,
+        model: torch.nn.Module | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
     ) -> None:
         self.local = local
         self.cfg = config
@@ -104,21 +111,23 @@ class Trainer:
         self.log = log
         prepare_outputs(config, self.rank)
         set_kernels(config.kernels)
-        check_model_fits(config, local.feat_dim, local.num_classes)
-        torch.manual_seed(config.seed)  # identical model initialisation on every rank
-        self.model = build_model(
-            config.model,
-            in_dim=local.feat_dim,
-            hidden=config.hidden,
-            num_classes=local.num_classes,
-            num_layers=config.layers,
-            heads=config.heads,
-            dropout=config.dropout,
-            aggr=config.aggr,
+        #: What the model is in checkpoints and records: ``config.model`` (a built-in's name
+        #: or a ``--model package.module:Class``), or ``model=``'s class as such a spec.
+        self.model_spec = config.model if model is None else model_spec(model)
+        if model is None:
+            check_model_fits(config, local.feat_dim, local.num_classes)
+            torch.manual_seed(config.seed)  # identical model initialisation on every rank
+            model = model_from_config(config, local.feat_dim, local.num_classes)
+        check_block_model(
+            model, local.feat_dim, local.num_classes, len(config.fanout), what="Trainer model"
         )
-        self.optimizer = torch.optim.Adam(
-            self.model.parameters(), lr=config.lr, weight_decay=config.weight_decay
-        )
+        self.model = model
+        if optimizer is None:
+            optimizer = torch.optim.Adam(
+                model.parameters(), lr=config.lr, weight_decay=config.weight_decay
+            )
+        check_optimizer(optimizer, model)
+        self.optimizer = optimizer
         self.adjacency = open_adjacency(local, config)
         self.sampler = NeighborSampler(
             local.indptr, self.adjacency, local.n_solid, local.n_local, config.fanout, config.seed
@@ -171,6 +180,7 @@ class Trainer:
             "optimizer": self.optimizer.state_dict(),
             "torch_rng": torch.get_rng_state(),
             "args": self.cfg.as_dict(),
+            "model_spec": self.model_spec,
             "identity": self.local.identity,
             "ranks": self.num_ranks,
             "run_id": self.run_id,
@@ -200,6 +210,12 @@ class Trainer:
         state = load_checkpoint(
             self.cfg.checkpoint_dir, identity=self.local.identity, args=self.cfg.as_dict()
         )
+        saved_spec = state.get("model_spec", self.model_spec)
+        if saved_spec != self.model_spec:
+            raise InputError(
+                f"--resume: the checkpoint in {self.cfg.checkpoint_dir} trained {saved_spec}, "
+                f"this run's model is {self.model_spec}"
+            )
         saved_ranks = state.get("ranks", 1)
         if saved_ranks != self.num_ranks:
             raise InputError(
@@ -430,7 +446,7 @@ class Trainer:
                             **record,
                             "run_id": self.run_id,
                             "started": self.started,
-                            "model": cfg.model,
+                            "model": self.model_spec,
                             "ranks": self.num_ranks,
                             "dataset": self.local.identity["graph_name"],
                         },
@@ -445,10 +461,20 @@ TRAINING_VALUES_PER_PARAMETER = 4
 
 
 def check_model_fits(config: TrainConfig, in_dim: int, num_classes: int) -> None:
-    """Refuse, naming the flags, a model whose weights, gradients and Adam state alone exceed
-    this machine's memory (instead of an allocator error from deep inside PyTorch)."""
+    """Refuse, naming the flags, a built-in model whose weights, gradients and Adam state
+    alone exceed this machine's memory (instead of an allocator error from deep inside
+    PyTorch). A user's model (``package.module:Class``) is not estimated."""
+    if config.model not in MODELS:
+        return
     params = parameter_count(
-        config.model, in_dim, config.hidden, num_classes, config.layers, config.heads, config.aggr
+        config.model,
+        in_dim,
+        config.hidden,
+        num_classes,
+        config.layers,
+        config.heads,
+        config.aggr,
+        config.gin_train_eps,
     )
     need = params * TRAINING_VALUES_PER_PARAMETER * FLOAT32_BYTES
     have = physical_memory_bytes()
@@ -461,6 +487,22 @@ def check_model_fits(config: TrainConfig, in_dim: int, num_classes: int) -> None
             + f": the {config.model} model has {params:,} parameters and needs "
             f"{need / 2**30:.1f} GiB for weights, gradients and Adam state; this machine has "
             f"{have / 2**30:.1f} GiB"
+        )
+
+
+def check_optimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> None:
+    """Refuse an optimizer that updates tensors that are not ``model``'s parameters (one
+    built for another model), or none of them.
+
+    Raises:
+        InputError: naming the optimizer's class.
+    """
+    own = {id(p) for p in model.parameters()}
+    held = [p for group in optimizer.param_groups for p in group["params"]]
+    if not held or any(id(p) not in own for p in held):
+        raise InputError(
+            f"Trainer optimizer {type(optimizer).__name__}: it must update the model's "
+            "parameters (build it from model.parameters() of the model passed as model=)"
         )
 
 
