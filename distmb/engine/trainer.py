@@ -51,7 +51,7 @@ from distmb.engine.timers import PhaseTimer
 from distmb.errors import DistmbError, InputError
 from distmb.features.select import open_features
 from distmb.halo.base import HaloScheme
-from distmb.loader.loader import BatchLoader
+from distmb.loader.loader import BatchLoader, shuffled, split_batches
 from distmb.loader.minibatch import MiniBatch
 from distmb.machine import physical_memory_bytes
 from distmb.nn.backend import set_kernels
@@ -281,8 +281,7 @@ class Trainer:
 
     def shuffled_train(self, epoch: int) -> np.ndarray:
         """int64[n_train]: this rank's training vertices in the epoch's order."""
-        rng = np.random.default_rng([self.cfg.seed, epoch])
-        return self.local.train_idx[rng.permutation(self.local.train_idx.size)]
+        return shuffled(self.local.train_idx, self.cfg.seed, epoch)
 
     def loss_weight(self, step: int) -> float:
         """``P / global batch size`` of step ``step``: after the gradient all-reduce averages
@@ -520,17 +519,6 @@ def prepare_outputs(config: TrainConfig, rank: int) -> None:
 def _now() -> str:
     """The current UTC time, ISO 8601 to the second."""
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-
-
-def split_batches(order: np.ndarray, num_batches: int) -> list[np.ndarray]:
-    """Split ``order`` into ``num_batches`` consecutive batches whose sizes differ by at most
-    one. With fewer vertices than batches, batch ``i`` is ``order[i % n]`` alone, so no batch
-    is ever empty (a rank must not skip an iteration's collectives)."""
-    if order.size == 0:
-        raise ValueError("split_batches: no training vertices")
-    if order.size >= num_batches:
-        return np.array_split(order, num_batches)
-    return [order[i % order.size : i % order.size + 1] for i in range(num_batches)]
 
 
 def dropout_seed(seed: int, rank: int) -> int:
