@@ -183,7 +183,8 @@ def test_cli_defaults_equal_dataclass_defaults():
     assert config_from_args(build_parser().parse_args([])) == TrainConfig()
     expected = dict(
         dataset=None, verify=True, part_dir=None, model="sage", layers=3, hidden=256, heads=4,
-        fanout=(5, 10, 15), gin_eps=0.0, gin_train_eps=False, aggr="mean", batch_size=1000, lr=0.003, weight_decay=0.0,
+        fanout=(5, 10, 15), gin_eps=0.0, gin_train_eps=False, aggr="mean", batch_size=1000,
+        lr=0.003, weight_decay=0.0,
         dropout=0.5, epochs=40, seed=0, threads=None, eval_every=1, eval_batch_size=4096,
         checkpoint_dir=None, resume=False, overwrite_checkpoint=False, results=None,
         progress=True, kernels="fused",
