@@ -472,3 +472,28 @@ def test_example_script_runs():
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "Trainer: loss" in proc.stdout and "after one epoch of our own: val" in proc.stdout
+
+
+# --------------------------------------------------------------------------- several ranks
+
+
+def test_user_model_spec_trains_on_two_ranks_with_the_cache(tmp_path, small):
+    """``--model package.module:Class`` under a real ``mpiexec -n 2`` with the historical
+    embedding cache: the layer_input hook of the contract carries the halo rows (hits > 0)."""
+    from test_distributed import mpirun
+
+    parts = tmp_path / "parts"
+    distmb.partition_graph(small, parts=2, out_dir=str(parts), seed=0)
+    results = tmp_path / "run.jsonl"
+    argv = ["-m", "distmb.train", "--part-dir", str(parts), "--model", "distmb.nn.models:GraphSAGE",
+            "--layers", "2", "--fanout", "4,4", "--hidden", "16", "--batch-size", "50",
+            "--lr", "0.01", "--epochs", "3", "--threads", "1", "--no-progress",
+            "--results", str(results)]  # fmt: skip
+    proc = mpirun(2, argv, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = [__import__("json").loads(line) for line in results.read_text().splitlines()]
+    assert [r["model"] for r in records] == ["distmb.nn.models:GraphSAGE"] * 3
+    losses = [r["loss"] for r in records]
+    assert losses == sorted(losses, reverse=True), losses
+    assert records[-1]["test_acc"] >= 0.35  # chance: 0.25; measured 0.435
+    assert records[-1]["hec_hit_rate"][1] > 0, records[-1]  # layer 1's halo rows: the cache
