@@ -41,6 +41,7 @@ __all__ = [
     "DEFAULT_LR",
     "DEFAULT_PARTITION_CACHE",
     "DEFAULT_PREFETCH",
+    "DEFAULT_USER_MODEL_LR",
     "DESCRIPTION",
     "GENERATED_NOTE",
     "CACHE_POLICIES",
@@ -71,6 +72,7 @@ __all__ = [
     "config_from_args",
     "flag_of",
     "flag_table_markdown",
+    "is_model_spec",
     "main",
     "option",
     "parse_config",
@@ -80,14 +82,17 @@ __all__ = [
 PROG = "python -m distmb.train"
 #: ``--help``'s description of :data:`PROG`.
 DESCRIPTION = (
-    "Mini-batch GNN training (GraphSAGE / GAT) with local thread-parallel sampling and exact "
-    "layer-wise evaluation."
+    "Mini-batch GNN training (GraphSAGE / GAT / GCN / GIN, or your own model) with local "
+    "thread-parallel sampling and exact layer-wise evaluation."
 )
 
-#: Paper's learning rates (Table 2, single socket), one per model, when ``--lr`` is not given.
-DEFAULT_LR: dict[str, float] = {"sage": 0.003, "gat": 0.001}
-#: The models of ``--model`` (those with a default learning rate).
+#: Learning rates, one per model, when ``--lr`` is not given: the paper's (Table 2, single
+#: socket) for SAGE and GAT; GCN and GIN take SAGE's.
+DEFAULT_LR: dict[str, float] = {"sage": 0.003, "gat": 0.001, "gcn": 0.003, "gin": 0.003}
+#: The built-in models of ``--model`` (those with a default learning rate).
 MODELS: tuple[str, ...] = tuple(DEFAULT_LR)
+#: Learning rate of a user's model (``--model package.module:Class``) without ``--lr``.
+DEFAULT_USER_MODEL_LR = 0.003
 #: The implementations of ``--kernels``.
 KERNELS: tuple[str, ...] = ("fused", "torch")
 #: Neighbours sampled per layer, input layer first (paper's Table 2; three layers).
@@ -203,6 +208,13 @@ def option(default: Any, help: str, **spec: Any) -> Any:
     return field(default=default, metadata={_SPEC: OptionSpec(help=help, **spec)})
 
 
+def is_model_spec(model: str) -> bool:
+    """Whether ``--model`` names a user's class, ``package.module:Class`` (dotted names of
+    Python identifiers on both sides of one colon)."""
+    module, sep, name = model.partition(":")
+    return bool(sep) and all(part.isidentifier() for part in (*module.split("."), *name.split(".")))
+
+
 def _aggregators() -> tuple[str, ...]:
     from distmb.nn import AGGREGATORS  # imports torch: only when an --aggr value is checked
 
@@ -253,7 +265,13 @@ class TrainConfig:
         inverted=True,
     )
     part_dir: str | None = option(None, "partition directory (distmb-partition)", exclusive="input")
-    model: str = option("sage", "GNN model", choices=MODELS, resume_must_match=True)
+    model: str = option(
+        "sage",
+        f"GNN model: {', '.join(MODELS)}, or your own as package.module:Class (imported, "
+        "built with the keyword arguments in_dim, hidden, num_classes, num_layers, dropout "
+        "its __init__ accepts; docs/api.md)",
+        resume_must_match=True,
+    )
     layers: int = option(3, "number of GNN layers", min=1, resume_must_match=True)
     hidden: int = option(256, "hidden width (per head for GAT)", min=1, resume_must_match=True)
     heads: int = option(4, "attention heads (GAT)", min=1, resume_must_match=True)
@@ -262,6 +280,10 @@ class TrainConfig:
         "neighbours sampled per layer, input layer first (one per layer; -1 = all)",
         resume_must_match=True,
     )
+    gin_eps: float = option(
+        0.0, "GIN's eps: (1 + eps) weighs a vertex's own row", resume_must_match=True
+    )
+    gin_train_eps: bool = option(False, "learn GIN's eps (per layer)", resume_must_match=True)
     aggr: str = option(
         "mean",
         "GraphSAGE aggregator: mean, sum or gcn",
@@ -490,8 +512,10 @@ class TrainConfig:
             self.fanout = tuple(_plain(v) for v in self.fanout)
         for f in fields(self):  # numpy scalars -> Python values (JSON and weights-only loads)
             setattr(self, f.name, _plain(getattr(self, f.name)))
-        if self.lr is None:
-            self.lr = DEFAULT_LR.get(self.model)  # an unknown model is reported by validate()
+        if self.lr is None and isinstance(self.model, str):
+            self.lr = DEFAULT_LR.get(
+                self.model, DEFAULT_USER_MODEL_LR if is_model_spec(self.model) else None
+            )  # an unknown model is reported by validate()
         self.validate()
 
     def validate(self) -> None:
@@ -503,6 +527,11 @@ class TrainConfig:
         for opt in OPTIONS:
             opt.check(getattr(self, opt.name))
         _check_fanout(self.fanout, self.layers)
+        if self.model not in MODELS and not is_model_spec(self.model):
+            raise InputError(
+                f"--model must be one of {', '.join(MODELS)} or package.module:Class, "
+                f"got {self.model!r}"
+            )
         for a, b in _exclusive_pairs():
             if getattr(self, a.name) != a.default and getattr(self, b.name) != b.default:
                 raise InputError(f"{a.flag} and {b.flag} exclude each other")

@@ -33,6 +33,7 @@ import argparse
 import json
 import sys
 import time
+import types
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -359,10 +360,10 @@ def _run(
     import torch
 
     from distmb.engine.evaluate import layerwise_inference, part_layer_table, split_accuracies
-    from distmb.engine.trainer import model_from_config
     from distmb.features.normalize import FeatureNormalization
     from distmb.features.select import open_features
     from distmb.nn.backend import set_kernels
+    from distmb.nn.user import model_from_config
     from distmb.sampling.neighbor import NeighborSampler
     from distmb.train import set_threads
 
@@ -749,5 +750,17 @@ def _main_single(argv: list[str] | None) -> int:
     return 0
 
 
+class _CallableModule(types.ModuleType):
+    """``distmb.predict`` names both this module (``python -m distmb.predict``) and the public
+    function :func:`predict`: importing the module binds the module to that name on the
+    package, so the module itself calls :func:`predict` (``distmb.predict(...)`` works in
+    either order of imports)."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Prediction:
+        return predict(*args, **kwargs)
+
+
 if __name__ == "__main__":
     sys.exit(main())
+else:
+    sys.modules[__name__].__class__ = _CallableModule

@@ -38,6 +38,8 @@ FLAG_FIELDS = {
     "--hidden": "hidden",
     "--heads": "heads",
     "--fanout": "fanout",
+    "--gin-eps": "gin_eps",
+    "--gin-train-eps": "gin_train_eps",
     "--aggr": "aggr",
     "--batch-size": "batch_size",
     "--lr": "lr",
@@ -199,7 +201,8 @@ def test_cli_defaults_equal_dataclass_defaults():
     assert config_from_args(build_parser().parse_args([])) == TrainConfig()
     expected = dict(
         dataset=None, verify=True, part_dir=None, model="sage", layers=3, hidden=256, heads=4,
-        fanout=(5, 10, 15), aggr="mean", batch_size=1000, lr=0.003, weight_decay=0.0,
+        fanout=(5, 10, 15), gin_eps=0.0, gin_train_eps=False, aggr="mean", batch_size=1000,
+        lr=0.003, weight_decay=0.0,
         dropout=0.5, epochs=40, seed=0, threads=None, eval_every=1, eval_batch_size=4096,
         checkpoint_dir=None, resume=False, overwrite_checkpoint=False, results=None,
         progress=True, kernels="fused", early_stop=0, lr_schedule="none", lr_step_size=10,
@@ -221,8 +224,10 @@ def test_python_construction_keeps_working():
         TrainConfig("sage")  # keyword-only: fields are ordered as in --help
     with pytest.raises(InputError, match="--layers must be an integer, got '3'"):
         TrainConfig(layers="3")
-    with pytest.raises(InputError, match="--model must be one of sage, gat, got 'gcn'"):
-        TrainConfig(model="gcn")
+    with pytest.raises(
+        InputError, match="--model must be one of sage, gat, gcn, gin or package.module:Class"
+    ):
+        TrainConfig(model="gcnii")
 
 
 @pytest.mark.parametrize(("flag", "value", "message"), BAD_VALUES)
@@ -288,13 +293,15 @@ def test_fanout_all_neighbours():
 
 
 def test_lr_default_per_model():
-    assert DEFAULT_LR == {"sage": 0.003, "gat": 0.001}
+    assert DEFAULT_LR == {"sage": 0.003, "gat": 0.001, "gcn": 0.003, "gin": 0.003}
     assert parse_config([]).lr == 0.003
     assert parse_config(["--model", "gat"]).lr == 0.001
     assert parse_config(["--model", "gat", "--lr", "0.02"]).lr == 0.02
     assert TrainConfig(model="gat").lr == 0.001
     assert TrainConfig(model="gat", lr=0.5).lr == 0.5
     assert TrainConfig(model="gat").as_dict()["lr"] == 0.001
+    assert TrainConfig(model="my.models:Net").lr == 0.003  # a user's model
+    assert TrainConfig(model="my.models:Net", lr=0.1).lr == 0.1
 
 
 @pytest.mark.parametrize(
@@ -318,15 +325,15 @@ def test_dataset_and_part_dir_exclude_each_other():
 
 def test_unknown_choice_is_argparse_error(capsys):
     with pytest.raises(SystemExit) as info:
-        parse_config(["--model", "gcnii"])
-    assert info.value.code == 2 and "invalid choice: 'gcnii'" in capsys.readouterr().err
+        parse_config(["--kernels", "cuda"])
+    assert info.value.code == 2 and "invalid choice: 'cuda'" in capsys.readouterr().err
 
 
 def test_resume_must_match():
     assert RESUME_MUST_MATCH == (
-        "model", "layers", "hidden", "heads", "fanout", "aggr", "batch_size", "dropout", "seed",
-        "lr_schedule", "lr_step_size", "lr_gamma", "lr_min", "normalize_features", "hec_size",
-        "hec_lifespan",
+        "model", "layers", "hidden", "heads", "fanout", "gin_eps", "gin_train_eps", "aggr",
+        "batch_size", "dropout", "seed", "lr_schedule", "lr_step_size", "lr_gamma", "lr_min",
+        "normalize_features", "hec_size", "hec_lifespan",
     )  # fmt: skip
     assert RESUME_APPLIED == ("lr", "weight_decay", "kernels", "hec_nc", "hec_delay")
 

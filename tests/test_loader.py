@@ -420,5 +420,6 @@ def test_runtime_does_not_import_the_partitioner():
             assert not bad, (rel, bad)
         elif any(m == "distmb.partition" or m.startswith("distmb.partition.") for m in mods):
             runtime_users.append(str(rel))
-    assert runtime_users == ["launch.py"]
+    # launch.py, and the public facade distmb/__init__.py (names imported on first use).
+    assert sorted(runtime_users) == ["__init__.py", "launch.py"]
     assert not (ROOT / "partition").exists(), "the partitioner lives in distmb/partition"

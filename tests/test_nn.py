@@ -519,10 +519,10 @@ def test_model_widths_and_factory() -> None:
     assert sage.layer_dims() == [IN_DIM]
     block = make_block(4, 9, 2, 3)
     assert sage([block], torch.randn(9, IN_DIM)).shape == (4, CLASSES)
-    assert MODELS == ("sage", "gat")
+    assert MODELS == ("sage", "gat", "gcn", "gin")
     assert isinstance(build_model("sage", 2, 2, 2, 2, 1, 0.0), GraphSAGE)
     with pytest.raises(ValueError, match="unknown model"):
-        build_model("gcn", 2, 2, 2, 2, 1, 0.0)
+        build_model("gcnii", 2, 2, 2, 2, 1, 0.0)
     with pytest.raises(ValueError, match="num_layers"):
         GraphSAGE(2, 2, 2, num_layers=0)
 

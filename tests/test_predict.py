@@ -384,3 +384,17 @@ def test_dataset_on_two_ranks_is_refused(one_rank_run, tmp_path):
     proc = mpirun(2, [*argv, "--out", str(tmp_path / "o")], 60)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert "predicts on one rank; under mpirun -np 2 give --part-dir" in proc.stderr
+
+
+def test_distmb_predict_is_callable_whichever_import_came_first(one_rank_run, tmp_path):
+    """``distmb.predict`` is the function and also the module of ``python -m distmb.predict``:
+    after ``import distmb.predict`` (done at the top of this file) the package's attribute is
+    the module, which must still predict."""
+    import distmb
+    import distmb.predict as module
+
+    ckpt, records = one_rank_run
+    assert callable(distmb.predict)
+    result = distmb.predict(ckpt, dataset=SMALL)
+    assert result.accuracy["val"] == records[-1]["val_acc"]
+    assert module.predict is not None

@@ -123,20 +123,29 @@ def sampled_sizes(
     return sizes[::-1]
 
 
-def estimate_memory(config: TrainConfig, graph: GraphShape, num_ranks: int) -> list[MemoryItem]:
-    """What one rank holds for ``config`` on ``graph``, item by item (bytes, upper bounds)."""
+def estimate_memory(
+    config: TrainConfig, graph: GraphShape, num_ranks: int, params: int | None = None
+) -> list[MemoryItem]:
+    """What one rank holds for ``config`` on ``graph``, item by item (bytes, upper bounds).
+
+    Args:
+        params: the model's parameter count when it is already built (a user's model);
+            default: counted from the flags for the built-in ``config.model``.
+    """
     f32 = FLOAT32_BYTES
     widths = layer_widths(config, graph.feat_dim, graph.num_classes)
     model_flags = ("--hidden", "--layers") + (("--heads",) if config.model == "gat" else ())
-    params = parameter_count(
-        config.model,
-        graph.feat_dim,
-        config.hidden,
-        graph.num_classes,
-        config.layers,
-        config.heads,
-        config.aggr,
-    )
+    if params is None:
+        params = parameter_count(
+            config.model,
+            graph.feat_dim,
+            config.hidden,
+            graph.num_classes,
+            config.layers,
+            config.heads,
+            config.aggr,
+            config.gin_train_eps,
+        )
     items = [
         MemoryItem(
             f"the {config.model} model ({params:,} parameters): weights, gradients, Adam state",
@@ -226,11 +235,13 @@ def estimate_memory(config: TrainConfig, graph: GraphShape, num_ranks: int) -> l
     return items
 
 
-def check_memory(config: TrainConfig, graph: GraphShape, num_ranks: int) -> list[MemoryItem]:
+def check_memory(
+    config: TrainConfig, graph: GraphShape, num_ranks: int, params: int | None = None
+) -> list[MemoryItem]:
     """Refuse, naming the flags of the largest parts, a run whose estimate exceeds this
     machine's physical memory; returns the items (nothing is checked where the memory size
-    is unknown)."""
-    items = estimate_memory(config, graph, num_ranks)
+    is unknown). ``params``: as in :func:`estimate_memory`."""
+    items = estimate_memory(config, graph, num_ranks, params)
     have = machine.physical_memory_bytes()
     need = sum(item.nbytes for item in items)
     if have is None or need <= have:

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from distmb.comm import Communicator, SingleProcess
-from distmb.config import RESUME_APPLIED, TrainConfig, flag_of
+from distmb.config import MODELS, RESUME_APPLIED, TrainConfig, flag_of
 from distmb.data.local import LocalGraph
 from distmb.data.neighborfile import NeighborFile
 from distmb.engine.budget import GraphShape, check_memory
@@ -57,10 +57,10 @@ from distmb.errors import DistmbError, InputError
 from distmb.features.normalize import fit_normalization
 from distmb.features.select import open_features
 from distmb.halo.base import HaloScheme
-from distmb.loader.loader import BatchLoader
+from distmb.loader.loader import BatchLoader, shuffled, split_batches
 from distmb.loader.minibatch import MiniBatch
-from distmb.nn import build_model
 from distmb.nn.backend import set_kernels
+from distmb.nn.user import check_block_model, model_from_config, model_spec
 from distmb.sampling.adjacency import neighbor_cache_stats, open_adjacency
 from distmb.sampling.neighbor import NeighborSampler
 from distmb.watchdog import CollectiveWatchdog
@@ -89,6 +89,11 @@ class Trainer:
         halo: what to do about halo leaves (default: nothing, one rank;
             :func:`distmb.halo.make_halo_scheme` picks one for P > 1).
         log: prints one line (rank 0 only in multi-rank runs).
+        model: your own model instead of ``config.model``'s (the contract:
+            :mod:`distmb.nn.user`, docs/api.md; checked here on a tiny mini-batch). Build
+            it identically on every rank (e.g. after ``torch.manual_seed``).
+        optimizer: your own optimizer over the model's parameters (default: Adam with
+            ``config.lr`` and ``config.weight_decay``).
     """
 
     def __init__(
@@ -99,6 +104,8 @@ class Trainer:
         comm: Communicator | SingleProcess | None = None,
         halo: HaloScheme | None = None,
         log: Callable[[str], None] = print,
+        model: torch.nn.Module | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
     ) -> None:
         self.local = local
         self.cfg = config
@@ -108,12 +115,30 @@ class Trainer:
         self.log = log
         prepare_outputs(config, self.rank)
         set_kernels(config.kernels)
-        check_memory(config, GraphShape.of(local), self.num_ranks)  # before allocating
-        torch.manual_seed(config.seed)  # identical model initialisation on every rank
-        self.model = model_from_config(config, local.feat_dim, local.num_classes)
-        self.optimizer = torch.optim.Adam(
-            self.model.parameters(), lr=config.lr, weight_decay=config.weight_decay
+        #: What the model is in checkpoints and records: ``config.model`` (a built-in's name
+        #: or a ``--model package.module:Class``), or ``model=``'s class as such a spec.
+        self.model_spec = config.model if model is None else model_spec(model)
+        shape = GraphShape.of(local)
+        built_in = model is None and config.model in MODELS
+        if built_in:  # estimated before anything is allocated
+            check_memory(config, shape, self.num_ranks)
+        if model is None:
+            torch.manual_seed(config.seed)  # identical model initialisation on every rank
+            model = model_from_config(config, local.feat_dim, local.num_classes)
+        if not built_in:  # a user's model: its parameters counted once it exists
+            check_memory(
+                config, shape, self.num_ranks, params=sum(p.numel() for p in model.parameters())
+            )
+        check_block_model(
+            model, local.feat_dim, local.num_classes, len(config.fanout), what="Trainer model"
         )
+        self.model = model
+        if optimizer is None:
+            optimizer = torch.optim.Adam(
+                model.parameters(), lr=config.lr, weight_decay=config.weight_decay
+            )
+        check_optimizer(optimizer, model)
+        self.optimizer = optimizer
         self.adjacency = open_adjacency(local, config)
         self.sampler = NeighborSampler(
             local.indptr, self.adjacency, local.n_solid, local.n_local, config.fanout, config.seed
@@ -166,6 +191,7 @@ class Trainer:
             "optimizer": self.optimizer.state_dict(),
             "torch_rng": torch.get_rng_state(),
             "args": self.cfg.as_dict(),
+            "model_spec": self.model_spec,
             "identity": self.local.identity,
             "ranks": self.num_ranks,
             "run_id": self.run_id,
@@ -205,6 +231,12 @@ class Trainer:
         state = load_checkpoint(
             self.cfg.checkpoint_dir, identity=self.local.identity, args=self.cfg.as_dict()
         )
+        saved_spec = state.get("model_spec", self.model_spec)
+        if saved_spec != self.model_spec:
+            raise InputError(
+                f"--resume: the checkpoint in {self.cfg.checkpoint_dir} trained {saved_spec}, "
+                f"this run's model is {self.model_spec}"
+            )
         saved_ranks = state.get("ranks", 1)
         if saved_ranks != self.num_ranks:
             raise InputError(
@@ -278,8 +310,7 @@ class Trainer:
 
     def shuffled_train(self, epoch: int) -> np.ndarray:
         """int64[n_train]: this rank's training vertices in the epoch's order."""
-        rng = np.random.default_rng([self.cfg.seed, epoch])
-        return self.local.train_idx[rng.permutation(self.local.train_idx.size)]
+        return shuffled(self.local.train_idx, self.cfg.seed, epoch)
 
     def loss_weight(self, step: int) -> float:
         """``P / global batch size`` of step ``step``: after the gradient all-reduce averages
@@ -469,7 +500,7 @@ class Trainer:
                             **record,
                             "run_id": self.run_id,
                             "started": self.started,
-                            "model": cfg.model,
+                            "model": self.model_spec,
                             "ranks": self.num_ranks,
                             "dataset": self.local.identity["graph_name"],
                         },
@@ -494,21 +525,20 @@ class Trainer:
             )
 
 
-def model_from_config(config: TrainConfig, in_dim: int, num_classes: int) -> torch.nn.Module:
-    """The model ``config`` describes (``--model``, ``--layers``, ``--hidden``, ``--heads``,
-    ``--dropout``, ``--aggr``) for ``in_dim`` input features and ``num_classes`` classes,
-    freshly initialised from torch's generator: what the trainer trains and what
-    ``distmb.predict`` loads a checkpoint's weights into."""
-    return build_model(
-        config.model,
-        in_dim=in_dim,
-        hidden=config.hidden,
-        num_classes=num_classes,
-        num_layers=config.layers,
-        heads=config.heads,
-        dropout=config.dropout,
-        aggr=config.aggr,
-    )
+def check_optimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> None:
+    """Refuse an optimizer that updates tensors that are not ``model``'s parameters (one
+    built for another model), or none of them.
+
+    Raises:
+        InputError: naming the optimizer's class.
+    """
+    own = {id(p) for p in model.parameters()}
+    held = [p for group in optimizer.param_groups for p in group["params"]]
+    if not held or any(id(p) not in own for p in held):
+        raise InputError(
+            f"Trainer optimizer {type(optimizer).__name__}: it must update the model's "
+            "parameters (build it from model.parameters() of the model passed as model=)"
+        )
 
 
 def prepare_outputs(config: TrainConfig, rank: int) -> None:
@@ -525,17 +555,6 @@ def prepare_outputs(config: TrainConfig, rank: int) -> None:
 def _now() -> str:
     """The current UTC time, ISO 8601 to the second."""
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-
-
-def split_batches(order: np.ndarray, num_batches: int) -> list[np.ndarray]:
-    """Split ``order`` into ``num_batches`` consecutive batches whose sizes differ by at most
-    one. With fewer vertices than batches, batch ``i`` is ``order[i % n]`` alone, so no batch
-    is ever empty (a rank must not skip an iteration's collectives)."""
-    if order.size == 0:
-        raise ValueError("split_batches: no training vertices")
-    if order.size >= num_batches:
-        return np.array_split(order, num_batches)
-    return [order[i % order.size : i % order.size + 1] for i in range(num_batches)]
 
 
 def dropout_seed(seed: int, rank: int) -> int:

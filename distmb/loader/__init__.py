@@ -1,6 +1,22 @@
-"""Mini-batches: :class:`MiniBatch` and the staged, prefetching :class:`BatchLoader`."""
+"""Mini-batches: :class:`MiniBatch`, the staged, prefetching :class:`BatchLoader`, and
+:class:`NeighborLoader` (DGL/PyG-style iteration over seed vertices)."""
 
-from distmb.loader.loader import DEFAULT_PREFETCH, BatchLoader, BatchSampler, EpochPlan
+from distmb.loader.loader import (
+    DEFAULT_PREFETCH,
+    BatchLoader,
+    BatchSampler,
+    EpochPlan,
+    split_batches,
+)
 from distmb.loader.minibatch import MiniBatch
+from distmb.loader.neighbor_loader import NeighborLoader
 
-__all__ = ["DEFAULT_PREFETCH", "BatchLoader", "BatchSampler", "EpochPlan", "MiniBatch"]
+__all__ = [
+    "DEFAULT_PREFETCH",
+    "BatchLoader",
+    "BatchSampler",
+    "EpochPlan",
+    "MiniBatch",
+    "NeighborLoader",
+    "split_batches",
+]

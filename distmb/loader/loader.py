@@ -81,6 +81,23 @@ class EpochPlan:
         return [self.order[i : i + k] for i in range(0, len(self.order), k)]
 
 
+def shuffled(ids: np.ndarray, seed: int, epoch: int) -> np.ndarray:
+    """``ids`` in epoch ``epoch``'s random order (a permutation keyed by ``(seed, epoch)``:
+    the same on every call and machine)."""
+    return ids[np.random.default_rng([seed, epoch]).permutation(ids.size)]
+
+
+def split_batches(order: np.ndarray, num_batches: int) -> list[np.ndarray]:
+    """Split ``order`` into ``num_batches`` consecutive batches whose sizes differ by at most
+    one. With fewer vertices than batches, batch ``i`` is ``order[i % n]`` alone, so no batch
+    is ever empty (a rank must not skip an iteration's collectives)."""
+    if order.size == 0:
+        raise ValueError("split_batches: no training vertices")
+    if order.size >= num_batches:
+        return np.array_split(order, num_batches)
+    return [order[i % order.size : i % order.size + 1] for i in range(num_batches)]
+
+
 class BatchLoader:
     """Turns an epoch's batches into :class:`MiniBatch` objects (see the module docstring).
 

@@ -2,7 +2,9 @@
 
 - :mod:`distmb.nn.aggregate`: aggregation primitives (the seam for fused kernels).
 - :mod:`distmb.nn.sage`, :mod:`distmb.nn.gat`: the layers of equations 1 and 2.
+- :mod:`distmb.nn.gcn`, :mod:`distmb.nn.gin`: GCN (symmetric normalisation) and GIN layers.
 - :mod:`distmb.nn.models`: multi-layer models and :func:`build_model`.
+- :mod:`distmb.nn.user`: the contract of a user's own model, ``--model package.module:Class``.
 """
 
 from __future__ import annotations
@@ -17,17 +19,34 @@ from distmb.nn.aggregate import (
     weighted_aggregate,
 )
 from distmb.nn.gat import GATConv
-from distmb.nn.models import GAT, MODELS, BlockModel, GraphSAGE, HaloInputs, build_model
+from distmb.nn.gcn import GCNConv
+from distmb.nn.gin import GINConv
+from distmb.nn.models import (
+    GAT,
+    GCN,
+    GIN,
+    MODELS,
+    BlockModel,
+    GraphSAGE,
+    HaloInputs,
+    LayerInput,
+    build_model,
+)
 from distmb.nn.sage import SAGEConv
 
 __all__ = [
     "AGGREGATORS",
     "MODELS",
     "GAT",
+    "GCN",
+    "GIN",
     "BlockModel",
     "GATConv",
+    "GCNConv",
+    "GINConv",
     "GraphSAGE",
     "HaloInputs",
+    "LayerInput",
     "SAGEConv",
     "add_self_loops",
     "aggregate",

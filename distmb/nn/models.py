@@ -1,4 +1,4 @@
-"""Multi-layer GraphSAGE and GAT models over a list of blocks.
+"""Multi-layer GraphSAGE, GAT, GCN and GIN models over a list of blocks.
 
 Common interface (:class:`BlockModel`):
 
@@ -20,6 +20,8 @@ import torch
 from torch import Tensor, nn
 
 from distmb.nn.gat import GATConv
+from distmb.nn.gcn import GCNConv
+from distmb.nn.gin import GINConv
 from distmb.nn.sage import SAGEConv
 from distmb.sampling import Block
 
@@ -32,18 +34,24 @@ HaloInputs = Callable[[int, Block], Tensor]
 LayerInput = Callable[[int, Block, Tensor], Tensor]
 
 #: Model names accepted by :func:`build_model`.
-MODELS = ("sage", "gat")
+MODELS = ("sage", "gat", "gcn", "gin")
 
 
 class BlockModel(nn.Module):
-    """A stack of block layers; subclasses fill :attr:`layers` and :attr:`_dims`."""
+    """A stack of block layers: subclasses append one module per layer to :attr:`layers`
+    (each called as ``layer(block, x_src)``) and give every layer's input width, here or by
+    setting :attr:`_dims`.
+
+    Args:
+        layer_dims: the input width of every layer (``[in_dim, hidden, ...]``).
+    """
 
     layers: nn.ModuleList
 
-    def __init__(self) -> None:
+    def __init__(self, layer_dims: Sequence[int] = ()) -> None:
         super().__init__()
         self.layers = nn.ModuleList()
-        self._dims: list[int] = []
+        self._dims: list[int] = [int(d) for d in layer_dims]
 
     @property
     def num_layers(self) -> int:
@@ -217,6 +225,81 @@ class GAT(BlockModel):
             )
 
 
+class GCN(BlockModel):
+    """GCN: ``num_layers`` :class:`GCNConv` layers (symmetric normalisation on each block,
+    self loops added), ``in_dim -> hidden -> ... -> num_classes``; ReLU and dropout after
+    every layer but the last.
+
+    Args:
+        in_dim: input feature width.
+        hidden: hidden width.
+        num_classes: output width.
+        num_layers: number of layers (>= 1).
+        dropout: dropout probability after each hidden layer.
+        self_loops: add a ``(v, v)`` edge per destination in every layer.
+    """
+
+    def __init__(
+        self,
+        in_dim: int,
+        hidden: int,
+        num_classes: int,
+        num_layers: int = 3,
+        dropout: float = 0.5,
+        self_loops: bool = True,
+    ) -> None:
+        _check_num_layers(num_layers)
+        super().__init__([in_dim] + [hidden] * (num_layers - 1))
+        out_dims = self._dims[1:] + [num_classes]
+        for l, (d_in, d_out) in enumerate(zip(self._dims, out_dims, strict=True)):
+            last = l == num_layers - 1
+            self.layers.append(
+                GCNConv(d_in, d_out, activation=not last, dropout=dropout, self_loops=self_loops)
+            )
+
+
+class GIN(BlockModel):
+    """GIN: ``num_layers`` :class:`GINConv` layers (each an MLP of two linear layers over
+    ``(1 + eps) x_v + sum of neighbours``), ``in_dim -> hidden -> ... -> num_classes``; ReLU
+    and dropout after every layer but the last.
+
+    Args:
+        in_dim: input feature width.
+        hidden: hidden width.
+        num_classes: output width.
+        num_layers: number of layers (>= 1).
+        dropout: dropout probability after each hidden layer.
+        eps: initial (or fixed) ``eps`` of every layer.
+        train_eps: learn ``eps`` per layer.
+    """
+
+    def __init__(
+        self,
+        in_dim: int,
+        hidden: int,
+        num_classes: int,
+        num_layers: int = 3,
+        dropout: float = 0.5,
+        eps: float = 0.0,
+        train_eps: bool = False,
+    ) -> None:
+        _check_num_layers(num_layers)
+        super().__init__([in_dim] + [hidden] * (num_layers - 1))
+        out_dims = self._dims[1:] + [num_classes]
+        for l, (d_in, d_out) in enumerate(zip(self._dims, out_dims, strict=True)):
+            last = l == num_layers - 1
+            self.layers.append(
+                GINConv(
+                    d_in,
+                    d_out,
+                    eps=eps,
+                    train_eps=train_eps,
+                    activation=not last,
+                    dropout=dropout,
+                )
+            )
+
+
 def _check_num_layers(num_layers: int) -> None:
     if num_layers < 1:
         raise ValueError(f"num_layers must be >= 1, got {num_layers}")
@@ -230,9 +313,18 @@ def parameter_count(
     num_layers: int = 3,
     heads: int = 4,
     aggr: str = "mean",
+    gin_train_eps: bool = False,
 ) -> int:
     """The number of parameters :func:`build_model` would create, computed without building
     it (to refuse a model that cannot fit before allocating it)."""
+    if name in ("gcn", "gin"):
+        dims = [in_dim] + [hidden] * (num_layers - 1)
+        outs = dims[1:] + [num_classes]
+        if name == "gcn":  # W and bias
+            return sum(d * o + o for d, o in zip(dims, outs, strict=True))
+        # two linear layers with biases (+ eps when learned)
+        eps = 1 if gin_train_eps else 0
+        return sum(d * o + o + o * o + o + eps for d, o in zip(dims, outs, strict=True))
     if name == "gat":
         dims = [in_dim] + [hidden * heads] * (num_layers - 1)
         outs = [hidden] * (num_layers - 1) + [num_classes]
@@ -254,9 +346,12 @@ def build_model(
     dropout: float = 0.5,
     aggr: str = "mean",
     gat_self_loops: bool = True,
+    gin_eps: float = 0.0,
+    gin_train_eps: bool = False,
 ) -> BlockModel:
-    """A model by name: ``"sage"`` (:class:`GraphSAGE` with aggregator ``aggr``; ``heads``
-    unused) or ``"gat"`` (:class:`GAT`; ``aggr`` unused).
+    """A model by name: ``"sage"`` (:class:`GraphSAGE` with aggregator ``aggr``), ``"gat"``
+    (:class:`GAT` with ``heads``), ``"gcn"`` (:class:`GCN`) or ``"gin"`` (:class:`GIN` with
+    ``gin_eps`` and ``gin_train_eps``); arguments another model takes are unused.
 
     GAT attends over each destination's sampled neighbours and itself by default
     (``gat_self_loops``): the paper's Table 2 runs GAT with the "gcn" aggregator, which
@@ -278,5 +373,17 @@ def build_model(
             heads=heads,
             dropout=dropout,
             self_loops=gat_self_loops,
+        )
+    if name == "gcn":
+        return GCN(in_dim, hidden, num_classes, num_layers=num_layers, dropout=dropout)
+    if name == "gin":
+        return GIN(
+            in_dim,
+            hidden,
+            num_classes,
+            num_layers=num_layers,
+            dropout=dropout,
+            eps=gin_eps,
+            train_eps=gin_train_eps,
         )
     raise ValueError(f"unknown model {name!r}; expected one of {MODELS}")
