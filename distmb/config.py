@@ -223,8 +223,8 @@ class TrainConfig:
 
     dataset: str | None = option(
         None,
-        "dataset spec (synthetic[:k=v,...] | planetoid:DIR | npz:FILE | ogb:DIR | "
-        "edgelist:DIR); default: synthetic",
+        "dataset spec (synthetic[:k=v,...] | cora | planetoid:DIR | npz:FILE | ogb:DIR | "
+        "edgelist:DIR); cora is shipped in the package; default: synthetic",
         exclusive="input",
     )
     verify: bool = option(
