@@ -30,6 +30,7 @@ from typing import Any, Literal
 import numpy as np
 
 from distmb.errors import InputError
+from distmb.progress import DEFAULT_PROGRESS_EVERY
 
 __all__ = [
     "DEFAULT_FANOUT",
@@ -284,7 +285,21 @@ class TrainConfig:
         None,
         "append one JSON object per epoch to this file (plot: python -m distmb.report FILE)",
     )
-    progress: bool = option(True, "no progress bar", flag="--no-progress", inverted=True)
+    progress: bool = option(
+        True, "no progress bar or progress lines", flag="--no-progress", inverted=True
+    )
+    progress_every: float = option(
+        DEFAULT_PROGRESS_EVERY,
+        "seconds between plain progress lines (epoch, iteration/total, samples/s, ETA; also "
+        "evaluation and loading) on rank 0 when stderr is not a terminal (mpirun/srun logs, "
+        "redirected output); 0 = none. On a terminal: one updating bar",
+        min=0,
+    )
+    tensorboard: str | None = option(
+        None,
+        "also log every epoch's scalars (loss, accuracies, times, cache hit rates) as "
+        "TensorBoard events in this directory (rank 0; needs pip install tensorboard)",
+    )
     kernels: str = option(
         "fused",
         "UPDATE/AGG implementation: fused C++ kernels or PyTorch ops",

@@ -129,3 +129,19 @@ def ensure_partition(comm: Communicator, spec: str, cache_root: str, seed: int, 
 def is_mpi_launch() -> bool:
     """Whether this process was started by an MPI launcher (mpirun, mpiexec, srun)."""
     return any(m in os.environ for m in MPI_LAUNCH_MARKERS)
+
+
+def check_srun_mpi() -> None:
+    """Refuse a task of ``srun`` started without an MPI plugin (``--mpi=none``, some sites'
+    default): every task would train alone, as rank 0 of 1, on the same outputs.
+
+    Raises:
+        InputError: naming ``srun --mpi=pmix`` (or ``pmi2``) as the fix.
+    """
+    tasks = os.environ.get("SLURM_STEP_NUM_TASKS", "")
+    if tasks.isdigit() and int(tasks) > 1 and not is_mpi_launch():
+        raise InputError(
+            f"srun started {tasks} tasks without an MPI plugin, so each would train alone; "
+            "launch with srun --mpi=pmix (or --mpi=pmi2: see srun --mpi=list and "
+            "slurm/README.md)"
+        )

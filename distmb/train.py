@@ -10,6 +10,7 @@ import argparse
 import sys
 import time
 
+from distmb import progress
 from distmb.config import TrainConfig, build_parser, config_from_args
 from distmb.errors import DistmbError, InputError, exit_on_user_error
 
@@ -98,6 +99,7 @@ def run_distributed(args: argparse.Namespace, comm) -> None:
 
     config = config_from_args(args)
     prepare_outputs(config, comm.rank)  # before partitioning or loading anything
+    progress.configure(config.progress and comm.rank == 0, config.progress_every)
     _set_threads(config)
 
     def log(line: str) -> None:
@@ -156,9 +158,12 @@ def train(local, config: TrainConfig, *, comm=None, halo=None, log=print) -> lis
 @exit_on_user_error("distmb.train")
 def main_single(argv: list[str] | None = None) -> int:
     from distmb.engine.trainer import prepare_outputs
+    from distmb.launch import check_srun_mpi
 
     config = config_from_args(build_parser().parse_args(argv))
+    check_srun_mpi()  # srun --mpi=none: P lone ranks, not one job
     prepare_outputs(config, rank=0)  # before loading anything
+    progress.configure(config.progress, config.progress_every)  # the loaders' progress
     _set_threads(config)
 
     def log(line: str) -> None:

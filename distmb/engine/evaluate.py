@@ -10,6 +10,7 @@ import torch
 from distmb.comm import Communicator
 from distmb.features.base import FeatureSource
 from distmb.features.memory import ArrayFeatures, PartFeatures
+from distmb.progress import ProgressSettings, meter
 from distmb.sampling.neighbor import NeighborSampler
 
 #: Destinations per full-neighbour block during inference.
@@ -27,6 +28,7 @@ def layerwise_inference(
     sampler: NeighborSampler,
     batch_size: int = DEFAULT_EVAL_BATCH,
     layer_table: LayerTable | None = None,
+    progress: ProgressSettings | None = None,
 ) -> torch.Tensor:
     """Outputs of ``model`` for every solid vertex, computed layer by layer over all
     in-neighbours (as DGL's and PyG's ``inference`` do), so the result is exact.
@@ -35,6 +37,8 @@ def layerwise_inference(
         features: the input features by ``VID_p`` (solid rows at least).
         sampler: this part's sampler (its ``full_block``).
         layer_table: supplies each layer's halo input rows when the part has halo vertices.
+        progress: how to report each layer's progress (this part's vertices done; default
+            :func:`distmb.progress.settings`).
 
     Returns:
         float32[n_solid, num_classes] logits.
@@ -48,6 +52,8 @@ def layerwise_inference(
         for layer in range(model.num_layers):
             table = source if layer_table is None else layer_table(layer, source)
             out = None
+            label = f"evaluation layer {layer + 1}/{model.num_layers}"
+            bar = meter(label, n_solid, "vertices", options=progress)
             for start in range(0, n_solid, batch_size):
                 dst = torch.arange(start, min(start + batch_size, n_solid))
                 block = sampler.full_block(dst)
@@ -55,6 +61,8 @@ def layerwise_inference(
                 if out is None:
                     out = torch.empty((n_solid, y.shape[1]), dtype=y.dtype)
                 out[start : start + dst.numel()] = y
+                bar.update(dst.numel())
+            bar.close()
             assert out is not None
             source = ArrayFeatures(out)
     finally:

@@ -15,7 +15,6 @@ collective is the identity and the halo scheme has nothing to do.
 from __future__ import annotations
 
 import math
-import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -24,7 +23,6 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 
 from distmb.comm import Communicator, SingleProcess
 from distmb.config import RESUME_APPLIED, TrainConfig, flag_of
@@ -47,6 +45,7 @@ from distmb.engine.stats import (
     format_hec,
     global_stats,
 )
+from distmb.engine.tensorboard import TensorBoardLog, prepare_tensorboard_dir
 from distmb.engine.timers import PhaseTimer
 from distmb.errors import DistmbError, InputError
 from distmb.features.select import open_features
@@ -57,6 +56,7 @@ from distmb.machine import physical_memory_bytes
 from distmb.nn import build_model
 from distmb.nn.backend import set_kernels
 from distmb.nn.models import parameter_count
+from distmb.progress import ProgressSettings, meter
 from distmb.sampling.adjacency import neighbor_cache_stats, open_adjacency
 from distmb.sampling.neighbor import NeighborSampler
 from distmb.units import FLOAT32_BYTES
@@ -295,12 +295,12 @@ class Trainer:
             self.log(f"warning: {warning}")
         total_loss, correct, seen = 0.0, 0, 0
         sample_s = gather_s = 0.0
-        bar = tqdm(
-            total=num_steps,
-            desc=f"epoch {epoch}",
-            leave=False,
-            file=sys.stderr,
-            disable=not (self.cfg.progress and sys.stderr.isatty() and self.rank == 0),
+        bar = meter(
+            f"epoch {epoch}",
+            num_steps,
+            "iterations",
+            rate_unit="samples",
+            options=self.progress_settings(),
         )
         start = time.perf_counter()
         for step, batch in enumerate(self.loader(plan)):
@@ -332,8 +332,7 @@ class Trainer:
             total_loss += loss_value * batch.size
             correct += int((logits.argmax(1) == batch.labels).sum())
             seen += batch.size
-            bar.update()
-            bar.set_postfix(loss=f"{loss_value:.4f}")
+            bar.update(1, items=batch.size, loss=f"{loss_value:.4f}")
         bar.close()
         train_time = time.perf_counter() - start
         self.timer.seconds["mbc"] = sample_s + gather_s  # wherever the loader ran them
@@ -349,6 +348,12 @@ class Trainer:
             "load_wait": round(self.loader.load_wait, 4),
             "samples_per_s": round(seen / train_time, 1) if train_time > 0 else 0.0,
         }
+
+    def progress_settings(self) -> ProgressSettings:
+        """``--no-progress`` and ``--progress-every``; progress on rank 0 only."""
+        return ProgressSettings(
+            enabled=self.cfg.progress and self.rank == 0, every=self.cfg.progress_every
+        )
 
     def cache_stats(self) -> dict[str, float] | None:
         """This epoch's out-of-core feature cache counters (``--features ooc``), else None.
@@ -375,7 +380,12 @@ class Trainer:
         if self.eval_table is not None:
             self.eval_table.features = features
         logits = layerwise_inference(
-            self.model, features, self.sampler, self.cfg.eval_batch_size, self.eval_table
+            self.model,
+            features,
+            self.sampler,
+            self.cfg.eval_batch_size,
+            self.eval_table,
+            progress=self.progress_settings(),
         )
         labels = self.local.labels
         counts = np.array(
@@ -402,6 +412,7 @@ class Trainer:
                 f"0-{self.start_epoch - 1} and --epochs is {cfg.epochs}; raise --epochs to "
                 "continue"
             )
+        board = TensorBoardLog(cfg.tensorboard) if cfg.tensorboard and self.rank == 0 else None
         for epoch in range(self.start_epoch, cfg.epochs):
             record = self.train_epoch(epoch)
             record.update(
@@ -423,20 +434,22 @@ class Trainer:
             if self.rank == 0:
                 line = format_epoch(record) + format_feature_cache(record)
                 self.log(line + format_hec(record) if self.num_ranks > 1 else line)
+                entry = {
+                    **record,
+                    "run_id": self.run_id,
+                    "started": self.started,
+                    "model": cfg.model,
+                    "ranks": self.num_ranks,
+                    "dataset": self.local.identity["graph_name"],
+                }
                 if cfg.results:
-                    append_jsonl(
-                        cfg.results,
-                        {
-                            **record,
-                            "run_id": self.run_id,
-                            "started": self.started,
-                            "model": cfg.model,
-                            "ranks": self.num_ranks,
-                            "dataset": self.local.identity["graph_name"],
-                        },
-                    )
+                    append_jsonl(cfg.results, entry)
+                if board is not None:
+                    board.log_epoch(entry)  # the same numbers as the JSON record
             if cfg.checkpoint_dir:
                 self._save(epoch)
+        if board is not None:
+            board.close()
         return self.history
 
 
@@ -473,6 +486,8 @@ def prepare_outputs(config: TrainConfig, rank: int) -> None:
         )
     if config.results and rank == 0:
         prepare_results_file(config.results)
+    if config.tensorboard and rank == 0:
+        prepare_tensorboard_dir(config.tensorboard)
 
 
 def _now() -> str:
