@@ -22,6 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from distmb.plotting import panels, rotate_labels
 from distmb.report import save_figure, write_json
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
@@ -229,20 +230,10 @@ def sweep(workdir: Path, ranks: int = 2) -> list[dict]:
 
 
 def plot(result: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    panels = [k for k in ("scaling", "traffic", "sweep") if result.get(k)]
-    fig, axes = plt.subplots(
-        1,
-        len(panels) + (len(SWEEP) - 1 if "sweep" in panels else 0),
-        figsize=(4.2 * (len(panels) + 3), 3.8),
-        squeeze=False,
-    )
-    axes = list(axes[0])
-    if "scaling" in panels:
+    present = [k for k in ("scaling", "traffic", "sweep") if result.get(k)]
+    count = len(present) + (len(SWEEP) - 1 if "sweep" in present else 0)
+    fig, axes = panels(count, panel_size=(4.6, 3.8))  # wraps into rows of 3
+    if "scaling" in present:
         ax = axes.pop(0)
         rows = result["scaling"]
         bottom = [0.0] * len(rows)
@@ -254,7 +245,7 @@ def plot(result: dict, path: Path) -> None:
         ax.set_ylabel("seconds per epoch (max over ranks)")
         ax.legend(fontsize=7)
         ax.set_title("200k vertices, deg 30")
-    if "traffic" in panels:
+    if "traffic" in present:
         ax = axes.pop(0)
         rows = result["traffic"]
         names = [r["mode"].replace(" (", "\n(").replace("of hidden", "\nof hidden") for r in rows]
@@ -266,7 +257,8 @@ def plot(result: dict, path: Path) -> None:
         ax.set_ylabel("MiB sent per epoch (labels: test acc)")
         ax.set_title("traffic vs accuracy, 2 ranks")
         ax.tick_params(axis="x", labelsize=6)
-    if "sweep" in panels:
+        rotate_labels(ax)
+    if "sweep" in present:
         for name in SWEEP:
             ax = axes.pop(0)
             rows = [r for r in result["sweep"] if r["param"] == name]
@@ -279,7 +271,6 @@ def plot(result: dict, path: Path) -> None:
             ax.set_xlabel(name)
             ax.set_ylabel("HEC hit rate (%)")
             ax.legend(fontsize=7)
-    fig.tight_layout()
     save_figure(fig, path, dpi=100)
 
 

@@ -45,6 +45,7 @@ from torch import Tensor
 from distmb import _C
 from distmb.nn import fused_aggregate, fused_update
 from distmb.nn.backend import get_kernels, set_kernels
+from distmb.plotting import reference_line
 from distmb.report import save_figure, write_json
 from distmb.sampling import Block
 
@@ -240,8 +241,8 @@ def plot_update(ax: Any, section: dict[str, Any]) -> None:
         xs = [j + (i - (len(names) - 1) / 2) * width for j in range(len(rows))]
         ys = [r[name]["speedup_vs_eager"] if name in r else 0.0 for r in rows]
         ax.bar(xs, ys, width, label=name)
-    ax.axhline(1.0, color="black", linewidth=0.8)
-    ax.axhline(UPDATE_TARGET_SPEEDUP, color="red", linestyle="--", linewidth=0.8, label="target")
+    reference_line(ax, 1.0, "1x (as fast as eager)", color="black", linestyle="-")
+    reference_line(ax, UPDATE_TARGET_SPEEDUP, f"target {UPDATE_TARGET_SPEEDUP:g}x", color="red")
     ax.set_xticks(range(len(rows)), labels, fontsize=7)
     ax.set_ylabel("speed-up vs eager (fwd + bwd)")
     ax.set_title(f"SAGE UPDATE fwd+bwd, dropout {section['dropout']} (median, same run)")
@@ -647,7 +648,7 @@ def plot_agg(ax: Any, section: dict[str, Any]) -> None:
     bw.legend(fontsize=5)
     sp.bar(xs - 0.2, [c["speedup_fwd"] for c in configs], 0.4, label="fwd")
     sp.bar(xs + 0.2, [c["speedup_fwd_bwd"] for c in configs], 0.4, label="fwd+bwd")
-    sp.axhline(1.0, color="black", linewidth=0.8)
+    reference_line(sp, 1.0, "1x (as fast as torch)", color="black", linestyle="-")
     sp.set_xticks(xs, labels, fontsize=6, rotation=45)
     sp.set_ylabel("speed-up fused / torch")
     sp.set_title("AGG end to end", fontsize=8)
@@ -708,10 +709,11 @@ def write_plot(results: dict[str, Any], path: Path) -> None:
     present = [name for name in SECTIONS if name in results]
     if not present:
         return
-    fig, axes = plt.subplots(len(present), 1, figsize=(10, 4 * len(present)), squeeze=False)
+    fig, axes = plt.subplots(
+        len(present), 1, figsize=(10, 4 * len(present)), squeeze=False, layout="constrained"
+    )
     for ax, name in zip(axes[:, 0], present, strict=True):
         SECTIONS[name].plot(ax, results[name])
-    fig.tight_layout()
     save_figure(fig, path, dpi=120)
 
 

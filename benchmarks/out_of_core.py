@@ -54,6 +54,7 @@ from distmb.data.store import PartitionStore
 from distmb.features.select import open_features
 from distmb.loader.loader import BatchLoader
 from distmb.partition import partition_graph
+from distmb.plotting import panels, reference_line
 from distmb.report import save_figure, write_json
 from distmb.sampling.neighbor import NeighborSampler
 
@@ -182,14 +183,9 @@ def run_setting(
 
 
 def plot(result: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     runs = result["runs"]
     sizes = result["cache_percent"]
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+    fig, axes = panels(3, panel_size=(5.4, 4.5))
     ax_hit, ax_bytes, ax_time = axes
     mmap = next(r for r in runs if r["features"] == "mmap")["last"]
     none = next(r for r in runs if r["policy"] == "none")["last"]
@@ -207,7 +203,7 @@ def plot(result: dict, path: Path) -> None:
         (ax_bytes, none["bytes_read"] / 2**20, "ooc, no cache"),
         (ax_time, none["epoch_s"], "ooc, no cache"),
     ):
-        ax.axhline(value, ls="--", color="k" if "mmap" in label else "grey", label=label)
+        reference_line(ax, value, label, linestyle="--", color="k" if "mmap" in label else "grey")
     ax_hit.set_ylabel("feature cache hit rate (%)")
     ax_bytes.set_ylabel("MiB read from disk per epoch")
     ax_time.set_ylabel("loading epoch (s): sample + inspect + gather")
@@ -219,7 +215,6 @@ def plot(result: dict, path: Path) -> None:
     ax_bytes.set_ylim(bottom=0)
     ax_time.set_ylim(bottom=0)
     fig.suptitle(result["title"], fontsize=10)
-    fig.tight_layout()
     save_figure(fig, path)
 
 

@@ -22,7 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from distmb.report import write_json
+from distmb.plotting import panels, reference_line, set_scale
+from distmb.report import save_figure, write_json
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 STEP = re.compile(r"^\[\s*([\d.]+)s\] (.*)$")
@@ -97,30 +98,26 @@ def run_one(nodes: int, parts: int, avg_degree: int, feat_dim: int, workdir: Pat
 
 
 def plot(records: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, (ax_t, ax_m) = panels(2)
     for parts in sorted({r["parts"] for r in records}):
         rs = sorted((r for r in records if r["parts"] == parts), key=lambda r: r["nodes"])
         x = [r["nodes"] for r in rs]
         ax_t.plot(x, [r["wall_s"] for r in rs], "o-", label=f"P={parts} total")
         ax_t.plot(x, [r["partition_s"] for r in rs], "s--", label=f"P={parts} after loading")
         ax_m.plot(x, [r.get("peak_rss_gib", float("nan")) for r in rs], "o-", label=f"P={parts}")
+    reference_line(ax_t, 600, "target: 10 minutes", color="red")
+    reference_line(ax_m, 16 * 1e9 / 2**30, "target: 16 GB", color="red")
+    nodes = [r["nodes"] for r in records]
+    set_scale(ax_t, [v for r in records for v in (r["wall_s"], r["partition_s"])] + [600])
     for ax in (ax_t, ax_m):
-        ax.set_xscale("log")
+        set_scale(ax, nodes, axis="x")
         ax.set_xlabel("vertices (avg degree 50, 100 features)")
         ax.grid(alpha=0.3)
         ax.legend()
     ax_t.set_ylabel("seconds")
-    ax_t.axhline(600, color="red", lw=0.8, ls=":")
     ax_m.set_ylabel("peak RSS (GiB)")
-    ax_m.axhline(16, color="red", lw=0.8, ls=":")
     fig.suptitle("distmb-partition (METIS, train-balanced)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)
 
 
 def main() -> None:

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from distmb.plotting import panels, reference_line, set_scale
 from distmb.report import save_figure, write_json
 
 if TYPE_CHECKING:  # distmb (and its OpenMP runtime) is imported in the child processes only
@@ -148,13 +149,8 @@ def run(
 
 
 def plot(result: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     recs = result["records"]
-    fig, (ax_t, ax_s) = plt.subplots(1, 2, figsize=(11, 4.5))
+    fig, (ax_t, ax_s) = panels(2, panel_size=(5.5, 4.5))
     x = np.arange(len(recs))
     med = [r["median_ms"] for r in recs]
     err = [
@@ -164,17 +160,20 @@ def plot(result: dict, path: Path) -> None:
     colors = {p: f"C{i}" for i, p in enumerate(dict.fromkeys(r["omp_wait_policy"] for r in recs))}
     ax_t.bar(x, med, yerr=err, capsize=4, color=[colors[r["omp_wait_policy"]] for r in recs])
     ax_t.set_xticks(x, [f"{r['omp_wait_policy']}\n{r['threads']} thr." for r in recs])
-    ax_t.axhline(TARGET_MS, color="red", lw=0.8, ls=":", label=f"target {TARGET_MS:g} ms")
+    reference_line(ax_t, TARGET_MS, f"target {TARGET_MS:g} ms", color="red")
     ax_t.set_ylabel(f"ms per {result['batch_size']}-seed batch (median, p10-p90)")
     ax_t.set_xlabel("OMP_WAIT_POLICY, OpenMP threads")
-    ax_t.set_yscale("log")  # spinning on a shared machine can cost 10x
+    # Log only when the bars span >= 10x (spinning on a shared machine can cost that much).
+    spread = [r[f"p{HIGH_PCT}_ms"] for r in recs] + [r[f"p{LOW_PCT}_ms"] for r in recs]
+    if set_scale(ax_t, spread) == "linear":
+        ax_t.set_ylim(0, 1.1 * max(*spread, TARGET_MS))  # the target line inside the axes
     ax_t.legend()
     sizes = recs[0]["mean_block_sizes"]
     layers = [s["layer"] for s in sizes]
     ax_s.plot(layers, [s["n_dst"] for s in sizes], "o-", label="destinations")
     ax_s.plot(layers, [s["n_src"] for s in sizes], "s-", label="sources")
     ax_s.plot(layers, [s["edges"] for s in sizes], "^-", label="edges")
-    ax_s.set_yscale("log")
+    set_scale(ax_s, [s[k] for s in sizes for k in ("n_dst", "n_src", "edges")])
     ax_s.set_xticks(layers)
     ax_s.set_xlabel("block (0 = input layer)")
     ax_s.set_ylabel("mean size")
@@ -185,7 +184,6 @@ def plot(result: dict, path: Path) -> None:
         f"NeighborSampler, fan-outs {result['fanouts']}, {result['graph']['nodes']} vertices, "
         f"avg degree {result['graph']['avg_degree']}"
     )
-    fig.tight_layout()
     save_figure(fig, path, dpi=110)
 
 

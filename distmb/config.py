@@ -30,6 +30,7 @@ from typing import Any, Literal
 import numpy as np
 
 from distmb.errors import InputError
+from distmb.progress import DEFAULT_PROGRESS_EVERY
 
 __all__ = [
     "DEFAULT_COLLECTIVE_TIMEOUT_S",
@@ -253,8 +254,8 @@ class TrainConfig:
 
     dataset: str | None = option(
         None,
-        "dataset spec (synthetic[:k=v,...] | planetoid:DIR | npz:FILE | ogb:DIR | "
-        "edgelist:DIR); default: synthetic",
+        "dataset spec (synthetic[:k=v,...] | cora | planetoid:DIR | npz:FILE | ogb:DIR | "
+        "edgelist:DIR); cora is shipped in the package; default: synthetic",
         exclusive="input",
     )
     verify: bool = option(
@@ -324,7 +325,21 @@ class TrainConfig:
         None,
         "append one JSON object per epoch to this file (plot: python -m distmb.report FILE)",
     )
-    progress: bool = option(True, "no progress bar", flag="--no-progress", inverted=True)
+    progress: bool = option(
+        True, "no progress bar or progress lines", flag="--no-progress", inverted=True
+    )
+    progress_every: float = option(
+        DEFAULT_PROGRESS_EVERY,
+        "seconds between plain progress lines (epoch, iteration/total, samples/s, ETA; also "
+        "evaluation and loading) on rank 0 when stderr is not a terminal (mpirun/srun logs, "
+        "redirected output); 0 = none. On a terminal: one updating bar",
+        min=0,
+    )
+    tensorboard: str | None = option(
+        None,
+        "also log every epoch's scalars (loss, accuracies, times, cache hit rates) as "
+        "TensorBoard events in this directory (rank 0; needs pip install tensorboard)",
+    )
     kernels: str = option(
         "fused",
         "UPDATE/AGG implementation: fused C++ kernels or PyTorch ops",

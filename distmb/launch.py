@@ -178,3 +178,19 @@ def _report_and_abort(comm: Communicator, message: str, code: int) -> None:
     sys.stderr.flush()
     time.sleep(ABORT_GRACE_S)
     comm.abort(code)
+
+
+def check_srun_mpi() -> None:
+    """Refuse a task of ``srun`` started without an MPI plugin (``--mpi=none``, some sites'
+    default): every task would train alone, as rank 0 of 1, on the same outputs.
+
+    Raises:
+        InputError: naming ``srun --mpi=pmix`` (or ``pmi2``) as the fix.
+    """
+    tasks = os.environ.get("SLURM_STEP_NUM_TASKS", "")
+    if tasks.isdigit() and int(tasks) > 1 and not is_mpi_launch():
+        raise InputError(
+            f"srun started {tasks} tasks without an MPI plugin, so each would train alone; "
+            "launch with srun --mpi=pmix (or --mpi=pmi2: see srun --mpi=list and "
+            "slurm/README.md)"
+        )

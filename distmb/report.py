@@ -16,6 +16,7 @@ from typing import Any
 from distmb.atomic import write_atomic
 from distmb.engine.timers import PHASE_LABELS, PHASES
 from distmb.errors import InputError, exit_on_user_error
+from distmb.plotting import panels, set_scale
 
 #: Keys every per-epoch record has (the others are drawn when present).
 REQUIRED_KEYS = ("epoch", "loss")
@@ -51,12 +52,8 @@ def read_records(path: Path) -> list[dict[str, Any]]:
 def plot(records: list[dict[str, Any]], out: Path, title: str) -> None:
     """Draw loss, accuracy, time per epoch, (multi-rank runs with the historical cache) the
     HEC hit rate per layer and (``--features ooc``) the feature cache's hit rate, labelled
-    with its policy, into ``out`` (PNG, written atomically); panels wrap into rows of 3."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    with its policy, into ``out`` (PNG, written atomically); panels wrap into rows of 3
+    (:mod:`distmb.plotting`), the loss axis is logarithmic only when it spans >= 10x."""
     x = list(range(len(records)))
     epochs = [r["epoch"] for r in records]
     hit_rates = [r.get("hec_hit_rate") or [] for r in records]
@@ -65,17 +62,12 @@ def plot(records: list[dict[str, Any]], out: Path, title: str) -> None:
     with_cache = any(
         c and c.get("hit_rate") is not None for series in caches.values() for c in series
     )
-    panels = 3 + with_hec + with_cache
-    cols = min(panels, 3)
-    rows = -(-panels // cols)
-    fig, grid = plt.subplots(rows, cols, figsize=(5 * cols, 4 * rows), squeeze=False)
-    axes = list(grid.flat)
-    for ax in axes[panels:]:
-        ax.remove()
-    axes = axes[:panels]
+    fig, axes = panels(3 + with_hec + with_cache)
     ax_loss, ax_acc, ax_time = axes[:3]
-    ax_loss.plot(x, [r["loss"] for r in records], "o-", ms=3)
-    ax_loss.set_ylabel("training loss")
+    losses = [r["loss"] for r in records]
+    ax_loss.plot(x, losses, "o-", ms=3)
+    log_loss = set_scale(ax_loss, losses) == "log"
+    ax_loss.set_ylabel("training loss" + (" (log scale)" if log_loss else ""))
     for key, label in (
         ("train_acc", "train (mini-batch)"),
         ("val_acc", "val"),
@@ -137,7 +129,6 @@ def plot(records: list[dict[str, Any]], out: Path, title: str) -> None:
         ax.set_xticks(x[:: max(1, len(x) // 10)], [str(e) for e in epochs[:: max(1, len(x) // 10)]])
         ax.grid(alpha=0.3)
     fig.suptitle(title)
-    fig.tight_layout()
     save_figure(fig, out)
 
 

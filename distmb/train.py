@@ -10,6 +10,7 @@ import argparse
 import os
 import sys
 
+from distmb import progress
 from distmb.config import TrainConfig, build_parser, config_from_args
 from distmb.errors import InputError, exit_on_user_error
 
@@ -68,6 +69,7 @@ def run_distributed(args: argparse.Namespace, comm) -> None:
 
     config = config_from_args(args)
     prepare_outputs(config, comm.rank)  # before partitioning or loading anything
+    progress.configure(config.progress and comm.rank == 0, config.progress_every)
     warning = set_threads(config)
     if warning and comm.rank == 0:
         print(warning, file=sys.stderr, flush=True)
@@ -155,9 +157,12 @@ def final_line(last: dict, best) -> str:
 @exit_on_user_error("distmb.train")
 def main_single(argv: list[str] | None = None) -> int:
     from distmb.engine.trainer import prepare_outputs
+    from distmb.launch import check_srun_mpi
 
     config = config_from_args(build_parser().parse_args(argv))
+    check_srun_mpi()  # srun --mpi=none: P lone ranks, not one job
     prepare_outputs(config, rank=0)  # before loading anything
+    progress.configure(config.progress, config.progress_every)  # the loaders' progress
     warning = set_threads(config)
     if warning:
         print(warning, file=sys.stderr, flush=True)

@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 
 from distmb.data import Graph
+from distmb.data.datasets import BUILTIN_DATASETS
+from distmb.data.planetoid import PLANETOID_SUFFIXES
 
 #: A small, fast configuration of the built-in generator for behavioural training tests.
 SMALL = "synthetic:nodes=3000,avg_degree=8,feat_dim=16,classes=4"
@@ -24,14 +26,15 @@ TIMING_KEYS = {
 }  # fmt: skip
 
 
-#: ../shared/datasets/cora relative to the repository (the Planetoid files).
-CORA_DIR = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "cora"
+#: The Planetoid Cora files shipped in the package (``--dataset cora``).
+CORA_DIR = Path(BUILTIN_DATASETS["cora"][1])
 
 
 @pytest.fixture(scope="session")
 def cora_dir() -> Path:
-    if not (CORA_DIR / "ind.cora.graph").is_file():
-        pytest.skip(f"Cora files not found at {CORA_DIR}")
+    """The shipped Cora directory; a checkout always has it, so a missing file is an error."""
+    missing = [s for s in PLANETOID_SUFFIXES if not (CORA_DIR / f"ind.cora.{s}").is_file()]
+    assert not missing, f"shipped Cora files missing from {CORA_DIR}: {missing}"
     return CORA_DIR
 
 

@@ -7,26 +7,42 @@ Specs (see docs/datasets.md):
 - ``npz:FILE``: GNN-benchmark ``.npz`` (``adj_*``, ``attr_*`` or ``attr_matrix``, ``labels``).
 - ``ogb:DIR``: an OGB node-property-prediction directory as downloaded (no ``ogb`` package).
 - ``edgelist:DIR``: ``edges.{npy,txt,csv}`` plus ``features.npy`` and ``labels.npy``.
+- ``cora``: the Planetoid Cora files shipped inside the package (:data:`BUILTIN_DATASETS`).
 """
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from distmb.data.graph import Graph
 from distmb.errors import InputError
 
 DATASET_KINDS = ("synthetic", "planetoid", "npz", "ogb", "edgelist")
 
+#: Where the datasets shipped with the package live (``distmb/datasets/``).
+BUILTIN_DATASET_DIR = Path(__file__).resolve().parents[1] / "datasets"
+#: Named specs of the shipped datasets: name -> (kind, path), as ``KIND:PATH`` would give.
+BUILTIN_DATASETS: dict[str, tuple[str, str]] = {
+    "cora": ("planetoid", str(BUILTIN_DATASET_DIR / "cora")),
+}
+
 
 def parse_spec(spec: str) -> tuple[str, str]:
-    """Split ``KIND[:ARG]`` into ``(kind, arg)``; raise :class:`InputError` for unknown kinds."""
+    """Split ``KIND[:ARG]`` into ``(kind, arg)``; a shipped dataset's name (``cora``) gives
+    its kind and path. Raises :class:`InputError` for unknown kinds."""
     kind, _, arg = spec.partition(":")
     kind = kind.strip().lower()
+    if kind in BUILTIN_DATASETS:
+        if arg:
+            raise InputError(f"--dataset {spec!r}: {kind} is a shipped dataset and takes no path")
+        return BUILTIN_DATASETS[kind]
     if kind not in DATASET_KINDS:
         raise InputError(
             f"--dataset {spec!r}: unknown dataset kind {kind!r}; expected one of "
             + ", ".join(f"{k}:..." if k != "synthetic" else k for k in DATASET_KINDS)
+            + ", or a shipped dataset: "
+            + ", ".join(BUILTIN_DATASETS)
         )
     if kind != "synthetic" and not arg:
         raise InputError(f"--dataset {spec!r}: {kind} needs a path, as in {kind}:PATH")

@@ -45,6 +45,7 @@ from distmb.data.loader_utils import (
     unlabelled_note,
 )
 from distmb.errors import InputError
+from distmb.progress import meter
 
 #: Name of the cache directory created inside the dataset directory.
 CACHE_DIRNAME = "distmb-cache"
@@ -373,10 +374,17 @@ def _line_blocks(path: Path) -> Iterator[tuple[int, bytes]]:
     line_no = 1
     carry = b""
     try:
-        with gzip.open(path, "rb") as f:
+        with open(path, "rb") as raw, gzip.GzipFile(fileobj=raw, mode="rb") as f:
+            size_mib = os.fstat(raw.fileno()).st_size / 2**20
+            bar = meter(f"parsing {path.name}", size_mib, "MiB", decimals=1)
+            done_mib = 0.0
             while True:
                 chunk = f.read(BLOCK_BYTES)
+                now_mib = raw.tell() / 2**20  # compressed bytes read so far
+                bar.update(now_mib - done_mib)
+                done_mib = now_mib
                 if not chunk:
+                    bar.close()
                     break
                 chunk = carry + chunk if carry else chunk
                 cut = chunk.rfind(b"\n") + 1

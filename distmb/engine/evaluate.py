@@ -11,6 +11,7 @@ from distmb.comm import Communicator, SingleProcess
 from distmb.data.local import LocalGraph
 from distmb.features.base import FeatureSource
 from distmb.features.memory import ArrayFeatures, PartFeatures
+from distmb.progress import ProgressSettings, meter
 from distmb.sampling.neighbor import NeighborSampler
 
 #: Destinations per full-neighbour block during inference.
@@ -34,6 +35,7 @@ def layerwise_inference(
     batch_size: int = DEFAULT_EVAL_BATCH,
     layer_table: LayerTable | None = None,
     on_layer: LayerOutput | None = None,
+    progress: ProgressSettings | None = None,
 ) -> torch.Tensor:
     """Outputs of ``model`` for every solid vertex, computed layer by layer over all
     in-neighbours (as DGL's and PyG's ``inference`` do), so the result is exact.
@@ -45,6 +47,8 @@ def layerwise_inference(
         on_layer: sees each layer's output as soon as it is complete (hidden embeddings for
             ``distmb.predict --embeddings``); it may use collectives, every rank calls it for
             the same layers in the same order.
+        progress: how to report each layer's progress (this part's vertices done; default
+            :func:`distmb.progress.settings`).
 
     Returns:
         float32[n_solid, num_classes] logits.
@@ -58,6 +62,8 @@ def layerwise_inference(
         for layer in range(model.num_layers):
             table = source if layer_table is None else layer_table(layer, source)
             out = None
+            label = f"evaluation layer {layer + 1}/{model.num_layers}"
+            bar = meter(label, n_solid, "vertices", options=progress)
             for start in range(0, n_solid, batch_size):
                 dst = torch.arange(start, min(start + batch_size, n_solid))
                 block = sampler.full_block(dst)
@@ -65,6 +71,8 @@ def layerwise_inference(
                 if out is None:
                     out = torch.empty((n_solid, y.shape[1]), dtype=y.dtype)
                 out[start : start + dst.numel()] = y
+                bar.update(dst.numel())
+            bar.close()
             assert out is not None
             if on_layer is not None:
                 on_layer(layer, out)

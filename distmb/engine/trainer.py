@@ -15,7 +15,6 @@ collective is the identity and the halo scheme has nothing to do.
 from __future__ import annotations
 
 import math
-import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -25,7 +24,6 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 
 from distmb.comm import Communicator, SingleProcess
 from distmb.config import MODELS, RESUME_APPLIED, TrainConfig, flag_of
@@ -52,6 +50,7 @@ from distmb.engine.stats import (
     format_hec,
     global_stats,
 )
+from distmb.engine.tensorboard import TensorBoardLog, prepare_tensorboard_dir
 from distmb.engine.timers import PhaseTimer
 from distmb.errors import DistmbError, InputError
 from distmb.features.normalize import fit_normalization
@@ -61,6 +60,7 @@ from distmb.loader.loader import BatchLoader, shuffled, split_batches
 from distmb.loader.minibatch import MiniBatch
 from distmb.nn.backend import set_kernels
 from distmb.nn.user import check_block_model, model_from_config, model_spec
+from distmb.progress import ProgressSettings, meter
 from distmb.sampling.adjacency import neighbor_cache_stats, open_adjacency
 from distmb.sampling.neighbor import NeighborSampler
 from distmb.watchdog import CollectiveWatchdog
@@ -341,12 +341,12 @@ class Trainer:
             self.log(f"warning: {warning}")
         total_loss, correct, seen = 0.0, 0, 0
         sample_s = gather_s = 0.0
-        bar = tqdm(
-            total=num_steps,
-            desc=f"epoch {epoch}",
-            leave=False,
-            file=sys.stderr,
-            disable=not (self.cfg.progress and sys.stderr.isatty() and self.rank == 0),
+        bar = meter(
+            f"epoch {epoch}",
+            num_steps,
+            "iterations",
+            rate_unit="samples",
+            options=self.progress_settings(),
         )
         start = step_start = time.perf_counter()
         for step, batch in enumerate(self.loader(plan)):
@@ -380,8 +380,7 @@ class Trainer:
             total_loss += loss_value * batch.size
             correct += int((logits.argmax(1) == batch.labels).sum())
             seen += batch.size
-            bar.update()
-            bar.set_postfix(loss=f"{loss_value:.4f}")
+            bar.update(1, items=batch.size, loss=f"{loss_value:.4f}")
             if self.watchdog is not None:
                 now = time.perf_counter()
                 self.watchdog.iteration_done(now - step_start)
@@ -401,6 +400,12 @@ class Trainer:
             "load_wait": round(self.loader.load_wait, 4),
             "samples_per_s": round(seen / train_time, 1) if train_time > 0 else 0.0,
         }
+
+    def progress_settings(self) -> ProgressSettings:
+        """``--no-progress`` and ``--progress-every``; progress on rank 0 only."""
+        return ProgressSettings(
+            enabled=self.cfg.progress and self.rank == 0, every=self.cfg.progress_every
+        )
 
     def cache_stats(self) -> dict[str, float] | None:
         """This epoch's out-of-core feature cache counters (``--features ooc``), else None.
@@ -427,7 +432,12 @@ class Trainer:
         if self.eval_table is not None:
             self.eval_table.features = features
         logits = layerwise_inference(
-            self.model, features, self.sampler, self.cfg.eval_batch_size, self.eval_table
+            self.model,
+            features,
+            self.sampler,
+            self.cfg.eval_batch_size,
+            self.eval_table,
+            progress=self.progress_settings(),
         )
         acc = split_accuracies(
             self.comm,
@@ -453,6 +463,7 @@ class Trainer:
                 f"0-{self.start_epoch - 1} and --epochs is {cfg.epochs}; raise --epochs to "
                 "continue"
             )
+        board = TensorBoardLog(cfg.tensorboard) if cfg.tensorboard and self.rank == 0 else None
         if cfg.early_stop:
             self._check_validation_vertices()
         stopped = self.selection.should_stop  # a resumed run that had stopped early
@@ -493,24 +504,26 @@ class Trainer:
             if self.rank == 0:
                 line = format_epoch(record) + format_feature_cache(record)
                 self.log(line + format_hec(record) if self.num_ranks > 1 else line)
+                entry = {
+                    **record,
+                    "run_id": self.run_id,
+                    "started": self.started,
+                    "model": self.model_spec,
+                    "ranks": self.num_ranks,
+                    "dataset": self.local.identity["graph_name"],
+                }
                 if cfg.results:
-                    append_jsonl(
-                        cfg.results,
-                        {
-                            **record,
-                            "run_id": self.run_id,
-                            "started": self.started,
-                            "model": self.model_spec,
-                            "ranks": self.num_ranks,
-                            "dataset": self.local.identity["graph_name"],
-                        },
-                    )
+                    append_jsonl(cfg.results, entry)
+                if board is not None:
+                    board.log_epoch(entry)  # the same numbers as the JSON record
             if cfg.checkpoint_dir:
                 self._save(epoch, best=improved)
             if stopped:
                 if self.rank == 0:
                     self.log(self.selection.stop_reason())
                 break
+        if board is not None:
+            board.close()
         if self.watchdog is not None:
             self.watchdog.stop()  # every rank: goodbyes exchanged, no heartbeat left in flight
         return self.history
@@ -550,6 +563,8 @@ def prepare_outputs(config: TrainConfig, rank: int) -> None:
         )
     if config.results and rank == 0:
         prepare_results_file(config.results)
+    if config.tensorboard and rank == 0:
+        prepare_tensorboard_dir(config.tensorboard)
 
 
 def _now() -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from distmb import progress
 from distmb.config import MAX_THREADS
 from distmb.data.format import FEATURE_LAYOUTS
 from distmb.errors import InputError, exit_on_user_error
@@ -107,6 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
 @exit_on_user_error("distmb-partition")
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    progress.configure(enabled=not args.quiet)  # the loaders' and the writer's progress
     if args.convert is not None:
         from distmb.partition.convert import convert_features
 

@@ -29,7 +29,7 @@ from distmb.data.format import (
 from distmb.data.graph import Graph
 from distmb.data.rowfile import write_row_file
 from distmb.errors import InputError
-from distmb.progress import Progress
+from distmb.progress import Progress, meter
 
 
 class _HashingWriter:
@@ -151,6 +151,7 @@ def _write_all(
     part_meta: list[dict[str, int]] = []
     halos: list[tuple[np.ndarray, np.ndarray]] = []  # (halo VID_o, halo owner) per part
 
+    bar = meter("writing parts", parts, "parts", rate_unit="vertices")
     for p in range(parts):
         view = _C.extract_part(graph.indptr, graph.indices, part_of, p, scratch)
         solid, halo = view["solid"], view["halo"]
@@ -191,6 +192,8 @@ def _write_all(
         halos.append((halo, halo_owner))
         part_meta.append(counts)
         log(f"part {p}: {n_solid} solid, {n_halo} halo, {counts['n_edges']} in-edges written")
+        bar.update(1, items=n_solid + n_halo)
+    bar.close()
 
     # Send lists: part i sends to part j the solid vertices of i that are halo in j.
     vid_p = local_ids(part_of, parts)
