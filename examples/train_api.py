@@ -2,7 +2,7 @@
 Trainer, evaluate it exactly, then train it further in your own loop over NeighborLoader.
 
     python examples/train_api.py                                        # small synthetic graph
-    python examples/train_api.py --dataset planetoid:../shared/datasets/cora --epochs 20
+    python examples/train_api.py --dataset cora --epochs 20
 
 docs/api.md explains every step; tests/test_api.py runs this script.
 """

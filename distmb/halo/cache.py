@@ -1,7 +1,7 @@
 """Historical Embedding Cache (HEC, DistGNN-MB section 3.2): delayed embeddings of halo
 vertices, one cache per GNN layer on every rank.
 
-Contract (``../shared/DESIGN.md``, "Historical Embedding Cache"; made precise here):
+Contract (the project design notes, docs/design.md; made precise here):
 
 - A cache has ``capacity`` lines of ``dim`` float32 values. A line is tagged by the
   ``VID_o`` (int64, ``>= 0``) of the vertex whose embedding it holds.
