@@ -227,7 +227,7 @@ def test_cli_user_model_trains_and_checkpoint_records_the_spec(tmp_path, capsys,
     argv = [*CLI_FAST, "--model", "my_models:Sage", "--epochs", "2", "--checkpoint-dir", str(ckpt)]
     code, out, err = run_cli(argv, capsys)
     assert code == 0, err
-    assert "training my_models:Sage" in out and "final: val" in out
+    assert "training my_models:Sage" in out and "final: epoch" in out
     state = torch.load(ckpt / CHECKPOINT_FILE, weights_only=True)
     assert state["args"]["model"] == "my_models:Sage" and state["model_spec"] == "my_models:Sage"
     assert state["args"]["lr"] == 0.003  # the documented default of a user's model

@@ -82,6 +82,7 @@ FLAG_FIELDS = {
     "--no-hec": "no_hec",
     "--exact-remote": "exact_remote",
     "--partition-cache": "partition_cache",
+    "--collective-timeout": "collective_timeout",
 }
 
 #: A value each constrained flag must refuse, and the message naming it.
@@ -96,7 +97,7 @@ BAD_VALUES = [
     ("--dropout", "1.0", "--dropout must be in [0, 1), got 1.0"),
     ("--dropout", "-0.5", "--dropout must be in [0, 1), got -0.5"),
     ("--epochs", "0", "--epochs must be >= 1, got 0"),
-    ("--threads", "0", "--threads must be >= 1, got 0"),
+    ("--threads", "0", "--threads must be in [1, 4096], got 0"),
     ("--seed", "-1", "--seed must be in [0, 9223372036854775807], got -1"),
     ("--eval-every", "0", "--eval-every must be >= 1, got 0"),
     ("--eval-batch-size", "0", "--eval-batch-size must be >= 1, got 0"),
@@ -106,7 +107,8 @@ BAD_VALUES = [
     ("--lr-gamma", "1.5", "--lr-gamma must be in (0, 1], got 1.5"),
     ("--lr-min", "-1", "--lr-min must be >= 0, got -1.0"),
     ("--prefetch", "-1", "--prefetch must be >= 0, got -1"),
-    ("--loader-threads", "0", "--loader-threads must be >= 1, got 0"),
+    ("--loader-threads", "0", "--loader-threads must be in [1, 4096], got 0"),
+    ("--collective-timeout", "-1", "--collective-timeout must be >= 0, got -1.0"),
     ("--feature-cache-mb", "-1", "--feature-cache-mb must be >= 0, got -1.0"),
     ("--progress-every", "-1", "--progress-every must be >= 0, got -1.0"),
     ("--superbatch", "0", "--superbatch must be >= 1, got 0"),
@@ -216,6 +218,7 @@ def test_cli_defaults_equal_dataclass_defaults():
         neighbor_cache_mb=256.0, neighbor_cache_order="degree", hec_size=1_000_000,
         hec_nc=2000, hec_lifespan=2, hec_delay=1,
         no_hec=False, exact_remote=False, partition_cache=".cache/distmb-parts",
+        collective_timeout=300.0,
     )  # fmt: skip
     assert dataclasses.asdict(TrainConfig()) == expected
 
@@ -339,7 +342,9 @@ def test_resume_must_match():
         "batch_size", "dropout", "seed", "lr_schedule", "lr_step_size", "lr_gamma", "lr_min",
         "normalize_features", "hec_size", "hec_lifespan",
     )  # fmt: skip
-    assert RESUME_APPLIED == ("lr", "weight_decay", "kernels", "hec_nc", "hec_delay")
+    assert RESUME_APPLIED == (
+        "lr", "weight_decay", "kernels", "hec_nc", "hec_delay", "collective_timeout",
+    )  # fmt: skip
 
 
 def test_hec_view_and_halo_scheme():

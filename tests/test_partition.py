@@ -228,7 +228,8 @@ def test_overwrite_replaces_only_when_asked(tmp_path):
         (["--parts", "100000"], "exceeds the graph's"),
         (["--parts", "2", "--dataset", "nosuch:x"], "unknown dataset kind"),
         (["--parts", "2", "--dataset", "planetoid:/no/such/dir"], "/no/such/dir"),
-        (["--parts", "2", "--threads", "0"], "--threads must be >= 1"),
+        (["--parts", "2", "--threads", "0"], "--threads must be in [1, 4096]"),
+        (["--parts", "2", "--threads", "100000000"], "--threads must be in [1, 4096]"),
     ],
 )
 def test_cli_bad_input(tmp_path, capsys, argv, message):

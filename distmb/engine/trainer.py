@@ -125,13 +125,13 @@ class Trainer:
         if model is None:
             torch.manual_seed(config.seed)  # identical model initialisation on every rank
             model = model_from_config(config, local.feat_dim, local.num_classes)
+        check_block_model(
+            model, local.feat_dim, local.num_classes, len(config.fanout), what="Trainer model"
+        )
         if not built_in:  # a user's model: its parameters counted once it exists
             check_memory(
                 config, shape, self.num_ranks, params=sum(p.numel() for p in model.parameters())
             )
-        check_block_model(
-            model, local.feat_dim, local.num_classes, len(config.fanout), what="Trainer model"
-        )
         self.model = model
         if optimizer is None:
             optimizer = torch.optim.Adam(
