@@ -149,3 +149,30 @@ def test_no_progress_and_zero_interval_print_no_lines(tmp_path):
             env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
         )  # fmt: skip
         assert "progress:" not in done.stderr, flag
+
+
+def test_progress_lines_come_from_rank_zero_alone(tmp_path):
+    """Under a real ``mpiexec -n 2``: every training progress step is printed once (by rank
+    0), not once per rank, and evaluation counts rank 0's part."""
+    from test_distributed import mpirun
+
+    from distmb.data import load_dataset
+    from distmb.data.store import PartitionStore
+    from distmb.partition import partition_graph
+
+    parts = tmp_path / "p2"
+    partition_graph(load_dataset(SMALL), 2, parts, seed=0)
+    proc = mpirun(
+        2,
+        ["-m", "distmb.train", "--part-dir", str(parts), "--layers", "2", "--fanout", "4,4",
+         "--hidden", "16", "--batch-size", "50", "--epochs", "1", "--threads", "1",
+         "--progress-every", "0.000001"],
+        120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    parsed = [LINE_PATTERN.match(x) for x in proc.stderr.splitlines() if x.startswith("progress:")]
+    assert parsed and all(parsed)
+    steps = [(m["label"], m["done"]) for m in parsed if m["label"].startswith("epoch ")]
+    assert steps and len(steps) == len(set(steps)), steps  # no step printed twice
+    evaluation = {m["total"] for m in parsed if m["label"].startswith("evaluation layer")}
+    assert evaluation == {str(PartitionStore(parts, 0).n_solid)}
