@@ -45,6 +45,14 @@ def _chunks(num_rows: int, row_bytes: int, chunk_bytes: int) -> list[tuple[int, 
     return [(start, min(start + step, num_rows)) for start in range(0, num_rows, step)]
 
 
+def _sink_in_chunks(ids: np.ndarray, rows: np.ndarray, sink: RowSink, chunk_bytes: int) -> None:
+    """Hand this rank's own ``ids`` (int64[n]) and ``rows`` ([n, ...]) to ``sink`` in chunks
+    of at most ``chunk_bytes`` bytes of rows."""
+    row_bytes = int(rows.itemsize * np.prod(rows.shape[1:], dtype=np.int64))
+    for start, stop in _chunks(len(ids), row_bytes, chunk_bytes):
+        sink(ids[start:stop], rows[start:stop])
+
+
 def _mpi():
     from mpi4py import MPI
 
@@ -194,7 +202,6 @@ class Communicator:
         out[np.argsort(halo_owner, kind="stable")] = recv
         return out
 
-
     # -- gathering outputs ------------------------------------------------------------------
     def gather_rows(
         self,
@@ -224,8 +231,7 @@ class Communicator:
                 self.comm.Send(rows[start:stop], dest=0, tag=1)
             return
         assert sink is not None
-        for start, stop in _chunks(ids.size, row_bytes, chunk_bytes):
-            sink(ids[start:stop], rows[start:stop])
+        _sink_in_chunks(ids, rows, sink, chunk_bytes)
         for source in range(1, self.size):
             for start, stop in _chunks(counts[source], row_bytes, chunk_bytes):
                 chunk_ids = np.empty(stop - start, dtype=np.int64)
@@ -269,9 +275,7 @@ class SingleProcess:
     ) -> None:
         """:meth:`Communicator.gather_rows` of one rank: its own rows, chunk by chunk."""
         assert sink is not None
-        row_bytes = int(rows.itemsize * np.prod(rows.shape[1:], dtype=np.int64))
-        for start, stop in _chunks(len(ids), row_bytes, chunk_bytes):
-            sink(np.asarray(ids[start:stop], dtype=np.int64), rows[start:stop])
+        _sink_in_chunks(np.asarray(ids, dtype=np.int64), rows, sink, chunk_bytes)
 
 
 @dataclass

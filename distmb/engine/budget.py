@@ -21,9 +21,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from distmb import machine
-from distmb.config import TrainConfig
+from distmb.config import TrainConfig, flag_of
 from distmb.errors import InputError
-from distmb.nn.models import parameter_count
+from distmb.nn.models import parameter_count, stack_widths
 from distmb.units import FLOAT32_BYTES
 
 #: float32 values per parameter during training: weights, gradients, Adam's two moments.
@@ -52,13 +52,18 @@ class MemoryItem:
 
     Args:
         what: what is held, in words.
-        flags: the flags that size it, as written on the command line.
+        options: the options (:class:`TrainConfig` fields) that size it.
         nbytes: the bound, in bytes.
     """
 
     what: str
-    flags: tuple[str, ...]
+    options: tuple[str, ...]
     nbytes: int
+
+    @property
+    def flags(self) -> tuple[str, ...]:
+        """The options as written on the command line (``--batch-size``, ...)."""
+        return tuple(flag_of(name) for name in self.options)
 
 
 @dataclass(frozen=True)
@@ -102,9 +107,7 @@ class GraphShape:
 def layer_widths(config: TrainConfig, feat_dim: int, num_classes: int) -> list[tuple[int, int]]:
     """``(input width, output width)`` of every layer, input layer first (GAT: all heads)."""
     heads = config.heads if config.model == "gat" else 1
-    ins = [feat_dim] + [config.hidden * heads] * (config.layers - 1)
-    outs = [config.hidden * heads] * (config.layers - 1) + [num_classes * heads]
-    return list(zip(ins, outs, strict=True))
+    return stack_widths(feat_dim, config.hidden * heads, num_classes * heads, config.layers)
 
 
 def sampled_sizes(
@@ -134,7 +137,7 @@ def estimate_memory(
     """
     f32 = FLOAT32_BYTES
     widths = layer_widths(config, graph.feat_dim, graph.num_classes)
-    model_flags = ("--hidden", "--layers") + (("--heads",) if config.model == "gat" else ())
+    model_options = ("hidden", "layers") + (("heads",) if config.model == "gat" else ())
     if params is None:
         params = parameter_count(
             config.model,
@@ -149,7 +152,7 @@ def estimate_memory(
     items = [
         MemoryItem(
             f"the {config.model} model ({params:,} parameters): weights, gradients, Adam state",
-            model_flags,
+            model_options,
             params * TRAINING_VALUES_PER_PARAMETER * f32,
         )
     ]
@@ -164,7 +167,7 @@ def estimate_memory(
     items.append(
         MemoryItem(
             f"{in_flight} mini-batches in flight: sampled blocks and gathered input features",
-            ("--batch-size", "--fanout", "--prefetch"),
+            ("batch_size", "fanout", "prefetch"),
             in_flight * (block_bytes + input_bytes),
         )
     )
@@ -177,7 +180,7 @@ def estimate_memory(
     items.append(
         MemoryItem(
             "one mini-batch's activations and their gradients",
-            ("--batch-size", "--fanout", "--hidden") + model_flags[2:],
+            ("batch_size", "fanout", "hidden") + model_options[2:],
             activations * f32,
         )
     )
@@ -187,7 +190,7 @@ def estimate_memory(
             MemoryItem(
                 f"a superbatch of {min(config.superbatch, steps)} sampled mini-batches "
                 "(belady inspector)",
-                ("--superbatch", "--batch-size", "--fanout"),
+                ("superbatch", "batch_size", "fanout"),
                 min(config.superbatch, steps) * block_bytes,
             )
         )
@@ -195,7 +198,7 @@ def estimate_memory(
         items.append(
             MemoryItem(
                 "the feature table loaded into memory",
-                ("--features",),
+                ("features",),
                 graph.n_local * graph.feat_dim * f32,
             )
         )
@@ -206,7 +209,7 @@ def estimate_memory(
     items.append(
         MemoryItem(
             "exact evaluation: one layer's inputs and outputs for every vertex, and a block",
-            ("--hidden", "--eval-batch-size"),
+            ("hidden", "eval_batch_size"),
             EVALUATION_TABLES * graph.n_local * widest * f32
             + eval_block[1] * BLOCK_BYTES_PER_EDGE
             + eval_block[2] * widest * f32,
@@ -219,7 +222,7 @@ def estimate_memory(
         items.append(
             MemoryItem(
                 f"historical embedding caches ({lines:,} lines per layer)",
-                ("--hec-size",),
+                ("hec_size",),
                 lines * sum(cached) * f32,
             )
         )
@@ -228,7 +231,7 @@ def estimate_memory(
         items.append(
             MemoryItem(
                 f"{pushes} embedding pushes in flight (sent and received rows)",
-                ("--hec-nc", "--hec-delay"),
+                ("hec_nc", "hec_delay"),
                 2 * pushes * rows_per_push * sum(w + 2 for w in cached) * f32,
             )
         )
@@ -248,25 +251,25 @@ def check_memory(
         return items
     largest = sorted(items, key=lambda item: item.nbytes, reverse=True)
     parts = "; ".join(
-        f"{item.what}: {item.nbytes / 2**30:.1f} GiB ({_flags(config, item.flags)})"
+        f"{item.what}: {item.nbytes / 2**30:.1f} GiB ({_flags(config, item.options)})"
         for item in largest
         if item.nbytes >= need / 100
     )
     raise InputError(
-        f"{_flags(config, largest[0].flags)}: this run needs about {need / 2**30:.1f} GiB per "
+        f"{_flags(config, largest[0].options)}: this run needs about {need / 2**30:.1f} GiB per "
         f"rank and this machine has {have / 2**30:.1f} GiB of memory. {parts}. Lower the flags "
         "of the largest part"
     )
 
 
-def _flags(config: TrainConfig, flags: Sequence[str]) -> str:
-    """``--batch-size 1000 --fanout 5,10,15`` with this run's values."""
+def _flags(config: TrainConfig, options: Sequence[str]) -> str:
+    """``--batch-size 1000 --fanout 5,10,15``: ``options`` with this run's values."""
     out = []
-    for flag in flags:
-        value = getattr(config, flag[2:].replace("-", "_"))
+    for name in options:
+        value = getattr(config, name)
         if isinstance(value, tuple | list):
             value = ",".join(str(v) for v in value)
-        out.append(f"{flag} {value}")
+        out.append(f"{flag_of(name)} {value}")
     return " ".join(out)
 
 

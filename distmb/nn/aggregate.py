@@ -109,6 +109,13 @@ def _use_fused(*tensors: Tensor) -> bool:
     return get_kernels() == "fused" and fused_aggregate.supports(*tensors)
 
 
+def check_layer_input(layer: str, x_src: Tensor, in_dim: int) -> None:
+    """Refuse a layer input that is not ``float[n_src, in_dim]`` (``layer``: the layer
+    class's name, for the message)."""
+    if x_src.dim() != 2 or x_src.shape[1] != in_dim:
+        raise ValueError(f"{layer} expects x_src [n_src, {in_dim}], got {tuple(x_src.shape)}")
+
+
 def _check_sources(block: Block, x_src: Tensor, name: str = "x_src") -> None:
     if x_src.shape[0] != block.n_src:
         raise ValueError(

@@ -16,7 +16,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from distmb.nn import fused_update
-from distmb.nn.aggregate import add_self_loops, edge_dst, edge_softmax, weighted_aggregate
+from distmb.nn.aggregate import (
+    add_self_loops,
+    check_layer_input,
+    edge_dst,
+    edge_softmax,
+    weighted_aggregate,
+)
 from distmb.nn.backend import get_kernels
 from distmb.sampling import Block
 
@@ -121,10 +127,7 @@ class GATConv(nn.Module):
         Returns:
             float[n_dst, heads * out_dim] if ``concat`` else float[n_dst, out_dim].
         """
-        if x_src.dim() != 2 or x_src.shape[1] != self.in_dim:
-            raise ValueError(
-                f"GATConv expects x_src [n_src, {self.in_dim}], got {tuple(x_src.shape)}"
-            )
+        check_layer_input("GATConv", x_src, self.in_dim)
         if x_src.shape[0] != block.n_src:
             raise ValueError(
                 f"x_src has {x_src.shape[0]} rows but the block has n_src={block.n_src} sources"

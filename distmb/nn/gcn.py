@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from distmb.nn.aggregate import add_self_loops, aggregate, in_degrees
+from distmb.nn.aggregate import add_self_loops, aggregate, check_layer_input, in_degrees
 from distmb.sampling import Block
 
 
@@ -79,10 +79,7 @@ class GCNConv(nn.Module):
         Returns:
             float[n_dst, out_dim], the dtype of ``x_src``.
         """
-        if x_src.dim() != 2 or x_src.shape[1] != self.in_dim:
-            raise ValueError(
-                f"GCNConv expects x_src [n_src, {self.in_dim}], got {tuple(x_src.shape)}"
-            )
+        check_layer_input("GCNConv", x_src, self.in_dim)
         if self.self_loops:
             block = add_self_loops(block)
         src_norm, dst_norm = symmetric_norms(block, x_src.dtype)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from distmb.nn.aggregate import aggregate
+from distmb.nn.aggregate import aggregate, check_layer_input
 from distmb.sampling import Block
 
 
@@ -70,10 +70,7 @@ class GINConv(nn.Module):
         Returns:
             float[n_dst, out_dim], the dtype of ``x_src``.
         """
-        if x_src.dim() != 2 or x_src.shape[1] != self.in_dim:
-            raise ValueError(
-                f"GINConv expects x_src [n_src, {self.in_dim}], got {tuple(x_src.shape)}"
-            )
+        check_layer_input("GINConv", x_src, self.in_dim)
         neighbours = aggregate(block, x_src, "sum")
         h = self.mlp((1 + self.eps.to(x_src.dtype)) * x_src[: block.n_dst] + neighbours)
         if self.activation:

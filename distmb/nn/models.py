@@ -37,6 +37,16 @@ LayerInput = Callable[[int, Block, Tensor], Tensor]
 MODELS = ("sage", "gat", "gcn", "gin")
 
 
+def stack_widths(
+    in_dim: int, hidden: int, num_classes: int, num_layers: int
+) -> list[tuple[int, int]]:
+    """``(input width, output width)`` of each layer of a stack ``in_dim -> hidden -> ... ->
+    num_classes`` of ``num_layers`` layers (input layer first)."""
+    _check_num_layers(num_layers)
+    dims = [in_dim] + [hidden] * (num_layers - 1)
+    return list(zip(dims, dims[1:] + [num_classes], strict=True))
+
+
 class BlockModel(nn.Module):
     """A stack of block layers: subclasses append one module per layer to :attr:`layers`
     (each called as ``layer(block, x_src)``) and give every layer's input width, here or by
@@ -56,6 +66,17 @@ class BlockModel(nn.Module):
     @property
     def num_layers(self) -> int:
         return len(self.layers)
+
+    def _stack(
+        self,
+        widths: Sequence[tuple[int, int]],
+        make_layer: Callable[[int, int, bool], nn.Module],
+    ) -> None:
+        """Append ``make_layer(d_in, d_out, last)`` for every ``(d_in, d_out)`` of ``widths``
+        (:func:`stack_widths`); the input widths become :meth:`layer_dims`."""
+        self._dims = [d_in for d_in, _ in widths]
+        for l, (d_in, d_out) in enumerate(widths):
+            self.layers.append(make_layer(d_in, d_out, l == len(widths) - 1))
 
     def layer_dims(self) -> list[int]:
         """Input width of every layer (``[in_dim, ...]``, one entry per layer)."""
@@ -166,14 +187,12 @@ class GraphSAGE(BlockModel):
         aggr: str = "mean",
     ) -> None:
         super().__init__()
-        _check_num_layers(num_layers)
-        self._dims = [in_dim] + [hidden] * (num_layers - 1)
-        out_dims = self._dims[1:] + [num_classes]
-        for l, (d_in, d_out) in enumerate(zip(self._dims, out_dims, strict=True)):
-            last = l == num_layers - 1
-            self.layers.append(
-                SAGEConv(d_in, d_out, aggr=aggr, activation=not last, dropout=dropout)
-            )
+        self._stack(
+            stack_widths(in_dim, hidden, num_classes, num_layers),
+            lambda d_in, d_out, last: SAGEConv(
+                d_in, d_out, aggr=aggr, activation=not last, dropout=dropout
+            ),
+        )
 
 
 class GAT(BlockModel):
@@ -248,14 +267,13 @@ class GCN(BlockModel):
         dropout: float = 0.5,
         self_loops: bool = True,
     ) -> None:
-        _check_num_layers(num_layers)
-        super().__init__([in_dim] + [hidden] * (num_layers - 1))
-        out_dims = self._dims[1:] + [num_classes]
-        for l, (d_in, d_out) in enumerate(zip(self._dims, out_dims, strict=True)):
-            last = l == num_layers - 1
-            self.layers.append(
-                GCNConv(d_in, d_out, activation=not last, dropout=dropout, self_loops=self_loops)
-            )
+        super().__init__()
+        self._stack(
+            stack_widths(in_dim, hidden, num_classes, num_layers),
+            lambda d_in, d_out, last: GCNConv(
+                d_in, d_out, activation=not last, dropout=dropout, self_loops=self_loops
+            ),
+        )
 
 
 class GIN(BlockModel):
@@ -283,21 +301,13 @@ class GIN(BlockModel):
         eps: float = 0.0,
         train_eps: bool = False,
     ) -> None:
-        _check_num_layers(num_layers)
-        super().__init__([in_dim] + [hidden] * (num_layers - 1))
-        out_dims = self._dims[1:] + [num_classes]
-        for l, (d_in, d_out) in enumerate(zip(self._dims, out_dims, strict=True)):
-            last = l == num_layers - 1
-            self.layers.append(
-                GINConv(
-                    d_in,
-                    d_out,
-                    eps=eps,
-                    train_eps=train_eps,
-                    activation=not last,
-                    dropout=dropout,
-                )
-            )
+        super().__init__()
+        self._stack(
+            stack_widths(in_dim, hidden, num_classes, num_layers),
+            lambda d_in, d_out, last: GINConv(
+                d_in, d_out, eps=eps, train_eps=train_eps, activation=not last, dropout=dropout
+            ),
+        )
 
 
 def _check_num_layers(num_layers: int) -> None:
@@ -317,23 +327,19 @@ def parameter_count(
 ) -> int:
     """The number of parameters :func:`build_model` would create, computed without building
     it (to refuse a model that cannot fit before allocating it)."""
-    if name in ("gcn", "gin"):
-        dims = [in_dim] + [hidden] * (num_layers - 1)
-        outs = dims[1:] + [num_classes]
-        if name == "gcn":  # W and bias
-            return sum(d * o + o for d, o in zip(dims, outs, strict=True))
-        # two linear layers with biases (+ eps when learned)
+    widths = stack_widths(in_dim, hidden, num_classes, num_layers)
+    if name == "gcn":  # W and bias
+        return sum(d * o + o for d, o in widths)
+    if name == "gin":  # two linear layers with biases (+ eps when learned)
         eps = 1 if gin_train_eps else 0
-        return sum(d * o + o + o * o + o + eps for d, o in zip(dims, outs, strict=True))
+        return sum(d * o + o + o * o + o + eps for d, o in widths)
     if name == "gat":
         dims = [in_dim] + [hidden * heads] * (num_layers - 1)
         outs = [hidden] * (num_layers - 1) + [num_classes]
         # fc (d_in x heads*d_out), bias, attn_l and attn_r (heads*d_out each)
         return sum(d * heads * o + 3 * heads * o for d, o in zip(dims, outs, strict=True))
-    dims = [in_dim] + [hidden] * (num_layers - 1)
-    outs = dims[1:] + [num_classes]
     weights_per_layer = 1 if aggr == "gcn" else 2  # fc_neigh (+ fc_self)
-    return sum(weights_per_layer * d * o + o for d, o in zip(dims, outs, strict=True))
+    return sum(weights_per_layer * d * o + o for d, o in widths)
 
 
 def build_model(

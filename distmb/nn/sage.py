@@ -6,7 +6,7 @@ import torch
 from torch import Tensor, nn
 
 from distmb.nn import fused_update
-from distmb.nn.aggregate import AGGREGATORS, aggregate
+from distmb.nn.aggregate import AGGREGATORS, aggregate, check_layer_input
 from distmb.nn.backend import get_kernels
 from distmb.sampling import Block
 
@@ -80,10 +80,7 @@ class SAGEConv(nn.Module):
         Returns:
             float[n_dst, out_dim].
         """
-        if x_src.dim() != 2 or x_src.shape[1] != self.in_dim:
-            raise ValueError(
-                f"SAGEConv expects x_src [n_src, {self.in_dim}], got {tuple(x_src.shape)}"
-            )
+        check_layer_input("SAGEConv", x_src, self.in_dim)
         if get_kernels() == "fused" and fused_update.supported(x_src, *self.parameters()):
             return self._forward_fused(block, x_src)
         if self.out_dim < self.in_dim:
