@@ -499,8 +499,9 @@ void aggregate_forward(const int64_t* indptr, const int64_t* indices, int64_t n_
 
 void aggregate_backward(const int64_t* indptr, int64_t n_dst, const int64_t* t_indptr,
                         const int64_t* t_dst, int64_t n_src, const float* grad_out, int64_t dim,
-                        AggKind kind, float* grad_x) {
-  // grad_x[u] = sum_{edges u -> v} scale[v] * grad_out[v]  (+ scale[u] * grad_out[u], gcn).
+                        AggKind kind, const float* addend, int64_t n_addend, float* grad_x) {
+  // grad_x[u] = sum_{edges u -> v} scale[v] * grad_out[v]  (+ scale[u] * grad_out[u], gcn)
+  //             (+ addend[u], u < n_addend).
   std::vector<float> scale(n_dst);
   const int64_t ahead = prefetch_rows(dim);
   const RowChunks srcs(t_indptr, n_src, dim * sizeof(float));
@@ -518,8 +519,13 @@ void aggregate_backward(const int64_t* indptr, int64_t n_dst, const int64_t* t_i
       nb.w_idx = t_dst + b;
     }
     const bool self = kind == AggKind::kGcn && u < n_dst;
-    gather_row(nb, 1, dim, self ? grad_out + u * dim : nullptr, self ? scale[u] : 0.0f, 1.0f,
-               grad_x + u * dim);
+    float* __restrict o = grad_x + u * dim;
+    gather_row(nb, 1, dim, self ? grad_out + u * dim : nullptr, self ? scale[u] : 0.0f, 1.0f, o);
+    if (u < n_addend) {
+      const float* __restrict a = addend + u * dim;
+#pragma omp simd
+      for (int64_t f = 0; f < dim; ++f) o[f] += a[f];
+    }
     return true;
   };
   for_rows(srcs, gather, kind == AggKind::kSum ? 0 : n_dst, set_scale);

@@ -101,7 +101,8 @@ void py_aggregate_forward(const py::array& indptr, const py::array& indices, int
 
 void py_aggregate_backward(const py::array& indptr, const py::array& t_indptr,
                            const py::array& t_dst, const py::array& grad_out, int64_t dim,
-                           const std::string& kind, const py::array& grad_x) {
+                           const std::string& kind, const py::array& grad_x,
+                           const py::object& addend) {
   agg_nonnegative(dim, "dim");
   const AggKind k = agg_kind(kind);
   const int64_t n_dst = indptr.size() - 1;
@@ -112,8 +113,18 @@ void py_aggregate_backward(const py::array& indptr, const py::array& t_indptr,
   const int64_t* td = agg_data<int64_t>(t_dst, ip[n_dst], "t_dst");
   const float* g = agg_data<float>(grad_out, n_dst * dim, "grad_out");
   float* gx = agg_data<float>(grad_x, n_src * dim, "grad_x", true);
+  const float* add = nullptr;
+  int64_t n_add = 0;
+  if (!addend.is_none()) {
+    const auto a = addend.cast<py::array>();
+    if (a.ndim() != 2 || a.shape(1) != dim || a.shape(0) > n_src)
+      throw py::value_error("aggregate_backward: addend must be [n_addend <= " +
+                            std::to_string(n_src) + ", " + std::to_string(dim) + "]");
+    n_add = a.shape(0);
+    add = agg_data<float>(a, n_add * dim, "addend");
+  }
   py::gil_scoped_release nogil;
-  aggregate_backward(ip, n_dst, tp, td, n_src, g, dim, k, gx);
+  aggregate_backward(ip, n_dst, tp, td, n_src, g, dim, k, add, n_add, gx);
 }
 
 void py_edge_softmax_forward(const py::array& indptr, const py::array& scores, int64_t heads,
@@ -240,7 +251,9 @@ void bind_aggregate(py::module_& m) {
         "out float32[n_dst, dim] = sum | mean | gcn of x float32[n_src, dim] over the CSR.");
   m.def("aggregate_backward", &py_aggregate_backward, py::arg("indptr"), py::arg("t_indptr"),
         py::arg("t_dst"), py::arg("grad_out"), py::arg("dim"), py::arg("kind"),
-        py::arg("grad_x"), "grad_x float32[n_src, dim] of aggregate_forward (transposed CSR).");
+        py::arg("grad_x"), py::arg("addend") = py::none(),
+        "grad_x float32[n_src, dim] of aggregate_forward (transposed CSR), plus addend "
+        "float32[n_addend, dim] on its first rows when given.");
   m.def("edge_softmax_forward", &py_edge_softmax_forward, py::arg("indptr"), py::arg("scores"),
         py::arg("heads"), py::arg("alpha"),
         "alpha float32[E, H] = per-destination softmax of scores float32[E, H].");

@@ -433,3 +433,34 @@ def test_transposed_csr_is_checked_alike_by_every_backward_kernel() -> None:
             _C.weighted_aggregate_backward(
                 t_ip, edges, edges, f32(2), f32(2, 3), f32(2, 3), 2, 1, 3, None, None
             )
+
+
+@pytest.mark.parametrize("kind", ["mean", "sum", "gcn"])
+@pytest.mark.parametrize("n_addend", [0, 4, 7])
+def test_aggregate_backward_adds_addend_to_first_rows(kind: str, n_addend: int) -> None:
+    """grad_x = (dense aggregation matrix)^T @ grad_out, plus the addend on rows < n_addend."""
+    block = make_block(5, 9, 4, seed=3)
+    grad_out = randn(5, 6, seed=1).double()
+    addend = randn(n_addend, 6, seed=2).double()
+    matrix = torch.zeros(5, 9, dtype=torch.float64)
+    deg = (block.indptr[1:] - block.indptr[:-1]).double()
+    for v in range(5):
+        weight = {"sum": 1.0, "mean": 1.0 / max(deg[v], 1), "gcn": 1 / (deg[v] + 1)}[kind]
+        for k in range(int(block.indptr[v]), int(block.indptr[v + 1])):
+            matrix[v, int(block.indices[k])] += weight
+        if kind == "gcn":
+            matrix[v, v] += 1.0 / (deg[v] + 1)
+    want = matrix.T @ grad_out
+    want[:n_addend] += addend
+    got = fused.aggregate_backward(block, kind, grad_out.float(), addend.float())
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)
+
+
+def test_aggregate_backward_addend_checked() -> None:
+    block = make_block(5, 9, 4, seed=3)
+    t = fused.block_transpose(block)
+    args = (block.indptr.numpy(), t.indptr.numpy(), t.dst.numpy(), randn(5, 6).numpy(), 6, "sum")
+    with pytest.raises(ValueError, match="addend must be"):
+        _C.aggregate_backward(*args, randn(9, 6).numpy(), randn(10, 6).numpy())
+    with pytest.raises(ValueError, match="addend must be"):
+        _C.aggregate_backward(*args, randn(9, 6).numpy(), randn(3, 5).numpy())

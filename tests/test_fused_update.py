@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from distmb import _C
-from distmb.nn import AGGREGATORS, GATConv, SAGEConv, build_model, fused_update
+from distmb.nn import AGGREGATORS, GATConv, SAGEConv, build_model, fused_aggregate, fused_update
 from distmb.nn.backend import get_kernels, set_kernels
 from distmb.sampling import Block
 
@@ -328,7 +328,7 @@ def spy(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
 
         return counted
 
-    monkeypatch.setattr(fused_update, "sage_update", wrap("sage", fused_update.sage_update))
+    monkeypatch.setattr(fused_update, "update_forward", wrap("sage", fused_update.update_forward))
     monkeypatch.setattr(fused_update, "gat_projection", wrap("gat", fused_update.gat_projection))
     return calls
 
@@ -428,3 +428,33 @@ def test_models_fused_matches_torch_and_float64_falls_back(
     model = model.double()
     model(blocks, x.double())
     assert spy[name] == fused_calls
+
+
+@pytest.mark.parametrize("aggr", AGGREGATORS)
+@pytest.mark.parametrize("dims", [(12, 5), (5, 12)], ids=str)
+def test_sage_conv_fused_without_input_gradient(
+    kernels_backend: None, monkeypatch: pytest.MonkeyPatch, aggr: str, dims: tuple[int, int]
+) -> None:
+    """A first layer (features need no gradient): the weight gradients equal the torch
+    path's, and aggregating first, no aggregation backward runs at all."""
+    calls = []
+    real = fused_aggregate.aggregate_backward
+    monkeypatch.setattr(
+        fused_aggregate, "aggregate_backward", lambda *a, **k: calls.append(1) or real(*a, **k)
+    )
+    torch.manual_seed(0)
+    conv = SAGEConv(*dims, aggr=aggr, activation=True)
+    block = make_block(23, 40, 6, seed=dims[0])
+    x = torch.randn(40, dims[0])
+    params = list(conv.parameters())
+    results = []
+    for kernels in ("fused", "torch"):
+        set_kernels(kernels)
+        out = conv(block, x)
+        results.append((out, grads(out, params, 21)))
+    (out_f, grads_f), (out_t, grads_t) = results
+    torch.testing.assert_close(out_f, out_t, rtol=1e-5, atol=1e-5)
+    for got, want in zip(grads_f, grads_t, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    project_first = dims[1] < dims[0]
+    assert (len(calls) > 0) == project_first

@@ -107,36 +107,53 @@ def _numpy_or_none(t: Tensor | None) -> np.ndarray | None:
 # --------------------------------------------------------------------------- mean / sum / gcn
 
 
+def aggregate_forward(block: Block, x: Tensor, kind: str) -> Tensor:
+    """``aggregate`` of x float32[n_src, F] (contiguous) -> float32[n_dst, F], no autograd."""
+    indptr, indices = _csr(block)
+    out = torch.empty(block.n_dst, x.shape[1], dtype=DTYPE)
+    _C.aggregate_forward(indptr, indices, block.n_src, _np(x), x.shape[1], kind, out.numpy())
+    return out
+
+
+def aggregate_backward(
+    block: Block, kind: str, grad_out: Tensor, addend: Tensor | None = None
+) -> Tensor:
+    """float32[n_src, F]: the gradient of :func:`aggregate_forward` for grad_out
+    float32[n_dst, F], plus ``addend`` float32[n_addend <= n_src, F] on the first rows.
+
+    The addend is the gradient of another use of the first source rows (a layer's self
+    term): summing it here saves a zero-filled full-size tensor and a full-size addition.
+    """
+    t = block_transpose(block)
+    dim = grad_out.shape[1]
+    grad_x = torch.empty(block.n_src, dim, dtype=DTYPE)
+    _C.aggregate_backward(
+        _np(block.indptr),
+        t.indptr.numpy(),
+        t.dst.numpy(),
+        _np(grad_out),
+        dim,
+        kind,
+        grad_x.numpy(),
+        None if addend is None else _np(addend),
+    )
+    return grad_x
+
+
 class _Aggregate(torch.autograd.Function):
     """``aggregate`` over x float32[n_src, F] (contiguous) -> float32[n_dst, F]."""
 
     @staticmethod
     def forward(ctx: FunctionCtx, x: Tensor, block: Block, kind: str) -> Tensor:
-        indptr, indices = _csr(block)
-        dim = x.shape[1]
-        out = torch.empty(block.n_dst, dim, dtype=DTYPE)
-        _C.aggregate_forward(indptr, indices, block.n_src, _np(x), dim, kind, out.numpy())
-        ctx.block, ctx.kind, ctx.dim = block, kind, dim
-        return out
+        ctx.block, ctx.kind = block, kind
+        return aggregate_forward(block, x, kind)
 
     @staticmethod
     @once_differentiable
     def backward(ctx: FunctionCtx, grad_out: Tensor) -> tuple[Tensor | None, None, None]:
         if not ctx.needs_input_grad[0]:
             return None, None, None
-        block: Block = ctx.block
-        t = block_transpose(block)
-        grad_x = torch.empty(block.n_src, ctx.dim, dtype=DTYPE)
-        _C.aggregate_backward(
-            _np(block.indptr),
-            t.indptr.numpy(),
-            t.dst.numpy(),
-            _np(grad_out),
-            ctx.dim,
-            ctx.kind,
-            grad_x.numpy(),
-        )
-        return grad_x, None, None
+        return aggregate_backward(ctx.block, ctx.kind, grad_out), None, None
 
 
 def aggregate(block: Block, x_src: Tensor, kind: str) -> Tensor:

@@ -85,6 +85,80 @@ def _check_p(p: float) -> None:
         raise ValueError(f"dropout probability must be in [0, 1], got {p}")
 
 
+def update_forward(
+    xs: Sequence[Tensor],
+    ws: Sequence[Tensor],
+    addend: Tensor | None,
+    bias: Tensor,
+    activation: bool,
+    p: float,
+    seed: int,
+) -> tuple[Tensor, Tensor | None]:
+    """One fused forward pass, no autograd: ``act(sum_s xs[s] @ ws[s]^T + addend + bias)``.
+
+    Args:
+        xs: float32[N, C_s] each (contiguous: see :func:`_contig`); ws: float32[K, C_s].
+        addend: float32[N, K] or None. bias: float32[K].
+        activation: ReLU + dropout ``p`` with ``seed`` (``p`` = 0: no dropout).
+
+    Returns:
+        ``(out float32[N, K], bits uint8[N, ceil(K / 8)] or None without activation)``:
+        the gate bits :func:`update_backward` needs.
+    """
+    n, k = _rows(xs, addend), bias.shape[0]
+    out = torch.empty(n, k, dtype=F32)
+    bits = torch.empty(n, _bits_per_row(k), dtype=torch.uint8) if activation else None
+    _C.update_forward(
+        [_np(x) for x in xs],
+        [_np(w) for w in ws],
+        _opt_np(_contig(addend)),
+        _np(bias.detach().contiguous()),
+        activation,
+        p if activation else 0.0,
+        seed,
+        _np(out),
+        _opt_np(bits),
+    )
+    return out, bits
+
+
+def update_backward(
+    grad_out: Tensor,
+    bits: Tensor | None,
+    scale: float,
+    xs: Sequence[Tensor],
+    ws: Sequence[Tensor],
+    need_xs: Sequence[bool],
+    need_ws: Sequence[bool],
+    need_bias: bool,
+    need_addend: bool,
+) -> tuple[Tensor | None, Tensor | None, list[Tensor | None], list[Tensor | None]]:
+    """The gradients of :func:`update_forward` for grad_out float32[N, K], no autograd.
+
+    ``bits`` and ``scale`` (the dropout scale ``1 / (1 - p)``; 1 without activation) come
+    from the forward call. Returns ``(grad_addend, grad_bias, grad_xs, grad_ws)``, None where
+    not needed.
+    """
+    grad_out = grad_out.contiguous()
+    n, k = grad_out.shape
+    grad_addend = torch.empty(n, k, dtype=F32) if need_addend else None
+    grad_bias = torch.empty(k, dtype=F32) if need_bias else None
+    grad_xs = [torch.empty_like(x) if need else None for x, need in zip(xs, need_xs, strict=True)]
+    grad_ws = [torch.empty_like(w) if need else None for w, need in zip(ws, need_ws, strict=True)]
+    _C.update_backward(
+        _np(grad_out),
+        _opt_np(bits),
+        scale,
+        [_np(x) for x in xs],
+        [_np(w) for w in ws],
+        [_opt_np(g) for g in grad_xs],
+        [_opt_np(g) for g in grad_ws],
+        _opt_np(grad_bias),
+        _opt_np(grad_addend),
+    )
+    return grad_addend, grad_bias, grad_xs, grad_ws
+
+
 class _SageUpdate(torch.autograd.Function):
     """Autograd node of :func:`sage_update`; sources are passed flat as ``x0, w0, x1, w1``."""
 
@@ -100,24 +174,10 @@ class _SageUpdate(torch.autograd.Function):
     ) -> Tensor:
         xs = [_contig(t) for t in xw[0::2]]
         ws = [_contig(t) for t in xw[1::2]]
-        n, k = _rows(xs, addend), bias.shape[0]
-        out = torch.empty(n, k, dtype=F32)
-        bits = torch.empty(n, _bits_per_row(k), dtype=torch.uint8) if activation else None
-        _C.update_forward(
-            [_np(x) for x in xs],
-            [_np(w) for w in ws],
-            _opt_np(_contig(addend)),
-            _np(bias.detach().contiguous()),
-            activation,
-            p if activation else 0.0,
-            seed,
-            _np(out),
-            _opt_np(bits),
-        )
+        out, bits = update_forward(xs, ws, addend, bias, activation, p, seed)
         ctx.save_for_backward(bits, *xs, *ws)
         ctx.nsrc = len(xs)
-        ctx.scale = _dropout_scale(p) if activation else 1.0
-        ctx.has_addend = addend is not None
+        ctx.scale = dropout_scale(p) if activation else 1.0
         return out
 
     @staticmethod
@@ -126,22 +186,16 @@ class _SageUpdate(torch.autograd.Function):
         bits, *rest = ctx.saved_tensors
         xs, ws = rest[: ctx.nsrc], rest[ctx.nsrc :]
         needs = ctx.needs_input_grad
-        grad_out = grad_out.contiguous()
-        n, k = grad_out.shape
-        grad_addend = torch.empty(n, k, dtype=F32) if needs[0] else None
-        grad_bias = torch.empty(k, dtype=F32) if needs[1] else None
-        grad_xs = [torch.empty_like(x) if needs[5 + 2 * s] else None for s, x in enumerate(xs)]
-        grad_ws = [torch.empty_like(w) if needs[6 + 2 * s] else None for s, w in enumerate(ws)]
-        _C.update_backward(
-            _np(grad_out),
-            _opt_np(bits),
+        grad_addend, grad_bias, grad_xs, grad_ws = update_backward(
+            grad_out,
+            bits,
             ctx.scale,
-            [_np(x) for x in xs],
-            [_np(w) for w in ws],
-            [_opt_np(g) for g in grad_xs],
-            [_opt_np(g) for g in grad_ws],
-            _opt_np(grad_bias),
-            _opt_np(grad_addend),
+            xs,
+            ws,
+            [needs[5 + 2 * s] for s in range(len(xs))],
+            [needs[6 + 2 * s] for s in range(len(ws))],
+            needs[1],
+            needs[0],
         )
         flat: list[Tensor | None] = []
         for gx, gw in zip(grad_xs, grad_ws, strict=True):
@@ -153,7 +207,8 @@ def _rows(xs: Sequence[Tensor], addend: Tensor | None) -> int:
     return addend.shape[0] if addend is not None else xs[0].shape[0]
 
 
-def _dropout_scale(p: float) -> float:
+def dropout_scale(p: float) -> float:
+    """The factor kept units are multiplied by: ``1 / (1 - p)`` (0 for ``p`` = 1)."""
     return 1.0 / (1.0 - p) if p < 1.0 else 0.0
 
 
@@ -187,13 +242,20 @@ def sage_update(
         raise ValueError("sage_update needs at least one source or an addend")
     if len(sources) > 2:
         raise ValueError(f"sage_update takes at most 2 sources, got {len(sources)}")
-    drop = activation and training and p > 0.0
-    if drop and seed is None:
-        seed = draw_seed()
+    p_eff, seed_eff = effective_dropout(activation, p, training, seed)
     flat = [t for pair in sources for t in pair]
-    return _SageUpdate.apply(
-        addend, bias, activation, p if drop else 0.0, seed if drop else 0, *flat
-    )
+    return _SageUpdate.apply(addend, bias, activation, p_eff, seed_eff, *flat)
+
+
+def effective_dropout(
+    activation: bool, p: float, training: bool, seed: int | None
+) -> tuple[float, int]:
+    """``(p, seed)`` for the kernels: ``(0, 0)`` where no dropout applies (no activation,
+    evaluation, ``p`` = 0), else ``p`` and ``seed`` (drawn with :func:`draw_seed` if None)."""
+    _check_p(p)
+    if not (activation and training and p > 0.0):
+        return 0.0, 0
+    return p, draw_seed() if seed is None else seed
 
 
 def linear(x: Tensor, weight: Tensor) -> Tensor:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from distmb.nn import fused_update
+from distmb.nn import fused_aggregate, fused_update
 from distmb.nn.aggregate import AGGREGATORS, aggregate, check_layer_input
 from distmb.nn.backend import get_kernels
 from distmb.sampling import Block
@@ -95,19 +95,111 @@ class SAGEConv(nn.Module):
         return h
 
     def _forward_fused(self, block: Block, x_src: Tensor) -> Tensor:
-        """The forward pass through the fused UPDATE kernels (same contract as forward)."""
-        self_term = [] if self.fc_self is None else [(x_src[: block.n_dst], self.fc_self.weight)]
-        kwargs = {"activation": self.activation, "p": self.dropout.p, "training": self.training}
-        if self.out_dim < self.in_dim:
-            h = aggregate(block, fused_update.linear(x_src, self.fc_neigh.weight), self.aggr)
-            return fused_update.sage_update(self_term, self.bias, addend=h, **kwargs)
-        h = aggregate(block, x_src, self.aggr)
-        return fused_update.sage_update(
-            [(h, self.fc_neigh.weight), *self_term], self.bias, **kwargs
+        """The forward pass through the fused kernels (same contract as forward)."""
+        p, seed = fused_update.effective_dropout(
+            self.activation, self.dropout.p, self.training, None
         )
+        w_self = None if self.fc_self is None else self.fc_self.weight
+        return _FusedSAGE.apply(
+            x_src, self.fc_neigh.weight, w_self, self.bias, block, self.aggr, self.activation,
+            p, seed,
+        )  # fmt: skip
 
     def extra_repr(self) -> str:
         return (
             f"{self.in_dim}, {self.out_dim}, aggr={self.aggr!r}, activation={self.activation}, "
             f"dropout={self.dropout.p}"
         )
+
+
+class _FusedSAGE(torch.autograd.Function):
+    """One autograd node for a whole fused SAGEConv: AGG and UPDATE forward and backward.
+
+    Aggregate first (``out_dim >= in_dim``)::
+
+        h = AGG(x_src)                                   float32[n_dst, in_dim]
+        out = act(h @ W_n^T + x_src[:n_dst] @ W_s^T + b)
+
+    Project first (``out_dim < in_dim``)::
+
+        h = AGG(x_src @ W_n^T)                           float32[n_dst, out_dim]
+        out = act(h + x_src[:n_dst] @ W_s^T + b)
+
+    ``x_src`` is used twice (all rows aggregated, the first ``n_dst`` rows as the self term).
+    Autograd would give each use a full-size gradient (the slice's zero-filled
+    float32[n_src, in_dim]) and add them; here the self term's gradient is summed into the
+    aggregation's backward pass (:func:`~distmb.nn.fused_aggregate.aggregate_backward`'s
+    addend), or added to the projection's input gradient in place, and no gradient of
+    ``x_src`` is computed at all when it needs none (the first layer's features).
+    """
+
+    @staticmethod
+    def forward(
+        ctx,
+        x_src: Tensor,
+        w_neigh: Tensor,
+        w_self: Tensor | None,
+        bias: Tensor,
+        block: Block,
+        aggr: str,
+        activation: bool,
+        p: float,
+        seed: int,
+    ) -> Tensor:
+        x = x_src.detach().contiguous()
+        wn = w_neigh.detach().contiguous()
+        ws = None if w_self is None else w_self.detach().contiguous()
+        n_dst = block.n_dst
+        self_x, self_w = ([], []) if ws is None else ([x[:n_dst]], [ws])
+        project = wn.shape[0] < wn.shape[1]
+        if project:
+            zero = torch.zeros(wn.shape[0], dtype=torch.float32)
+            z, _ = fused_update.update_forward([x], [wn], None, zero, False, 0.0, 0)
+            h = fused_aggregate.aggregate_forward(block, z, aggr)
+            out, bits = fused_update.update_forward(self_x, self_w, h, bias, activation, p, seed)
+            ctx.save_for_backward(x, wn, ws, bits)
+        else:
+            h = fused_aggregate.aggregate_forward(block, x, aggr)
+            out, bits = fused_update.update_forward(
+                [h, *self_x], [wn, *self_w], None, bias, activation, p, seed
+            )
+            ctx.save_for_backward(x, wn, ws, bits, h)
+        ctx.block, ctx.aggr, ctx.project = block, aggr, project
+        ctx.scale = fused_update.dropout_scale(p) if activation else 1.0
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out: Tensor) -> tuple[Tensor | None, ...]:
+        x, wn, ws, bits, *rest = ctx.saved_tensors
+        need_x, need_wn, need_ws, need_b = ctx.needs_input_grad[:4]
+        block: Block = ctx.block
+        n_dst = block.n_dst
+        self_x, self_w = ([], []) if ws is None else ([x[:n_dst]], [ws])
+        grad_x = grad_wn = grad_ws = None
+        if ctx.project:
+            grad_h, grad_b, grad_self, grad_self_w = fused_update.update_backward(
+                grad_out, bits, ctx.scale, self_x, self_w,
+                [need_x] * len(self_x), [need_ws] * len(self_w), need_b, need_x or need_wn,
+            )  # fmt: skip
+            if need_x or need_wn:
+                grad_z = fused_aggregate.aggregate_backward(block, ctx.aggr, grad_h)
+                _, _, (grad_x,), (grad_wn,) = fused_update.update_backward(
+                    grad_z, None, 1.0, [x], [wn], [need_x], [need_wn], False, False
+                )
+                if need_x and grad_self:
+                    grad_x[:n_dst] += grad_self[0]
+        else:
+            (h,) = rest
+            _, grad_b, grads_x, grads_w = fused_update.update_backward(
+                grad_out, bits, ctx.scale, [h, *self_x], [wn, *self_w],
+                [need_x] * (1 + len(self_x)), [need_wn, need_ws][: 1 + len(self_w)],
+                need_b, False,
+            )  # fmt: skip
+            grad_wn, grad_self_w = grads_w[0], grads_w[1:]
+            if need_x:
+                addend = grads_x[1] if len(grads_x) > 1 else None
+                grad_x = fused_aggregate.aggregate_backward(block, ctx.aggr, grads_x[0], addend)
+        if grad_self_w:
+            grad_ws = grad_self_w[0]
+        return grad_x, grad_wn, grad_ws, grad_b, None, None, None, None, None
