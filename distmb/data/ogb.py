@@ -120,7 +120,7 @@ class _Sources:
 
 
 @dataclass
-class _OgbArrays:
+class OgbArrays:
     """Parsed contents: src/dst int64[E], features float32[N, F], labels int64[N], splits."""
 
     src: np.ndarray
@@ -154,6 +154,32 @@ def load_ogb(directory: str, *, symmetrize: bool = True) -> Graph:
         from the cache or from an uncompressed ``data.npz``), labels int64[N]
         (:data:`UNLABELED` for ``nan``), the OGB split.
     """
+    arrays, notes, source = read_ogb_arrays(directory)
+    return Graph.from_edges(
+        dataset_name(Path(directory)),
+        arrays.src,
+        arrays.dst,
+        arrays.labels.shape[0],
+        arrays.features,
+        arrays.labels,
+        arrays.train_idx,
+        arrays.val_idx,
+        arrays.test_idx,
+        arrays.num_classes,
+        symmetrize=symmetrize,
+        source=source,
+        notes=notes,
+    )
+
+
+def read_ogb_arrays(directory: str) -> tuple[OgbArrays, list[str], str]:
+    """The arrays of an OGB directory without building the graph: edges and features
+    memory-mapped (from the cache, converted on a first load, or from an uncompressed
+    ``data.npz``), labels and splits in memory.
+
+    Returns:
+        (arrays, notes on what was read, the source to name in graph errors).
+    """
     d = Path(directory)
     if not d.is_dir():
         raise InputError(f"{d}: no such directory (expected an OGB dataset with {_LAYOUT})")
@@ -179,30 +205,16 @@ def load_ogb(directory: str, *, symmetrize: bool = True) -> Graph:
         f"{arrays.val_idx.size}/{arrays.test_idx.size})"
     )
     notes.append(unlabelled_note(arrays.labels))
-    return Graph.from_edges(
-        _dataset_name(d),
-        arrays.src,
-        arrays.dst,
-        arrays.labels.shape[0],
-        arrays.features,
-        arrays.labels,
-        arrays.train_idx,
-        arrays.val_idx,
-        arrays.test_idx,
-        arrays.num_classes,
-        symmetrize=symmetrize,
-        source=source,
-        notes=notes,
-    )
+    return arrays, notes, source
 
 
-def _read_csv_layout(d: Path, scheme: str, splits: dict[str, Path], notes: list[str]) -> _OgbArrays:
+def _read_csv_layout(d: Path, scheme: str, splits: dict[str, Path], notes: list[str]) -> OgbArrays:
     """The arrays of a CSV-layout directory, from the cache or parsed (and then cached)."""
     sources = _locate(d, scheme, splits)
     fp = sources.fingerprint()
     cached, reason = read_cache(d / CACHE_DIRNAME, fp, CSV_LAYOUT, _CACHE_ARRAYS)
     if cached is not None:
-        arrays = _OgbArrays(**cached.arrays, num_classes=cached.num_classes)
+        arrays = OgbArrays(**cached.arrays, num_classes=cached.num_classes)
         if _consistent(arrays):
             notes.append(f"cache hit: read {d / CACHE_DIRNAME}")
             return arrays
@@ -223,7 +235,7 @@ def _read_csv_layout(d: Path, scheme: str, splits: dict[str, Path], notes: list[
     return arrays
 
 
-def _consistent(arrays: _OgbArrays) -> bool:
+def _consistent(arrays: OgbArrays) -> bool:
     """Whether the shapes of (cached) arrays fit together."""
     n = arrays.labels.shape[0]
     return (
@@ -257,7 +269,7 @@ def fingerprint(root: Path, files: list[Path]) -> dict[str, list[int]]:
     return out
 
 
-def _dataset_name(d: Path) -> str:
+def dataset_name(d: Path) -> str:
     """The directory's basename, ``ogbn_x``/``ogbn-x`` normalised to ``ogbn-x``."""
     base = d.resolve().name
     if base.lower().startswith("ogbn"):
@@ -313,7 +325,7 @@ def _locate(d: Path, scheme: str, splits: dict[str, Path]) -> _Sources:
 # --------------------------------------------------------------------------------------------
 
 
-def _parse_raw(s: _Sources) -> _OgbArrays:
+def _parse_raw(s: _Sources) -> OgbArrays:
     """Parse every source file and check that they fit together."""
     labels, num_classes = _read_labels(s.label)
     num_nodes = labels.shape[0]
@@ -327,7 +339,7 @@ def _parse_raw(s: _Sources) -> _OgbArrays:
     num_edges = _read_count(s.num_edges, "edges") if s.num_edges is not None else None
     src, dst = _read_edges(s.edge, num_nodes, num_edges)
     splits = [_read_ids(s.splits[k], num_nodes) for k in SPLIT_NAMES]
-    return _OgbArrays(src, dst, features, labels, *splits, num_classes=num_classes)
+    return OgbArrays(src, dst, features, labels, *splits, num_classes=num_classes)
 
 
 def _read_count(path: Path, what: str) -> int:

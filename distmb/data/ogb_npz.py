@@ -44,8 +44,8 @@ from distmb.data.ogb import (
     CACHE_DIRNAME,
     CACHE_NOT_WRITTEN,
     NPZ_LAYOUT,
+    OgbArrays,
     _Cached,
-    _OgbArrays,
     _read_ids,
     check_split_labelled,
     class_ids,
@@ -92,7 +92,7 @@ class _Members:
 
 def read_npz_layout(
     d: Path, scheme: str, splits: dict[str, Path], notes: list[str]
-) -> tuple[_OgbArrays, str]:
+) -> tuple[OgbArrays, str]:
     """The arrays of a binary-layout directory (see the module docstring).
 
     Returns:
@@ -139,7 +139,7 @@ def read_npz_layout(
     else:
         features = memmap(m.features)
         notes.append(f"features: memory-mapped from raw/{DATA_FILE} (stored uncompressed)")
-    arrays = _OgbArrays(
+    arrays = OgbArrays(
         src, dst, features, a["labels"], *(a[k] for k in SPLIT_NAMES), cached.num_classes
     )
     return arrays, str(data_path)
