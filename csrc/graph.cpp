@@ -10,6 +10,10 @@
 
 namespace distmb {
 
+// build_in_csr compacts in place while duplicates are at most 1/kInPlaceCompactDivisor of the
+// scattered entries (the slack it then keeps), else into a right-sized copy.
+constexpr int64_t kInPlaceCompactDivisor = 8;
+
 CsrBuildStats build_in_csr(const int64_t* src, const int64_t* dst, int64_t num_edges,
                            int64_t num_nodes, bool symmetrize, bool drop_self_loops,
                            std::vector<int64_t>& indptr, std::vector<int64_t>& indices) {
@@ -80,12 +84,28 @@ CsrBuildStats build_in_csr(const int64_t* src, const int64_t* dst, int64_t num_e
   const int64_t kept = exclusive_scan_inplace(distinct.data(), num_nodes + 1);
   stats.duplicates = total - kept;
 
-  // 5. Compact into the final arrays.
-  indices.resize(kept);
+  // 5. Compact into the final arrays. With few duplicates, in place: row v moves left from
+  //    raw_ptr[v] to distinct[v] <= raw_ptr[v], in ascending v, so every row lands on entries
+  //    already read (sequential; only rows after the first duplicate move). The buffer keeps
+  //    its capacity (the duplicates' slack) but no second copy of the edges is ever held.
+  //    With many duplicates, a right-sized copy costs less memory from then on.
+  if (stats.duplicates <= total / kInPlaceCompactDivisor) {
+    int64_t v = 0;
+    while (v < num_nodes && distinct[v + 1] == raw_ptr[v + 1]) ++v;  // rows already in place
+    for (; v < num_nodes; ++v) {
+      const int64_t n = distinct[v + 1] - distinct[v];
+      if (distinct[v] != raw_ptr[v])  // dest < source: a forward copy is safe
+        std::copy_n(raw.data() + raw_ptr[v], n, raw.data() + distinct[v]);
+    }
+    raw.resize(kept);
+    indices.swap(raw);
+  } else {
+    indices.resize(kept);
 #pragma omp parallel for schedule(dynamic, 512)
-  for (int64_t v = 0; v < num_nodes; ++v) {
-    const int64_t n = distinct[v + 1] - distinct[v];
-    std::copy_n(raw.data() + raw_ptr[v], n, indices.data() + distinct[v]);
+    for (int64_t v = 0; v < num_nodes; ++v) {
+      const int64_t n = distinct[v + 1] - distinct[v];
+      std::copy_n(raw.data() + raw_ptr[v], n, indices.data() + distinct[v]);
+    }
   }
   indptr.swap(distinct);
   return stats;

@@ -23,7 +23,9 @@ struct CsrBuildStats {
 // in-edges: indices[indptr[v] .. indptr[v+1]) are the distinct sources of v, ascending.
 // With symmetrize every edge also yields dst -> src. With drop_self_loops, v -> v is dropped.
 // Throws std::out_of_range naming the first edge whose endpoint is outside [0, num_nodes).
-// Output is independent of the thread count.
+// Output is independent of the thread count. Memory: one buffer of the scattered entries
+// (2E with symmetrize), compacted in place unless over 1/8 of it are duplicates; the inputs
+// are only read (they may be read-only memory maps).
 CsrBuildStats build_in_csr(const int64_t* src, const int64_t* dst, int64_t num_edges,
                            int64_t num_nodes, bool symmetrize, bool drop_self_loops,
                            std::vector<int64_t>& indptr, std::vector<int64_t>& indices);

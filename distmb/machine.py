@@ -3,8 +3,21 @@
 from __future__ import annotations
 
 import os
+import platform
+from pathlib import Path
 
 from distmb.errors import InputError
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), else what :mod:`platform` says."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def physical_memory_bytes() -> int | None:

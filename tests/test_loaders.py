@@ -404,7 +404,7 @@ def test_ogb_corrupt_cache_is_rebuilt(tmp_path: Path) -> None:
 
 def test_ogb_interrupted_cache_write_leaves_no_cache(tmp_path: Path, monkeypatch) -> None:
     root = _write_ogb(tmp_path / "ogbn-tiny")
-    real_save = ogb_module._save_array
+    real_save = ogb_module.save_array
     calls = []
 
     def crash_on_third(path, arr):
@@ -413,12 +413,12 @@ def test_ogb_interrupted_cache_write_leaves_no_cache(tmp_path: Path, monkeypatch
             raise RuntimeError("simulated crash")
         return real_save(path, arr)
 
-    monkeypatch.setattr(ogb_module, "_save_array", crash_on_third)
+    monkeypatch.setattr(ogb_module, "save_array", crash_on_third)
     with pytest.raises(RuntimeError):
         load_ogb(str(root))
     assert not (root / CACHE_DIRNAME).exists()
     assert not [p for p in root.iterdir() if p.name.startswith(CACHE_TMP_PREFIX)]
-    monkeypatch.setattr(ogb_module, "_save_array", real_save)
+    monkeypatch.setattr(ogb_module, "save_array", real_save)
     assert any("no cache yet" in n for n in load_ogb(str(root)).notes)
     assert any(n.startswith("cache hit") for n in load_ogb(str(root)).notes)
 

@@ -1,6 +1,7 @@
 """``ogb:DIR``: an OGB node-property-prediction directory as downloaded, read without ``ogb``.
 
-Layout (all CSV files gzip'd, without header)::
+Two layouts, as OGB ships them (``master.csv``'s ``binary`` column decides which a dataset
+uses). The CSV layout (ogbn-arxiv, ogbn-products; all files gzip'd, without header)::
 
     DIR/raw/edge.csv.gz            E lines "src,dst"            (edge src -> dst)
     DIR/raw/node-feat.csv.gz       N lines of F numbers
@@ -8,6 +9,10 @@ Layout (all CSV files gzip'd, without header)::
     DIR/raw/num-node-list.csv.gz   optional: one line, N
     DIR/raw/num-edge-list.csv.gz   optional: one line, E (lets the edge arrays be preallocated)
     DIR/split/<scheme>/{train,valid,test}.csv.gz   one vertex id per line
+
+The binary layout (ogbn-papers100M) replaces the ``raw/`` CSV files by ``raw/data.npz`` and
+``raw/node-label.npz``; it is read by :mod:`distmb.data.ogb_npz`. A directory with
+``raw/edge.csv.gz`` is read as CSV, else one with ``raw/data.npz`` as binary.
 
 The CSVs are parsed block by block (:data:`BLOCK_BYTES` of text at a time, so memory stays
 bounded by the arrays themselves) and converted once to a binary cache ``DIR/distmb-cache/``
@@ -30,7 +35,7 @@ import tempfile
 import time
 import warnings
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,6 +65,8 @@ BLOCK_BYTES = 32 << 20
 CACHE_TMP_PREFIX = ".distmb-cache-tmp-"
 
 _CACHE_TRASH_PREFIX = ".distmb-cache-old-"
+#: How the note of a cache that could not be written starts.
+CACHE_NOT_WRITTEN = "cache not written"
 _META_FILE = "meta.json"
 
 #: Split file of each split array, in ``split/<scheme>/``.
@@ -79,15 +86,21 @@ _FLOAT_BYTES = _DIGITS + b"+-.eEnaiftyNAIFTY,\n"  # nan, inf, infinity in any ca
 _FIELD_SPACE = re.compile(rb"[ \t]*([,\n])[ \t]*")
 
 _REQUIRED_RAW = ("edge.csv.gz", "node-feat.csv.gz", "node-label.csv.gz")
+_SPLIT_LAYOUT = "split/<scheme>/{train,valid,test}.csv.gz"
 _LAYOUT = (
-    "raw/edge.csv.gz, raw/node-feat.csv.gz, raw/node-label.csv.gz and "
-    "split/<scheme>/{train,valid,test}.csv.gz"
+    f"raw/edge.csv.gz, raw/node-feat.csv.gz, raw/node-label.csv.gz and {_SPLIT_LAYOUT}"
+    f", or raw/data.npz, raw/node-label.npz and {_SPLIT_LAYOUT}"
 )
+#: Layout names recorded in the cache's ``meta.json`` (a cache without one is ``csv``).
+CSV_LAYOUT = "csv"
+NPZ_LAYOUT = "npz"
+#: Split file of OGB's own saver that is a torch pickle (never read).
+_PICKLED_SPLIT = "split_dict.pt"
 
 
 @dataclass
 class _Sources:
-    """The files of one OGB directory that a load reads."""
+    """The files of one OGB directory (CSV layout) that a load reads."""
 
     root: Path
     edge: Path
@@ -103,16 +116,11 @@ class _Sources:
         return [self.edge, self.feat, self.label, *optional, *self.splits.values()]
 
     def fingerprint(self) -> dict[str, list[int]]:
-        """``{path relative to root: [size, mtime_ns]}`` of every source file."""
-        out = {}
-        for path in self.files():
-            st = path.stat()
-            out[path.relative_to(self.root).as_posix()] = [st.st_size, st.st_mtime_ns]
-        return out
+        return fingerprint(self.root, self.files())
 
 
 @dataclass
-class _OgbArrays:
+class OgbArrays:
     """Parsed contents: src/dst int64[E], features float32[N, F], labels int64[N], splits."""
 
     src: np.ndarray
@@ -122,6 +130,14 @@ class _OgbArrays:
     train_idx: np.ndarray
     val_idx: np.ndarray
     test_idx: np.ndarray
+    num_classes: int
+
+
+@dataclass
+class _Cached:
+    """What a valid cache holds: arrays by name (memory-mapped where listed) and classes."""
+
+    arrays: dict[str, np.ndarray]
     num_classes: int
 
 
@@ -135,36 +151,12 @@ def load_ogb(directory: str, *, symmetrize: bool = True) -> Graph:
 
     Returns:
         A validated :class:`Graph`: features float32[N, F] (a read-only memory map when read
-        from the cache), labels int64[N] (:data:`UNLABELED` for ``nan``), the OGB split.
+        from the cache or from an uncompressed ``data.npz``), labels int64[N]
+        (:data:`UNLABELED` for ``nan``), the OGB split.
     """
-    d = Path(directory)
-    if not d.is_dir():
-        raise InputError(f"{d}: no such directory (expected an OGB dataset with {_LAYOUT})")
-    sources = _locate(d)
-    notes: list[str] = []
-    schemes = _schemes(d)
-    if len(schemes) > 1:
-        notes.append(
-            f"several split schemes in {d / 'split'} ({', '.join(schemes)}); "
-            f"used {sources.scheme!r}, the first in sorted order"
-        )
-    fingerprint = sources.fingerprint()
-    arrays, reason = _read_cache(d / CACHE_DIRNAME, fingerprint)
-    if arrays is not None:
-        notes.append(f"cache hit: read {d / CACHE_DIRNAME}")
-    else:
-        started = time.perf_counter()
-        arrays = _parse_raw(sources)
-        elapsed = time.perf_counter() - started
-        written = _write_cache(d, fingerprint, sources.scheme, arrays)
-        notes.append(f"cache miss ({reason}): parsed the CSV files in {elapsed:.1f} s; {written}")
-    notes.append(
-        f"split: OGB split/{sources.scheme} ({arrays.train_idx.size}/"
-        f"{arrays.val_idx.size}/{arrays.test_idx.size})"
-    )
-    notes.append(unlabelled_note(arrays.labels))
+    arrays, notes, source = read_ogb_arrays(directory)
     return Graph.from_edges(
-        _dataset_name(d),
+        dataset_name(Path(directory)),
         arrays.src,
         arrays.dst,
         arrays.labels.shape[0],
@@ -175,12 +167,109 @@ def load_ogb(directory: str, *, symmetrize: bool = True) -> Graph:
         arrays.test_idx,
         arrays.num_classes,
         symmetrize=symmetrize,
-        source=str(d),
+        source=source,
         notes=notes,
     )
 
 
-def _dataset_name(d: Path) -> str:
+def read_ogb_arrays(directory: str) -> tuple[OgbArrays, list[str], str]:
+    """The arrays of an OGB directory without building the graph: edges and features
+    memory-mapped (from the cache, converted on a first load, or from an uncompressed
+    ``data.npz``), labels and splits in memory.
+
+    Returns:
+        (arrays, notes on what was read, the source to name in graph errors).
+    """
+    d = Path(directory)
+    if not d.is_dir():
+        raise InputError(f"{d}: no such directory (expected an OGB dataset with {_LAYOUT})")
+    raw = d / "raw"
+    binary = not (raw / "edge.csv.gz").is_file() and (raw / "data.npz").is_file()
+    scheme, splits = locate_split(d)
+    notes: list[str] = []
+    schemes = _schemes(d)
+    if len(schemes) > 1:
+        notes.append(
+            f"several split schemes in {d / 'split'} ({', '.join(schemes)}); "
+            f"used {scheme!r}, the first in sorted order"
+        )
+    if binary:
+        from distmb.data.ogb_npz import read_npz_layout
+
+        arrays, source = read_npz_layout(d, scheme, splits, notes)
+    else:
+        arrays = _read_csv_layout(d, scheme, splits, notes)
+        source = str(d)
+    notes.append(
+        f"split: OGB split/{scheme} ({arrays.train_idx.size}/"
+        f"{arrays.val_idx.size}/{arrays.test_idx.size})"
+    )
+    notes.append(unlabelled_note(arrays.labels))
+    return arrays, notes, source
+
+
+def _read_csv_layout(d: Path, scheme: str, splits: dict[str, Path], notes: list[str]) -> OgbArrays:
+    """The arrays of a CSV-layout directory, from the cache or parsed (and then cached)."""
+    sources = _locate(d, scheme, splits)
+    fp = sources.fingerprint()
+    cached, reason = read_cache(d / CACHE_DIRNAME, fp, CSV_LAYOUT, _CACHE_ARRAYS)
+    if cached is not None:
+        arrays = OgbArrays(**cached.arrays, num_classes=cached.num_classes)
+        if _consistent(arrays):
+            notes.append(f"cache hit: read {d / CACHE_DIRNAME}")
+            return arrays
+        reason = f"invalid cache {d / CACHE_DIRNAME}: inconsistent array shapes"
+    started = time.perf_counter()
+    arrays = _parse_raw(sources)
+    split = {k: getattr(arrays, k) for k in SPLIT_NAMES}
+    check_split_labelled(arrays.labels, split, splits, sources.label)
+    elapsed = time.perf_counter() - started
+
+    def write(tmp: Path) -> dict[str, dict]:
+        return {
+            name: save_array(tmp / f"{name}.npy", getattr(arrays, name)) for name in _CACHE_ARRAYS
+        }
+
+    written = write_cache(d, fp, scheme, CSV_LAYOUT, arrays.num_classes, write)
+    notes.append(f"cache miss ({reason}): parsed the CSV files in {elapsed:.1f} s; {written}")
+    return arrays
+
+
+def _consistent(arrays: OgbArrays) -> bool:
+    """Whether the shapes of (cached) arrays fit together."""
+    n = arrays.labels.shape[0]
+    return (
+        arrays.src.shape == arrays.dst.shape
+        and arrays.features.ndim == 2
+        and arrays.features.shape[0] == n
+        and arrays.num_classes >= 1
+    )
+
+
+def check_split_labelled(
+    labels: np.ndarray, split: dict[str, np.ndarray], splits: dict[str, Path], label_file: Path
+) -> None:
+    """:class:`InputError` naming the split file when a split holds an unlabelled vertex."""
+    for name in SPLIT_NAMES:
+        idx = split[name]
+        bad = labels[idx] == UNLABELED
+        if bad.any():
+            raise InputError(
+                f"{splits[name]}: vertex {int(idx[np.argmax(bad)])} has no label (nan in "
+                f"{label_file.name}); a split may hold labelled vertices only"
+            )
+
+
+def fingerprint(root: Path, files: list[Path]) -> dict[str, list[int]]:
+    """``{path relative to root: [size, mtime_ns]}`` of every source file."""
+    out = {}
+    for path in files:
+        st = path.stat()
+        out[path.relative_to(root).as_posix()] = [st.st_size, st.st_mtime_ns]
+    return out
+
+
+def dataset_name(d: Path) -> str:
     """The directory's basename, ``ogbn_x``/``ogbn-x`` normalised to ``ogbn-x``."""
     base = d.resolve().name
     if base.lower().startswith("ogbn"):
@@ -195,15 +284,9 @@ def _schemes(d: Path) -> list[str]:
     return sorted(p.name for p in split_root.iterdir() if p.is_dir())
 
 
-def _locate(d: Path) -> _Sources:
-    """Find the source files; :class:`InputError` naming the first one missing."""
-    raw = d / "raw"
-    for name in _REQUIRED_RAW:
-        if not (raw / name).is_file():
-            hint = ""
-            if (raw / "data.npz").is_file():
-                hint = "; this dataset ships the binary raw/data.npz layout, which is not read"
-            raise InputError(f"{raw / name}: no such file (expected {_LAYOUT}){hint}")
+def locate_split(d: Path) -> tuple[str, dict[str, Path]]:
+    """(scheme, split file of each of :data:`SPLIT_NAMES`): the first ``split/<scheme>/`` in
+    sorted order; :class:`InputError` naming the first file missing."""
     schemes = _schemes(d)
     if not schemes:
         raise InputError(f"{d / 'split'}: no split scheme directory (expected {_LAYOUT})")
@@ -211,7 +294,19 @@ def _locate(d: Path) -> _Sources:
     splits = {k: d / "split" / scheme / f for k, f in _SPLIT_FILES.items()}
     for path in splits.values():
         if not path.is_file():
-            raise InputError(f"{path}: no such file (expected {_LAYOUT})")
+            hint = ""
+            if (path.parent / _PICKLED_SPLIT).is_file():
+                hint = f"; {_PICKLED_SPLIT} there is a torch pickle and is not read"
+            raise InputError(f"{path}: no such file (expected {_SPLIT_LAYOUT}){hint}")
+    return scheme, splits
+
+
+def _locate(d: Path, scheme: str, splits: dict[str, Path]) -> _Sources:
+    """The CSV layout's files; :class:`InputError` naming the first one missing."""
+    raw = d / "raw"
+    for name in _REQUIRED_RAW:
+        if not (raw / name).is_file():
+            raise InputError(f"{raw / name}: no such file (expected {_LAYOUT})")
     optional = {n: raw / f"{n}.csv.gz" for n in ("num-node-list", "num-edge-list")}
     return _Sources(
         root=d,
@@ -230,7 +325,7 @@ def _locate(d: Path) -> _Sources:
 # --------------------------------------------------------------------------------------------
 
 
-def _parse_raw(s: _Sources) -> _OgbArrays:
+def _parse_raw(s: _Sources) -> OgbArrays:
     """Parse every source file and check that they fit together."""
     labels, num_classes = _read_labels(s.label)
     num_nodes = labels.shape[0]
@@ -244,7 +339,7 @@ def _parse_raw(s: _Sources) -> _OgbArrays:
     num_edges = _read_count(s.num_edges, "edges") if s.num_edges is not None else None
     src, dst = _read_edges(s.edge, num_nodes, num_edges)
     splits = [_read_ids(s.splits[k], num_nodes) for k in SPLIT_NAMES]
-    return _OgbArrays(src, dst, features, labels, *splits, num_classes=num_classes)
+    return OgbArrays(src, dst, features, labels, *splits, num_classes=num_classes)
 
 
 def _read_count(path: Path, what: str) -> int:
@@ -260,22 +355,46 @@ def _read_count(path: Path, what: str) -> int:
 
 def _read_labels(path: Path) -> tuple[np.ndarray, int]:
     """(labels int64[N], num_classes) from one class id or ``nan`` per line."""
-    chunks = []
-    for first_line, values in _csv_blocks(path, np.float64, 1):
-        y = values[:, 0]
-        labelled = ~np.isnan(y)
-        bad = labelled & ((y < 0) | (y != np.floor(y)) | np.isinf(y))
+    chunks = [
+        class_ids(values[:, 0], path, lambda k, first=first_line: f"line {first + k}")
+        for first_line, values in _csv_blocks(path, np.float64, 1)
+    ]
+    labels = np.concatenate(chunks) if chunks else np.zeros(0, np.int64)
+    return labels, label_classes(labels, path)
+
+
+def class_ids(y: np.ndarray, path: Path, where: Callable[[int], str]) -> np.ndarray:
+    """int64 class ids of OGB labels ``y``: floats with ``nan`` for unlabelled (which becomes
+    :data:`UNLABELED`, never an integer cast of NaN), or integers with ``-1`` for unlabelled.
+    :class:`InputError` names ``path`` and ``where(k)`` of the first value that is not a
+    class id."""
+    if np.issubdtype(y.dtype, np.integer):
+        bad = y < UNLABELED
         if bad.any():
             k = int(np.argmax(bad))
             raise InputError(
-                f"{path}: line {first_line + k}: label {float(y[k])!r} is not a "
-                "class id (expected an integer >= 0, or nan for unlabelled)"
+                f"{path}: {where(k)}: label {int(y[k])} is not a class id (expected an "
+                f"integer >= 0, or {UNLABELED} for unlabelled)"
             )
-        chunks.append(np.where(labelled, y, UNLABELED).astype(np.int64))
-    labels = np.concatenate(chunks) if chunks else np.zeros(0, np.int64)
+        return y.astype(np.int64)
+    if not np.issubdtype(y.dtype, np.floating):
+        raise InputError(f"{path}: labels must be real numbers, got dtype {y.dtype}")
+    labelled = ~np.isnan(y)
+    bad = labelled & ((y < 0) | (y != np.floor(y)) | np.isinf(y))
+    if bad.any():
+        k = int(np.argmax(bad))
+        raise InputError(
+            f"{path}: {where(k)}: label {float(y[k])!r} is not a class id (expected an "
+            "integer >= 0, or nan for unlabelled)"
+        )
+    return np.where(labelled, y, UNLABELED).astype(np.int64)
+
+
+def label_classes(labels: np.ndarray, path: Path) -> int:
+    """num_classes of int64 labels (largest + 1); :class:`InputError` when none is labelled."""
     if not (labels != UNLABELED).any():
         raise InputError(f"{path}: no vertex has a label")
-    return labels, class_count(labels, str(path))
+    return class_count(labels, str(path))
 
 
 def _read_features(path: Path, num_nodes: int, label_path: Path) -> np.ndarray:
@@ -488,9 +607,11 @@ def _line(block: bytes, k: int) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-def _read_cache(cache: Path, fingerprint: dict[str, list[int]]) -> tuple[_OgbArrays | None, str]:
-    """The cached arrays when ``cache`` is complete and was built from these sources, else
-    ``(None, why not)``."""
+def read_cache(
+    cache: Path, fingerprint: dict[str, list[int]], layout: str, names: tuple[str, ...]
+) -> tuple[_Cached | None, str]:
+    """The cached arrays ``names`` when ``cache`` is complete, of ``layout`` and built from
+    these sources, else ``(None, why not)``. Arrays in :data:`_MMAP_ARRAYS` are memory-mapped."""
     if not cache.is_dir():
         return None, "no cache yet"
     try:
@@ -499,15 +620,12 @@ def _read_cache(cache: Path, fingerprint: dict[str, list[int]]) -> tuple[_OgbArr
             return None, f"cache version {meta.get('version')!r} is not {CACHE_VERSION}"
         if meta.get("sources") != fingerprint:
             return None, "the source files changed since the cache was built"
-        arrays = {
-            name: _read_cached_array(cache, name, meta["arrays"][name]) for name in _CACHE_ARRAYS
-        }
-        out = _OgbArrays(**arrays, num_classes=int(meta["num_classes"]))
+        if meta.get("layout", CSV_LAYOUT) != layout or sorted(meta["arrays"]) != sorted(names):
+            return None, "the cache holds other arrays than this load needs"
+        arrays = {name: _read_cached_array(cache, name, meta["arrays"][name]) for name in names}
+        out = _Cached(arrays, int(meta["num_classes"]))
     except (OSError, ValueError, KeyError, TypeError, AttributeError, EOFError) as exc:
         return None, f"invalid cache {cache}: {one_line(exc)}"
-    n = out.labels.shape[0]
-    if out.src.shape != out.dst.shape or out.features.shape[0] != n or out.num_classes < 1:
-        return None, f"invalid cache {cache}: inconsistent array shapes"
     return out, ""
 
 
@@ -526,41 +644,46 @@ def _read_cached_array(cache: Path, name: str, spec: dict) -> np.ndarray:
     return arr
 
 
-def _write_cache(
-    d: Path, fingerprint: dict[str, list[int]], scheme: str, arrays: _OgbArrays
+def write_cache(
+    d: Path,
+    fingerprint: dict[str, list[int]],
+    scheme: str,
+    layout: str,
+    num_classes: int,
+    write: Callable[[Path], dict[str, dict]],
 ) -> str:
     """Write the cache atomically into ``d / CACHE_DIRNAME``; returns a note of the outcome.
 
-    An unwritable directory or a full disk is not an error: the load goes on without cache.
+    ``write(tmp)`` writes the arrays as ``tmp/NAME.npy`` (flushed to disk) and returns the
+    ``meta.json`` entry of each (:func:`save_array`'s). An unwritable directory or a full disk
+    is not an error: the note says the cache was not written (start ``"cache not written"``).
     """
     try:
         tmp = Path(tempfile.mkdtemp(prefix=CACHE_TMP_PREFIX, dir=d))
     except OSError as exc:
-        return f"cache not written ({d} is not writable: {one_line(exc)})"
+        return f"{CACHE_NOT_WRITTEN} ({d} is not writable: {one_line(exc)})"
     try:
         os.chmod(tmp, stat.S_IMODE(d.stat().st_mode) & 0o777)  # mkdtemp makes it owner-only
-        specs = {
-            name: _save_array(tmp / f"{name}.npy", getattr(arrays, name)) for name in _CACHE_ARRAYS
-        }
         meta = {
             "version": CACHE_VERSION,
+            "layout": layout,
             "sources": fingerprint,
             "split_scheme": scheme,
-            "num_classes": arrays.num_classes,
-            "arrays": specs,
+            "num_classes": num_classes,
+            "arrays": write(tmp),
         }
         with open(tmp / _META_FILE, "w") as f:
             json.dump(meta, f, indent=1)
             f.flush()
             os.fsync(f.fileno())
-        return _install(tmp, d / CACHE_DIRNAME, fingerprint)
+        return _install(tmp, d / CACHE_DIRNAME, fingerprint, layout, tuple(meta["arrays"]))
     except OSError as exc:
-        return f"cache not written ({one_line(exc)})"
+        return f"{CACHE_NOT_WRITTEN} ({one_line(exc)})"
     finally:
         shutil.rmtree(tmp, ignore_errors=True)  # gone already when installed
 
 
-def _save_array(path: Path, arr: np.ndarray) -> dict:
+def save_array(path: Path, arr: np.ndarray) -> dict:
     """Write ``arr`` as ``.npy`` (flushed to disk); returns its meta entry."""
     with open(path, "wb") as f:
         np.save(f, arr, allow_pickle=False)
@@ -569,10 +692,12 @@ def _save_array(path: Path, arr: np.ndarray) -> dict:
     return {"bytes": path.stat().st_size, "dtype": arr.dtype.str, "shape": list(arr.shape)}
 
 
-def _install(tmp: Path, final: Path, fingerprint: dict[str, list[int]]) -> str:
+def _install(
+    tmp: Path, final: Path, fingerprint: dict[str, list[int]], layout: str, names: tuple[str, ...]
+) -> str:
     """Rename the finished ``tmp`` to ``final``, replacing a stale cache there."""
     if final.exists():
-        existing, _ = _read_cache(final, fingerprint)
+        existing, _ = read_cache(final, fingerprint, layout, names)
         if existing is not None:  # another process installed a valid cache meanwhile
             return f"cache {final} was written concurrently; kept that one"
         trash = Path(tempfile.mkdtemp(prefix=_CACHE_TRASH_PREFIX, dir=final.parent))

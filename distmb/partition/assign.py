@@ -15,8 +15,11 @@ import warnings
 import numpy as np
 
 from distmb.data.graph import Graph, csr_row_positions
+from distmb.errors import InputError
 
-METHODS = ("metis", "random")
+#: ``parmetis`` is computed by an MPI job (:mod:`distmb.partition.distributed`), then handed
+#: to :func:`~distmb.partition.pipeline.partition_graph` as ``part_of``.
+METHODS = ("metis", "random", "parmetis")
 
 #: METIS imbalance tolerance, in thousandths over perfect balance (METIS' ufactor).
 METIS_UFACTOR = 30
@@ -48,6 +51,11 @@ def assign_parts(
         )
     if method == "random":
         return random_parts(graph, parts, seed=seed)
+    if method == "parmetis":
+        raise InputError(
+            "--method parmetis assigns vertices in an MPI job: run distmb-partition under "
+            "mpiexec (docs/partitioning-at-scale.md)"
+        )
     raise ValueError(f"unknown method {method!r}; expected one of {METHODS}")
 
 

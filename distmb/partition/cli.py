@@ -41,7 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--method",
         choices=METHODS,
         default="metis",
-        help="metis: min edge cut; random: balanced random, for graphs too big for METIS",
+        help="metis: min edge cut; random: balanced random, for graphs too big for METIS; "
+        "parmetis: ParMETIS over the ranks of mpiexec, each reading a slice of the edges "
+        "(ogb:DIR; docs/partitioning-at-scale.md)",
     )
     p.add_argument("--seed", type=int, default=0, help="seed (same seed -> byte-identical output)")
     p.add_argument(
@@ -128,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     from distmb.data import load_dataset
 
     log = Progress(quiet=args.quiet)
+    if args.method == "parmetis":
+        return _main_parmetis(args, log)
     log(f"loading {args.dataset}")
     graph = load_dataset(args.dataset, symmetrize=not args.no_symmetrize, seed=args.split_seed)
     log(graph.summary())
@@ -150,6 +154,34 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(format_report(meta, graph_nbytes(graph)))
     print(f"partition written to {args.out}")
+    return 0
+
+
+def _main_parmetis(args: argparse.Namespace, log: Progress) -> int:
+    """``--method parmetis``: the MPI job of :mod:`distmb.partition.distributed` (run under
+    ``mpiexec``); rank 0 prints the report."""
+    from distmb.partition.distributed import partition_parmetis
+
+    result = partition_parmetis(
+        args.dataset,
+        args.parts,
+        args.out,
+        seed=args.seed,
+        symmetrize=not args.no_symmetrize,
+        split_seed=args.split_seed,
+        log=log,
+        balance_edges=args.balance_edges,
+        train_tolerance=args.train_tolerance,
+        vertex_tolerance=args.vertex_tolerance,
+        memory_budget_gib=args.memory_budget,
+        replicate_halo_features=args.replicate_halo_features,
+        features_layout=args.features_layout,
+        overwrite=args.overwrite,
+    )
+    if result is not None:
+        graph, meta = result
+        print(format_report(meta, graph_nbytes(graph)))
+        print(f"partition written to {args.out}")
     return 0
 
 

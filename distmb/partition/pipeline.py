@@ -51,12 +51,16 @@ def partition_graph(
     features_layout: str = "npy",
     overwrite: bool = False,
     progress: Progress | None = None,
+    part_of: np.ndarray | None = None,
+    extra_options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Partition ``graph`` into ``parts`` parts and write them to ``out_dir``.
 
     Args:
-        method: ``"metis"`` (min edge cut, balanced vertices and training vertices) or
-            ``"random"`` (balanced, for graphs METIS cannot hold in memory).
+        method: ``"metis"`` (min edge cut, balanced vertices and training vertices),
+            ``"random"`` (balanced, for graphs METIS cannot hold in memory) or
+            ``"parmetis"`` (the assignment ``part_of`` computed by an MPI job,
+            :mod:`distmb.partition.distributed`).
         seed: makes the output byte-identical across runs.
         balance_edges: also balance in-edges per part (a third METIS constraint).
         train_tolerance: after METIS, move training vertices until max/mean <= 1 + this.
@@ -70,6 +74,9 @@ def partition_graph(
         features_layout: ``"npy"`` or ``"ooc"`` (aligned raw row files for out-of-core
             reads, ``--features ooc``).
         overwrite: replace an existing ``out_dir``.
+        part_of: int[num_nodes] part of every vertex, computed elsewhere (``parmetis``); it
+            is rebalanced like METIS' and recorded as ``method``.
+        extra_options: more entries for ``partition.json``'s ``partitioner`` record.
 
     Returns:
         The metadata written to ``partition.json``.
@@ -85,21 +92,26 @@ def partition_graph(
     budget = default_memory_budget_gib() if memory_budget_gib is None else memory_budget_gib
     if budget <= 0:
         raise InputError(f"--memory-budget must be > 0 GiB, got {budget}")
+    if (part_of is None) == (method == "parmetis"):
+        raise InputError("part_of is given exactly when method is 'parmetis'")
     fraction = metis_edge_fraction(graph, budget * 2**30) if method == "metis" else 1.0
     if fraction < 1.0:
         log(
             f"METIS would exceed the {budget:.1f} GiB memory budget: it partitions a uniform "
             f"{100 * fraction:.0f} % sample of the edges (--memory-budget to change)"
         )
-    log(f"assigning {graph.num_nodes} vertices to {parts} parts ({method}, seed {seed})")
-    part_of = assign_parts(
-        graph,
-        parts,
-        method=method,
-        seed=seed,
-        balance_edges=balance_edges,
-        metis_edge_fraction=fraction,
-    )
+    if part_of is None:
+        log(f"assigning {graph.num_nodes} vertices to {parts} parts ({method}, seed {seed})")
+        part_of = assign_parts(
+            graph,
+            parts,
+            method=method,
+            seed=seed,
+            balance_edges=balance_edges,
+            metis_edge_fraction=fraction,
+        )
+    else:
+        part_of = _checked_assignment(part_of, graph.num_nodes, parts)
     moved_train, moved_other = rebalance_train_and_vertices(
         graph, part_of, parts, train_tolerance=train_tolerance, vertex_tolerance=vertex_tolerance
     )
@@ -114,6 +126,7 @@ def partition_graph(
         "metis_edge_fraction": round(fraction, 4),
         "train_vertices_moved": moved_train,
         "other_vertices_moved": moved_other,
+        **(extra_options or {}),
     }
     meta = write_partition(
         graph,
@@ -128,6 +141,18 @@ def partition_graph(
     )
     log(f"wrote {out_dir}; peak memory {peak_rss_bytes() / 2**30:.2f} GiB")
     return meta
+
+
+def _checked_assignment(part_of: np.ndarray, num_nodes: int, parts: int) -> np.ndarray:
+    """A given assignment as int32[num_nodes] with every part in ``[0, parts)``."""
+    part_of = np.asarray(part_of)
+    if part_of.shape != (num_nodes,) or not np.issubdtype(part_of.dtype, np.integer):
+        raise InputError(
+            f"part_of must be int[{num_nodes}], got {part_of.dtype}{list(part_of.shape)}"
+        )
+    if num_nodes and (part_of.min() < 0 or part_of.max() >= parts):
+        raise InputError(f"part_of holds parts outside [0, {parts})")
+    return part_of.astype(np.int32)
 
 
 def check_partition_args(
