@@ -12,15 +12,13 @@ attention coefficients::
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from distmb.nn import fused_update
 from distmb.nn.aggregate import (
     add_self_loops,
+    attention_softmax,
     check_layer_input,
-    edge_dst,
-    edge_softmax,
     weighted_aggregate,
 )
 from distmb.nn.backend import get_kernels
@@ -147,11 +145,8 @@ class GATConv(nn.Module):
             z = z.view(block.n_src, self.heads, self.out_dim)
             el = (z * self.attn_l).sum(-1)  # [n_src, H]
             er = (z[: block.n_dst] * self.attn_r).sum(-1)  # [n_dst, H]
-        scores = F.leaky_relu(
-            el.index_select(0, block.indices) + er.index_select(0, edge_dst(block)),
-            negative_slope=self.negative_slope,
-        )
-        alpha = self.attn_dropout(edge_softmax(block, scores))  # [E, H]
+        alpha = attention_softmax(block, el, er, self.negative_slope)  # [E, H]
+        alpha = self.attn_dropout(alpha)
         out = weighted_aggregate(block, alpha, z)  # [n_dst, H, D]
         out = out.reshape(block.n_dst, -1) if self.concat else out.mean(1)
         if self.activation:
