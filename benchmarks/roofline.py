@@ -2,11 +2,12 @@
 
 For every thread count of ``--threads`` the script, in one run:
 
-1. measures the machine's ceilings at that thread count: the peak GEMM rate (``torch.mm``
-   of two float32 ``4096 x 4096`` matrices, median of ``--peak-reps``) and the memory
-   bandwidth (``distmb._C.stream_copy`` of a 1 GiB array, far beyond the last-level cache,
-   GB/s counting bytes read + written; median). A cache-resident copy is measured too, for
-   context only;
+1. measures the machine's ceilings at that thread count, before and after its epochs (each
+   ceiling: the median of both sets of ``--peak-reps`` samples, so that a load that comes or
+   goes during the epochs weighs on the ceilings as on the epochs): the peak GEMM rate
+   (``torch.mm`` of two float32 ``4096 x 4096`` matrices) and the memory bandwidth
+   (``distmb._C.stream_copy`` of a 1 GiB array, far beyond the last-level cache, GB/s
+   counting bytes read + written). A cache-resident copy is measured too, for context only;
 2. trains ``--epochs`` epochs of GraphSAGE with the paper's defaults (3 layers, hidden 256,
    fan-out 5,10,15, batch 1000, fused kernels, ``--prefetch 0`` so that the phases run one
    after the other on this thread) and times every fused kernel per layer by wrapping the
@@ -534,45 +535,67 @@ def load_facts() -> dict[str, Any]:
 # --------------------------------------------------------------------------- peaks
 
 
-def _median_seconds(fn: Callable[[], Any], reps: int) -> tuple[float, list[float]]:
-    """One warm-up call of ``fn``, then the median and all of ``reps`` timed calls."""
+def _sample_seconds(fn: Callable[[], Any], reps: int) -> list[float]:
+    """One warm-up call of ``fn``, then the seconds of ``reps`` timed calls."""
     fn()
     times = []
     for _ in range(reps):
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
-    return statistics.median(times), times
+    return times
 
 
-def peak_gemm_gflops(size: int, reps: int) -> dict[str, Any]:
-    """``torch.mm`` of two float32 ``size x size`` matrices at torch's current thread
-    count: median GFLOP/s (``2 size^3`` FLOPs per product) and every sample."""
+def gemm_gflops_samples(size: int, reps: int) -> list[float]:
+    """GFLOP/s of ``reps`` ``torch.mm`` of two float32 ``size x size`` matrices at torch's
+    current thread count (``2 size^3`` FLOPs per product)."""
     gen = torch.Generator().manual_seed(0)
     a, b = torch.randn(size, size, generator=gen), torch.randn(size, size, generator=gen)
     c = torch.empty(size, size)
     flops = FLOPS_PER_FMA * size**3
-    median, times = _median_seconds(lambda: torch.mm(a, b, out=c), reps)
-    return {
-        "size": size,
-        "gflops": round(flops / median / _GIGA, 2),
-        "samples_gflops": [round(flops / t / _GIGA, 2) for t in times],
-    }
+    return [flops / t / _GIGA for t in _sample_seconds(lambda: torch.mm(a, b, out=c), reps)]
 
 
-def copy_bandwidth_gbps(array_bytes: int, reps: int) -> dict[str, Any]:
-    """``distmb._C.stream_copy`` (OpenMP copy at the C++ kernels' thread count) of
-    ``array_bytes``: median GB/s counting bytes read + written, and every sample."""
+def copy_gbps_samples(array_bytes: int, reps: int) -> list[float]:
+    """GB/s (bytes read + written) of ``reps`` ``distmb._C.stream_copy`` (OpenMP copy at the
+    C++ kernels' thread count) of ``array_bytes``."""
     n = array_bytes // F32_BYTES
     src = np.ones(n, np.float32)
     dst = np.zeros(n, np.float32)  # touched: no page faults are timed
     moved = 2 * n * F32_BYTES
-    median, times = _median_seconds(lambda: _C.stream_copy(src, dst), reps)
+    return [moved / t / _GIGA for t in _sample_seconds(lambda: _C.stream_copy(src, dst), reps)]
+
+
+def measure_peaks(args: argparse.Namespace) -> dict[str, list[float]]:
+    """Samples of the three ceilings at the current thread count: ``gemm`` (GFLOP/s),
+    ``copy`` and ``copy_cache_resident`` (GB/s)."""
     return {
-        "array_bytes": n * F32_BYTES,
-        "gbps": round(moved / median / _GIGA, 2),
-        "samples_gbps": [round(moved / t / _GIGA, 2) for t in times],
+        "gemm": gemm_gflops_samples(args.gemm_size, args.peak_reps),
+        "copy": copy_gbps_samples(args.copy_mib << 20, args.peak_reps),
+        "copy_cache_resident": copy_gbps_samples(args.cache_copy_mib << 20, args.peak_reps),
     }
+
+
+def combine_peaks(
+    before: dict[str, list[float]], after: dict[str, list[float]], args: argparse.Namespace
+) -> dict[str, dict[str, Any]]:
+    """The ceilings measured before and after a thread count's epochs, as reported: each
+    the median of both sets of samples (``gflops`` / ``gbps``), plus the samples."""
+    sizes = {
+        "gemm": {"size": args.gemm_size},
+        "copy": {"array_bytes": args.copy_mib << 20},
+        "copy_cache_resident": {"array_bytes": args.cache_copy_mib << 20},
+    }
+    out = {}
+    for name, extra in sizes.items():
+        unit = "gflops" if name == "gemm" else "gbps"
+        out[name] = {
+            **extra,
+            unit: round(statistics.median(before[name] + after[name]), 2),
+            "samples_before": [round(v, 2) for v in before[name]],
+            "samples_after": [round(v, 2) for v in after[name]],
+        }
+    return out
 
 
 # --------------------------------------------------------------------------- epochs
@@ -652,13 +675,12 @@ def run_threads(local: LocalGraph, threads: int, args: argparse.Namespace) -> di
         threads=threads, prefetch=args.prefetch, seed=args.seed,
     )  # fmt: skip
     set_threads(config)
-    peaks = {
-        "gemm": peak_gemm_gflops(args.gemm_size, args.peak_reps),
-        "copy": copy_bandwidth_gbps(args.copy_mib << 20, args.peak_reps),
-        "copy_cache_resident": copy_bandwidth_gbps(args.cache_copy_mib << 20, args.peak_reps),
-    }
-    peak_gflops, bandwidth = peaks["gemm"]["gflops"], peaks["copy"]["gbps"]
-    print(f"threads {threads}: GEMM {peak_gflops} GFLOP/s, copy {bandwidth} GB/s", flush=True)
+    before = measure_peaks(args)
+    print(
+        f"threads {threads}: GEMM {statistics.median(before['gemm']):.1f} GFLOP/s, "
+        f"copy {statistics.median(before['copy']):.2f} GB/s",
+        flush=True,
+    )
     trainer = Trainer(local, config, log=lambda _: None)
     model = trainer.model
     if not isinstance(model, GraphSAGE):
@@ -696,6 +718,12 @@ def run_threads(local: LocalGraph, threads: int, args: argparse.Namespace) -> di
                     f"GEMM FLOPs counted from the blocks ({counted}) differ from the kernel "
                     f"calls' ({called}): sage_layer_work no longer matches distmb/nn/sage.py"
                 )
+    peaks = combine_peaks(before, measure_peaks(args), args)
+    print(
+        f"threads {threads}: ceilings before + after the epochs: GEMM "
+        f"{peaks['gemm']['gflops']} GFLOP/s, copy {peaks['copy']['gbps']} GB/s",
+        flush=True,
+    )
     return _summarise(threads, peaks, epochs, widths)
 
 
