@@ -865,7 +865,8 @@ def plot(result: dict[str, Any], path: Path) -> None:
     reference_line(frac, 1.0, "attainable (roofline)", color="black")
     frac.set_xticks(range(len(shown)), shown)
     rotate_labels(frac)
-    set_scale(frac, values)
+    if set_scale(frac, values) == "linear":  # room above the 1.0 line for the legend
+        frac.set_ylim(0.0, max([1.0, *values]) * 1.3)
     frac.set_ylabel("achieved / attainable")
     frac.set_title("fraction of the roofline")
     frac.legend(fontsize=7)
