@@ -45,14 +45,24 @@ class IterationWork:
 
     Attributes:
         gemm_flops: FLOPs of the UPDATE products, forward and backward.
+        gemm_by_shape: the same per layer as ``(c, k, flops)`` (input and output width of
+            the layer's products), to price each at its own rate.
+        grad_input_bytes: bytes of the input-gradient buffers of the layers past the first
+            (``n_src * c * 4`` each): autograd zero-fills, accumulates and reads them around
+            the kernels (the backward of the destinations' slice ``x_src[:n_dst]`` and of the
+            concatenation with the halo rows); priced at a calibrated number of passes.
         agg_bytes: bytes the aggregation kernels read and write, forward and backward.
-        hec_bytes: bytes of historical-cache traffic in memory: rows looked up, pushed
-            (gathered into the send buffer) and stored on arrival.
+        hec_bytes: bytes of halo traffic in memory: the cache's rows looked up, pushed
+            (gathered into the send buffer) and stored on arrival, and the copy of every
+            layer input that has halo rows (``torch.cat`` of the computed and halo rows:
+            ``n_src * c * 4`` read and written).
     """
 
     gemm_flops: float
     agg_bytes: float
     hec_bytes: float = 0.0
+    gemm_by_shape: tuple[tuple[int, int, float], ...] = ()
+    grad_input_bytes: float = 0.0
 
     @property
     def memory_bytes(self) -> float:
@@ -66,6 +76,7 @@ def sage_iteration_work(
     block_src: Sequence[float],
     block_edges: Sequence[float],
     hec_rows: Sequence[float] | None = None,
+    block_halo: Sequence[float] | None = None,
 ) -> IterationWork:
     """The work of one GraphSAGE iteration (module docstring) from its block sizes.
 
@@ -76,6 +87,8 @@ def sage_iteration_work(
             and aggregated edges of the iteration's blocks (averages are fine).
         hec_rows: per layer, rows the historical cache moved in memory (lookups + pushed +
             received), each a (``VID_o``, ``d_l``-wide row) message; None: no cache.
+        block_halo: per layer, halo leaves of the blocks; a layer with some has its input
+            concatenated from the computed and the halo rows. None: no halo.
 
     Raises:
         ValueError: the arrays do not have one value per layer.
@@ -84,9 +97,13 @@ def sage_iteration_work(
     for name, values in (("block_dst", block_dst), ("block_src", block_src)):
         if len(values) != layers:
             raise ValueError(f"{name} has {len(values)} values, expected {layers} (one per layer)")
-    if len(block_edges) != layers or (hec_rows is not None and len(hec_rows) != layers):
-        raise ValueError(f"block_edges and hec_rows need {layers} values (one per layer)")
-    flops = agg = hec = 0.0
+    for values in (block_edges, hec_rows, block_halo):
+        if values is not None and len(values) != layers:
+            raise ValueError(
+                f"block_edges, hec_rows, block_halo need {layers} values (one per layer)"
+            )
+    flops = agg = hec = grad_input = 0.0
+    by_shape = []
     for layer in range(layers):
         c, k = dims[layer], dims[layer + 1]
         n_dst, n_src, edges = (
@@ -102,13 +119,65 @@ def sage_iteration_work(
             forward = 2 * FLOPS_PER_FMA * n_dst * c * k
             width = c
         flops += forward * (2 if first else 3)
+        by_shape.append((c, k, forward * (2 if first else 3)))
         row = width * FLOAT32_BYTES
         agg += edges * (row + AGG_FWD_INDEX_BYTES) + n_dst * row
         if not first:
             agg += edges * (row + AGG_BWD_INDEX_BYTES) + n_src * row
+            grad_input += n_src * c * FLOAT32_BYTES
         if hec_rows is not None:
             hec += float(hec_rows[layer]) * row_message_bytes(dims[layer])
-    return IterationWork(flops, agg, hec)
+        if block_halo is not None and block_halo[layer] > 0:
+            hec += 2 * n_src * c * FLOAT32_BYTES  # the concatenated layer input
+    return IterationWork(flops, agg, hec, tuple(by_shape), grad_input)
+
+
+@dataclass(frozen=True)
+class LayerShape:
+    """How one layer's block grows from its destinations (per-seed ratios, measured).
+
+    Attributes:
+        edges_per_dst: sampled edges per destination (the fan-out, less where the degree is
+            smaller).
+        unique: sources per (destinations + sampled edges): below 1 where several edges
+            reach the same vertex.
+        halo_fraction: halo leaves per source (the sources owned by another rank; they are
+            leaves, not expanded by the layer below).
+        edge_keep: aggregated edges per sampled edge (the halo scheme drops the edges of
+            missed halo leaves; 1 without misses).
+    """
+
+    edges_per_dst: float
+    unique: float
+    halo_fraction: float = 0.0
+    edge_keep: float = 1.0
+
+
+def chain_blocks(layers: Sequence[LayerShape], seeds: float) -> dict[str, list[float]]:
+    """Block sizes of a batch of ``seeds`` seeds, from the seeds' layer down: the last
+    layer has ``seeds`` destinations; layer ``l`` samples ``edges_per_dst`` edges per
+    destination, has ``unique * (dst + edges)`` sources of which ``halo_fraction`` are halo
+    leaves, and the others are the destinations of layer ``l - 1``.
+
+    Returns:
+        ``dst``, ``src``, ``halo``, ``edges_sampled``, ``edges`` (aggregated), each a list
+        with one value per layer, input layer first.
+    """
+    count = len(layers)
+    out: dict[str, list[float]] = {
+        k: [0.0] * count for k in ("dst", "src", "halo", "edges_sampled", "edges")
+    }
+    dst = float(seeds)
+    for layer in reversed(range(count)):
+        shape = layers[layer]
+        sampled = shape.edges_per_dst * dst
+        src = shape.unique * (dst + sampled)
+        halo = shape.halo_fraction * src
+        out["dst"][layer], out["src"][layer], out["halo"][layer] = dst, src, halo
+        out["edges_sampled"][layer] = sampled
+        out["edges"][layer] = shape.edge_keep * sampled
+        dst = src - halo
+    return out
 
 
 # -- rates -------------------------------------------------------------------------------------
@@ -117,18 +186,35 @@ class CoreRates:
     """Throughputs of one core, measured (``benchmarks/scaling.py``, one thread).
 
     Attributes:
-        flop_rate: FLOP/s of the fused UPDATE kernel, forward + backward.
+        flop_rate: FLOP/s of the fused UPDATE kernel, forward + backward (shapes without a
+            rate of their own).
         agg_bandwidth: bytes/s of the fused aggregation kernels by :func:`sage_iteration_work`'s
             byte count (rows gathered by index: below the copy bandwidth).
         copy_bandwidth: bytes/s of a streaming copy (read + write), the yardstick the socket's
             bandwidth is scaled by.
         sample_edge_s: CPU seconds of the sampler per sampled edge.
+        gemm_rates: ``(c, k, FLOP/s)`` of the fused UPDATE at a layer's widths (a
+            ``c -> k`` layer with ``c = 100`` runs at another rate than ``256 -> 256``).
     """
 
     flop_rate: float
     agg_bandwidth: float
     copy_bandwidth: float
     sample_edge_s: float = 0.0
+    gemm_rates: tuple[tuple[int, int, float], ...] = ()
+
+    def gemm_rate(self, c: int, k: int) -> float:
+        """FLOP/s of a ``c -> k`` layer's products (:attr:`flop_rate` when not measured)."""
+        for rc, rk, rate in self.gemm_rates:
+            if (rc, rk) == (c, k):
+                return rate
+        return self.flop_rate
+
+    def gemm_seconds(self, work: IterationWork) -> float:
+        """One core's seconds of ``work``'s products, each layer at its widths' rate."""
+        if not work.gemm_by_shape:
+            return work.gemm_flops / self.flop_rate
+        return sum(flops / self.gemm_rate(c, k) for c, k, flops in work.gemm_by_shape)
 
 
 @dataclass(frozen=True)
@@ -141,7 +227,8 @@ class Socket:
         parallel_efficiency: fraction of ``cores`` times the one-core FLOP rate that the
             kernels reach (an assumption, stated where used).
         stream_bandwidth: bytes/s of the socket's memory (STREAM-like copy).
-        serial_speed: speed of one core of the socket relative to the measured core, for the
+        core_speed: speed of one of its cores relative to the measured core (the clock
+            ratio for cores of the same vector width), applied to the FLOP rate and to the
             per-iteration serial overhead (Python, framework); 1.0 = the same.
     """
 
@@ -149,11 +236,13 @@ class Socket:
     cores: int
     parallel_efficiency: float
     stream_bandwidth: float
-    serial_speed: float = 1.0
+    core_speed: float = 1.0
 
-    def flop_rate(self, core: CoreRates) -> float:
-        """FLOP/s of the socket: ``cores * efficiency`` times the core's."""
-        return core.flop_rate * self.cores * self.parallel_efficiency
+    @property
+    def flop_scale(self) -> float:
+        """The socket's FLOP rate over one measured core's: ``cores * efficiency *
+        core_speed``."""
+        return self.core_speed * self.cores * self.parallel_efficiency
 
     def bandwidth_scale(self, core: CoreRates) -> float:
         """How many measured cores' worth of memory bandwidth the socket has: the
@@ -312,42 +401,57 @@ def relative_error(predicted: float, measured: float) -> float:
 # -- the compute of a rank ---------------------------------------------------------------------
 @dataclass(frozen=True)
 class ComputeModel:
-    """CPU seconds of one iteration on one core:
-    ``gemm_flops / flop_rate + memory_bytes / agg_bandwidth + overhead_s``.
+    """CPU seconds of one iteration on one core: the products at their widths' rates, the
+    memory traffic (aggregation, cache, and ``grad_passes`` passes over the input-gradient
+    buffers) at the aggregation bandwidth, and a serial overhead.
 
     Attributes:
         rates: the core's measured rates.
-        overhead_s: seconds per iteration the work counts do not price (Python, the
-            framework, loss and optimizer), calibrated on one run (:func:`calibrate`).
+        overhead_s: serial seconds per iteration (Python, the framework, loss, optimizer),
+            measured on a model too small to compute anything.
+        grad_passes: passes over :attr:`IterationWork.grad_input_bytes`, calibrated on one
+            run (:func:`calibrate`).
     """
 
     rates: CoreRates
     overhead_s: float
+    grad_passes: float = 0.0
+
+    def memory_bytes(self, work: IterationWork) -> float:
+        """The bytes priced at the memory bandwidth."""
+        return work.memory_bytes + self.grad_passes * work.grad_input_bytes
+
+    def priced_seconds(self, work: IterationWork) -> float:
+        """The FLOP and byte terms (no overhead)."""
+        return self.rates.gemm_seconds(work) + self.memory_bytes(work) / self.rates.agg_bandwidth
 
     def seconds(self, work: IterationWork) -> float:
         return self.priced_seconds(work) + self.overhead_s
 
-    def priced_seconds(self, work: IterationWork) -> float:
-        """The FLOP and byte terms alone."""
-        return work.gemm_flops / self.rates.flop_rate + work.memory_bytes / self.rates.agg_bandwidth
-
     def on_socket(self, work: IterationWork, socket: Socket) -> float:
         """Seconds of the same iteration on ``socket``: FLOPs at the socket's rate, bytes at
         the core's aggregation bandwidth times :meth:`Socket.bandwidth_scale`, the overhead
-        serial (divided by ``socket.serial_speed`` only)."""
+        serial (divided by ``socket.core_speed`` only)."""
         return (
-            work.gemm_flops / socket.flop_rate(self.rates)
-            + work.memory_bytes / (self.rates.agg_bandwidth * socket.bandwidth_scale(self.rates))
-            + self.overhead_s / socket.serial_speed
+            self.rates.gemm_seconds(work) / socket.flop_scale
+            + self.memory_bytes(work)
+            / (self.rates.agg_bandwidth * socket.bandwidth_scale(self.rates))
+            + self.overhead_s / socket.core_speed
         )
 
 
-def calibrate(rates: CoreRates, work: IterationWork, measured_s: float) -> ComputeModel:
-    """The model whose overhead makes ``work`` cost ``measured_s`` (CPU seconds per
-    iteration of the calibration run). The overhead may come out negative when the rates
-    under-price the work; it is kept as is (and reported)."""
-    probe = ComputeModel(rates, 0.0)
-    return ComputeModel(rates, measured_s - probe.priced_seconds(work))
+def calibrate(
+    rates: CoreRates, work: IterationWork, measured_s: float, overhead_s: float = 0.0
+) -> ComputeModel:
+    """The model whose ``grad_passes`` make ``work`` cost ``measured_s`` (CPU seconds per
+    iteration of the calibration run), given the serial ``overhead_s``. Without input-
+    gradient bytes the remainder goes to the overhead instead. The passes may come out
+    negative when the rates over-price the work; they are kept as they are (and reported)."""
+    base = ComputeModel(rates, overhead_s)
+    rest = measured_s - base.seconds(work)
+    if work.grad_input_bytes <= 0:
+        return ComputeModel(rates, overhead_s + rest)
+    return ComputeModel(rates, overhead_s, rest * rates.agg_bandwidth / work.grad_input_bytes)
 
 
 # -- an epoch ----------------------------------------------------------------------------------

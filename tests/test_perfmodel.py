@@ -41,6 +41,9 @@ def test_sage_work_counts_by_hand():
     assert work.gemm_flops == 768 + 384
     assert work.agg_bytes == 288 + 56 + 84
     assert work.hec_bytes == 5 * (8 + 4 * 8)
+    # Layer 1 with halo leaves: its 3 x 8-wide input is concatenated (read and written).
+    halo = sage_iteration_work([4, 8, 2], [3, 1], [5, 3], [10, 3], [0, 5], block_halo=[0, 1])
+    assert halo.hec_bytes == 5 * (8 + 4 * 8) + 2 * 3 * 8 * 4
     assert work.memory_bytes == work.agg_bytes + work.hec_bytes
     with pytest.raises(ValueError, match="one per layer"):
         sage_iteration_work([4, 8, 2], [3], [5, 3], [10, 3])
@@ -110,25 +113,47 @@ def test_alpha_beta_collectives():
     assert small_alltoall_seconds(5, NET) == pytest.approx(3e-6)
 
 
+def test_each_layer_is_priced_at_its_widths_rate():
+    rates = CoreRates(100e9, 5e9, 10e9, gemm_rates=((4, 8, 50e9),))
+    work = sage_iteration_work([4, 8, 2], [3, 1], [5, 3], [10, 3])
+    # layer 0 (4 -> 8, 768 FLOPs) at 50 GF/s, layer 1 (8 -> 2, 384 FLOPs) at the default
+    assert rates.gemm_seconds(work) == pytest.approx(768 / 50e9 + 384 / 100e9)
+    assert rates.gemm_rate(8, 2) == 100e9
+    assert RATES.gemm_seconds(IterationWork(1e9, 0.0)) == pytest.approx(0.01)
+
+
 def test_calibration_reproduces_its_run_and_prices_other_work():
-    work = IterationWork(gemm_flops=2e9, agg_bytes=1e8, hec_bytes=0.0)
-    model = calibrate(RATES, work, measured_s=0.05)  # priced 0.02 + 0.02: overhead 0.01
-    assert model.overhead_s == pytest.approx(0.01)
+    # priced: 2e9 / 100e9 + 1e8 / 5e9 = 0.04; overhead 0.004; the remaining 0.006 s are
+    # passes over 1e7 input-gradient bytes at 5 GB/s (0.002 s each): 3 passes.
+    work = IterationWork(gemm_flops=2e9, agg_bytes=1e8, grad_input_bytes=1e7)
+    model = calibrate(RATES, work, measured_s=0.05, overhead_s=0.004)
+    assert model.grad_passes == pytest.approx(3.0)
     assert model.seconds(work) == pytest.approx(0.05)
-    other = IterationWork(gemm_flops=1e9, agg_bytes=0.0, hec_bytes=5e7)
-    assert model.seconds(other) == pytest.approx(0.01 + 0.01 + 0.01)
+    other = IterationWork(gemm_flops=1e9, agg_bytes=0.0, hec_bytes=5e7, grad_input_bytes=5e6)
+    assert model.seconds(other) == pytest.approx(0.01 + 0.01 + 3 * 5e6 / 5e9 + 0.004)
+    # No input-gradient bytes: the remainder is overhead.
+    flat = calibrate(RATES, IterationWork(2e9, 1e8), measured_s=0.05)
+    assert flat.overhead_s == pytest.approx(0.01) and flat.grad_passes == 0.0
+
+
+def test_sage_work_counts_input_gradient_buffers_past_the_first_layer():
+    work = sage_iteration_work([4, 8, 2], [3, 1], [5, 3], [10, 3])
+    assert work.grad_input_bytes == 3 * 8 * 4  # layer 1: 3 sources of width 8
 
 
 def test_socket_scaling_caps_bandwidth_at_the_socket():
     socket = Socket("s", cores=40, parallel_efficiency=0.5, stream_bandwidth=100e9)
-    assert socket.flop_rate(RATES) == pytest.approx(100e9 * 20)
+    assert socket.flop_scale == pytest.approx(20)
+    slower = Socket("t", cores=40, parallel_efficiency=0.5, stream_bandwidth=100e9, core_speed=0.5)
+    assert slower.flop_scale == pytest.approx(10)
+    assert ComputeModel(RATES, 0.002).on_socket(IterationWork(0.0, 0.0), slower) == 0.004
     assert socket.bandwidth_scale(RATES) == pytest.approx(10.0)  # 100 GB/s over 10 per core
     wide = Socket("w", cores=4, parallel_efficiency=1.0, stream_bandwidth=100e9)
     assert wide.bandwidth_scale(RATES) == 4.0  # the cores' own, under the socket's cap
-    model = ComputeModel(RATES, overhead_s=0.002)
-    work = IterationWork(gemm_flops=4e10, agg_bytes=5e9)
-    # 4e10 / 2e12 + 5e9 / (5e9 * 10) + 0.002
-    assert model.on_socket(work, socket) == pytest.approx(0.02 + 0.1 + 0.002)
+    model = ComputeModel(RATES, overhead_s=0.002, grad_passes=2.0)
+    work = IterationWork(gemm_flops=4e10, agg_bytes=5e9, grad_input_bytes=1e9)
+    # 4e10 / 2e12 + (5e9 + 2 * 1e9) / (5e9 * 10) + 0.002
+    assert model.on_socket(work, socket) == pytest.approx(0.02 + 0.14 + 0.002)
 
 
 def test_iterations_and_epoch_projection():
