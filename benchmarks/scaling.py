@@ -1,8 +1,9 @@
 """Scaling model of multi-rank training: measured at P = 1, 2, 4, 8 here, fitted, and
 projected to ogbn-products and ogbn-papers100M at 16, 32 and 64 ranks (docs/scaling.md).
 
-1. **Core rates** (one thread): the fused UPDATE kernel's FLOP rate, the fused aggregation's
-   bandwidth, a streaming copy's bandwidth.
+1. **Core rates** (one thread, CPU time): the fused UPDATE kernel's FLOP rate at every
+   layer width of the two models, the fused aggregation's bandwidth, a streaming copy's
+   bandwidth, and the serial per-iteration overhead (a model too small to compute).
 2. **Runs**: for each graph shape (products: average degree 50, 100 features, 47 classes;
    papers: degree 29, 128 features, 172 classes), a synthetic graph is generated and
    partitioned (METIS, halo features replicated) into 1, 2, 4 and 8 parts, and GraphSAGE with
@@ -17,16 +18,18 @@ projected to ogbn-products and ogbn-papers100M at 16, 32 and 64 ranks (docs/scal
 3. **Block sizes vs graph size** (sampling only): per-seed block sizes at P = 1 on larger
    graphs of each shape, to carry the measured work to the real graphs' sizes.
 4. **Model and fits** (:mod:`distmb.perfmodel`): per-iteration compute from counted FLOPs and
-   bytes at the core rates plus an overhead calibrated on P = 1, checked against every
-   rank of P = 2, 4, 8; trends in ``log2 P`` of halo fraction, hit rates, push bytes,
-   per-seed work and imbalance, checked by fitting P <= 4 and predicting P = 8.
+   bytes at the core rates, with the passes over the input-gradient buffers calibrated on
+   P = 1, checked against every rank of P = 2, 4, 8; the block sizes' layer ratios, hit
+   rates, halo fraction, cut and imbalances as trends in ``log2 P`` of P = 2, 4, 8, checked
+   by fitting P = 2, 4 and predicting P = 8; pushes at the per-peer cap ``nc (P - 1)``.
 5. **Projection** of epoch time for the real graphs at P = 2 ... 64 on stated sockets and
-   networks.
+   networks, with the bound of batches that keep their one-rank size.
 
 Writes ``results/scaling.json`` and ``results/scaling.png``.
 
-    python benchmarks/scaling.py            # ~15-20 min on 2 cores
-    python benchmarks/scaling.py --quick    # tiny graphs, 1 epoch, P = 1, 2: a smoke run
+    python benchmarks/scaling.py              # 20-30 min on a shared 2-core machine
+    python benchmarks/scaling.py --reanalyse  # fits, projection, figure, tables of the JSON
+    python benchmarks/scaling.py --quick --out /tmp/q.json   # 20k vertices, P = 1, 2, 2 epochs
 """
 
 from __future__ import annotations

@@ -13,11 +13,13 @@ from distmb.perfmodel import (
     ComputeModel,
     CoreRates,
     IterationWork,
+    LayerShape,
     Network,
     Socket,
     Trend,
     alltoall_seconds,
     calibrate,
+    chain_blocks,
     fit_trend,
     iterations_per_epoch,
     project_epoch,
@@ -186,3 +188,18 @@ def test_iterations_and_epoch_projection():
     assert proj.iteration_s == pytest.approx(want_iter)
     assert proj.epoch_s == pytest.approx(50 * want_iter)
     assert proj.as_dict()["epoch_s"] == pytest.approx(proj.epoch_s)
+
+
+def test_chain_blocks_builds_a_batch_from_the_seeds_down():
+    """Two layers, 10 seeds. Top layer: 4 edges per seed = 40, sources 0.5 * (10 + 40) = 25,
+    a fifth of them halo (5), 30 of 40 edges kept; its 20 computed sources are layer 0's
+    destinations: 2 edges each = 40, sources 0.75 * 60 = 45, no halo, every edge kept."""
+    layers = [LayerShape(2.0, 0.75), LayerShape(4.0, 0.5, halo_fraction=0.2, edge_keep=0.75)]
+    blocks = chain_blocks(layers, 10)
+    assert blocks == {
+        "dst": [20.0, 10.0],
+        "src": [45.0, 25.0],
+        "halo": [0.0, 5.0],
+        "edges_sampled": [40.0, 40.0],
+        "edges": [40.0, 30.0],
+    }
