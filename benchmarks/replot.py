@@ -29,10 +29,11 @@ def _draw(name: str) -> Callable[[Any, dict, Path], None]:
         "kernels": lambda m, d, png: m.write_plot(d, png),
         "out_of_core": lambda m, d, png: m.plot(d, png),
         "distributed": lambda m, d, png: m.plot(d, png),
+        "scaling": lambda m, d, png: m.plot(d, png),
     }[name]
 
 
-BENCHMARKS = ("partition", "sampling", "kernels", "out_of_core", "distributed")
+BENCHMARKS = ("partition", "sampling", "kernels", "out_of_core", "distributed", "scaling")
 
 
 def main(argv: list[str] | None = None) -> int:

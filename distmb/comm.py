@@ -16,15 +16,15 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from distmb.units import row_message_bytes
+from distmb.units import FLOAT32_BYTES, row_message_bytes
 
 if TYPE_CHECKING:
     from distmb.watchdog import CollectiveWatchdog
@@ -68,6 +68,8 @@ class Communicator:
         self.rank: int = self.comm.Get_rank()
         self.size: int = self.comm.Get_size()
         self._grad_buffer: torch.Tensor | None = None
+        #: Gradient all-reduces since the last reset (the trainer resets it every epoch).
+        self.allreduce_stats = AllreduceStats()
         #: Marks each collective below while set (:mod:`distmb.watchdog`; the trainer sets it
         #: for ``--collective-timeout``).
         self.watchdog: CollectiveWatchdog | None = None
@@ -128,6 +130,8 @@ class Communicator:
         buf = flat.numpy()
         with self.watched("gradient allreduce"):
             self.comm.Allreduce(_mpi().IN_PLACE, buf, op=_mpi().SUM)
+        self.allreduce_stats.calls += 1
+        self.allreduce_stats.payload_bytes += total * FLOAT32_BYTES
         flat.div_(self.size)
         offset = 0
         for p in params:
@@ -248,6 +252,10 @@ class SingleProcess:
     rank = 0
     size = 1
 
+    def __init__(self) -> None:
+        #: Always zero: one rank reduces nothing.
+        self.allreduce_stats = AllreduceStats()
+
     def allreduce_max(self, value: float) -> float:
         return value
 
@@ -304,14 +312,57 @@ def _fit(buf: np.ndarray, n: int) -> np.ndarray:
 
 @dataclass
 class PushStats:
-    """Traffic and waiting of one layer's pushes since the last reset."""
+    """Traffic and waiting of one layer's pushes since the last reset.
+
+    Attributes:
+        rows_sent, bytes_sent: (``VID_o``, row) messages this rank sent to its peers and
+            their bytes (:func:`~distmb.units.row_message_bytes`).
+        rows_received, bytes_received: the same for the messages that arrived here
+            (counted when an exchange finishes).
+        wait_s: wall seconds waiting for exchanges to finish (``Waitall``).
+        mpi_s, mpi_cpu_s: wall and calling-thread CPU seconds inside every MPI call of the
+            pushes (the blocking count ``Alltoall``, posting the ``Ialltoallv``, the
+            ``Waitall``): what the pushes cost the training thread, to be told apart from
+            the compute of the phase that runs them (an MPI library that polls while it
+            waits spends CPU there).
+    """
 
     rows_sent: int = 0
     bytes_sent: int = 0
+    rows_received: int = 0
+    bytes_received: int = 0
     wait_s: float = 0.0
+    mpi_s: float = 0.0
+    mpi_cpu_s: float = 0.0
 
     def reset(self) -> None:
-        self.rows_sent, self.bytes_sent, self.wait_s = 0, 0, 0.0
+        self.rows_sent = self.bytes_sent = self.rows_received = self.bytes_received = 0
+        self.wait_s = self.mpi_s = self.mpi_cpu_s = 0.0
+
+    @contextmanager
+    def in_mpi(self) -> Iterator[None]:
+        """Add the wall and thread-CPU seconds of the enclosed MPI calls to ``mpi_s`` and
+        ``mpi_cpu_s``."""
+        start, cpu_start = time.perf_counter(), time.thread_time()
+        try:
+            yield
+        finally:
+            self.mpi_s += time.perf_counter() - start
+            self.mpi_cpu_s += time.thread_time() - cpu_start
+
+
+@dataclass
+class AllreduceStats:
+    """Gradient all-reduces since the last reset: ``calls`` and the ``payload_bytes`` each
+    rank contributed (the flat float32 gradient buffer, ``4 * parameters`` per call). What
+    crosses the network depends on the algorithm (a ring moves ``2 (P - 1) / P`` times the
+    payload per rank)."""
+
+    calls: int = 0
+    payload_bytes: int = 0
+
+    def reset(self) -> None:
+        self.calls = self.payload_bytes = 0
 
 
 class EmbeddingPush:
@@ -344,7 +395,7 @@ class EmbeddingPush:
         size, dim = self.comm.size, self.dim
         counts = np.ascontiguousarray(counts, dtype=np.int64)
         recv_counts = np.empty(size, dtype=np.int64)
-        with self.comm.watched("embedding push (counts)"):
+        with self.comm.watched("embedding push (counts)"), self.stats.in_mpi():
             self.comm.comm.Alltoall(counts, recv_counts)
         if self._next == len(self._pool):
             self._pool.append(_Buffers())
@@ -359,16 +410,17 @@ class EmbeddingPush:
         buf.send_rows[: n_send * dim] = np.asarray(rows, dtype=np.float32).reshape(-1)
         sdisp = _offsets(counts)
         rdisp = _offsets(recv_counts)
-        requests = [
-            self.comm.comm.Ialltoallv(
-                [buf.send_ids, (counts, sdisp), MPI.INT64_T],
-                [buf.recv_ids, (recv_counts, rdisp), MPI.INT64_T],
-            ),
-            self.comm.comm.Ialltoallv(
-                [buf.send_rows, (counts * dim, sdisp * dim), MPI.FLOAT],
-                [buf.recv_rows, (recv_counts * dim, rdisp * dim), MPI.FLOAT],
-            ),
-        ]
+        with self.stats.in_mpi():
+            requests = [
+                self.comm.comm.Ialltoallv(
+                    [buf.send_ids, (counts, sdisp), MPI.INT64_T],
+                    [buf.recv_ids, (recv_counts, rdisp), MPI.INT64_T],
+                ),
+                self.comm.comm.Ialltoallv(
+                    [buf.send_rows, (counts * dim, sdisp * dim), MPI.FLOAT],
+                    [buf.recv_rows, (recv_counts * dim, rdisp * dim), MPI.FLOAT],
+                ),
+            ]
         self._inflight.append((requests, buf, n_recv))
         self.stats.rows_sent += n_send
         self.stats.bytes_sent += n_send * row_message_bytes(dim)
@@ -379,7 +431,9 @@ class EmbeddingPush:
         later)."""
         requests, buf, n_recv = self._inflight.popleft()
         start = time.perf_counter()
-        with self.comm.watched("embedding push (wait)"):
+        with self.comm.watched("embedding push (wait)"), self.stats.in_mpi():
             _mpi().Request.Waitall(requests)
         self.stats.wait_s += time.perf_counter() - start
+        self.stats.rows_received += n_recv
+        self.stats.bytes_received += n_recv * row_message_bytes(self.dim)
         return buf.recv_ids[:n_recv], buf.recv_rows[: n_recv * self.dim].reshape(n_recv, self.dim)

@@ -23,6 +23,7 @@ FAST_FLAGS = [
 TIMING_KEYS = {
     "epoch_time", "mbc", "load_wait", "fwd", "bwd", "ared", "opt", "samples_per_s",
     "eval_time", "comm_wait", "imbalance", "sample", "gather", "run_id", "started",
+    "per_rank_time",
 }  # fmt: skip
 
 

@@ -11,6 +11,7 @@ import numpy as np
 from distmb.atomic import write_atomic
 from distmb.comm import Communicator, SingleProcess
 from distmb.engine.timers import PHASES
+from distmb.halo.base import SECOND_COUNTERS
 
 
 def allreduce_named(
@@ -51,7 +52,7 @@ def global_stats(
         {
             "loss": np.array([record["loss"]]),
             "train_acc": np.array([record["train_acc"]]),
-            **{k: v for k, v in halo.items() if k != "comm_wait"},
+            **{k: v for k, v in halo.items() if k not in SECOND_COUNTERS},
         },
     )
     out = {
@@ -63,6 +64,7 @@ def global_stats(
         ],
         "rows_pushed": [int(r) for r in total["rows_pushed"]],
         "bytes_pushed": int(total["bytes_pushed"].sum()),
+        "bytes_received": int(total["bytes_received"].sum()),
         "bytes_exact_pull": [int(b) for b in total["bytes_needed"]],
         "bytes_exact_remote": int(total["bytes_exact_remote"][0]),
         "comm_wait": round(comm.allreduce_max(float(halo["comm_wait"][0])), 4),
@@ -79,6 +81,27 @@ def global_stats(
     if neighbor_cache is not None:
         out["neighbor_cache"] = cache_record(comm, neighbor_cache)
     return out
+
+
+def rank_records(
+    comm: Communicator | SingleProcess, counts: dict[str, Any], times: dict[str, float]
+) -> dict[str, list[dict[str, Any]]]:
+    """Every rank's own view of an epoch, gathered (one ``allgather``; every rank gets all).
+
+    Args:
+        counts: this rank's counters (sizes of its part, work, traffic; the same in
+            identical runs).
+        times: this rank's wall and CPU seconds (they differ between identical runs).
+
+    Returns:
+        ``{"per_rank": [counts of rank 0, ...], "per_rank_time": [times of rank 0, ...]}``,
+        each entry with its ``rank``.
+    """
+    gathered = comm.allgather((counts, times))
+    return {
+        "per_rank": [{"rank": r, **c} for r, (c, _) in enumerate(gathered)],
+        "per_rank_time": [{"rank": r, **t} for r, (_, t) in enumerate(gathered)],
+    }
 
 
 #: Counters of the feature cache that are summed over ranks (the times are maxima).

@@ -49,9 +49,11 @@ from distmb.engine.stats import (
     format_feature_cache,
     format_hec,
     global_stats,
+    rank_records,
 )
 from distmb.engine.tensorboard import TensorBoardLog, prepare_tensorboard_dir
-from distmb.engine.timers import PhaseTimer
+from distmb.engine.timers import PHASES, SECONDS_DIGITS, PhaseTimer
+from distmb.engine.work import BlockWork
 from distmb.errors import DistmbError, InputError
 from distmb.features.normalize import fit_normalization
 from distmb.features.select import open_features
@@ -169,6 +171,8 @@ class Trainer:
             self.comm.watchdog = self.watchdog
         torch.manual_seed(dropout_seed(config.seed, self.rank))
         self.timer = PhaseTimer()
+        self.work = BlockWork(len(config.fanout))
+        self._loader_cpu = {"sample_cpu": 0.0, "gather_cpu": 0.0}
         self.start_epoch = 0
         self.history: list[dict[str, Any]] = []
         self.scheduler = build_scheduler(self.optimizer, config)
@@ -322,6 +326,8 @@ class Trainer:
         """One pass over the training vertices; returns loss, accuracy and timings."""
         self.model.train()
         self.timer.reset()
+        self.work.reset()
+        self.comm.allreduce_stats.reset()
         self.loader.load_wait = 0.0
         if self.feature_sources.cache is not None:
             self.feature_sources.cache.reset_counters()
@@ -340,7 +346,7 @@ class Trainer:
             self._warned.add(warning)
             self.log(f"warning: {warning}")
         total_loss, correct, seen = 0.0, 0, 0
-        sample_s = gather_s = 0.0
+        sample_s = gather_s = sample_cpu = gather_cpu = 0.0
         bar = meter(
             f"epoch {epoch}",
             num_steps,
@@ -354,8 +360,12 @@ class Trainer:
                 self.watchdog.at(epoch, step)
             sample_s += batch.sample_s
             gather_s += batch.gather_s
+            sample_cpu += batch.sample_cpu_s
+            gather_cpu += batch.gather_cpu_s
+            self.work.add_sampled(batch.blocks)
             with self.timer("fwd"):
                 logits = self.forward(batch, step, num_steps)
+                self.work.add_used(batch.blocks)  # after the halo scheme dropped missed leaves
                 loss_sum = F.cross_entropy(logits, batch.labels, reduction="sum")
                 loss = loss_sum * self.loss_weight(step)
             loss_value = loss_sum.item() / max(batch.size, 1)
@@ -388,6 +398,7 @@ class Trainer:
         bar.close()
         train_time = time.perf_counter() - start
         self.timer.seconds["mbc"] = sample_s + gather_s  # wherever the loader ran them
+        self._loader_cpu = {"sample_cpu": sample_cpu, "gather_cpu": gather_cpu}
         return {
             "epoch": epoch,
             "iterations": num_steps,
@@ -400,6 +411,55 @@ class Trainer:
             "load_wait": round(self.loader.load_wait, 4),
             "samples_per_s": round(seen / train_time, 1) if train_time > 0 else 0.0,
         }
+
+    def rank_detail(
+        self, record: dict[str, Any], halo: dict[str, np.ndarray]
+    ) -> tuple[dict[str, Any], dict[str, float]]:
+        """This rank's own view of the epoch just trained, as ``(counts, times)`` (the
+        ``per_rank`` and ``per_rank_time`` entries of the record, docs/design.md "Per-rank
+        records"): the sizes of its part, its work (:class:`BlockWork`), HEC lookups and
+        traffic per layer and its gradient all-reduce payload; its wall seconds per phase
+        and the training and loader threads' CPU seconds.
+
+        Args:
+            record: this rank's :meth:`train_epoch` record.
+            halo: this rank's :meth:`HaloScheme.stats`.
+        """
+        local = self.local
+        layers = {
+            "hec_lookups": "lookups",
+            "hec_hits": "hits",
+            "rows_pushed": "rows_pushed",
+            "bytes_pushed": "bytes_pushed",
+            "rows_received": "rows_received",
+            "bytes_received": "bytes_received",
+        }
+        counts: dict[str, Any] = {
+            "n_solid": int(local.n_solid),
+            "n_halo": int(local.n_local - local.n_solid),
+            "n_edges": int(local.indptr[-1]),
+            "n_train": int(local.train_idx.size),
+            "threads": torch.get_num_threads(),
+            "iterations": int(record["iterations"]),
+            **self.work.as_dict(),
+            **{key: [int(v) for v in halo[name]] for key, name in layers.items()},
+            "bytes_exact_remote": int(halo["bytes_exact_remote"][0]),
+            "allreduce_calls": self.comm.allreduce_stats.calls,
+            "allreduce_payload_bytes": self.comm.allreduce_stats.payload_bytes,
+        }
+        cpu = {**self.timer.cpu_dict(), **self._loader_cpu}
+        comm_cpu = float(halo["comm_mpi_cpu"][0])
+        times = {
+            **{key: record[key] for key in ("epoch_time", *PHASES, "load_wait")},
+            **cpu,
+            "comm_wait": float(halo["comm_wait"][0]),
+            "comm_mpi": float(halo["comm_mpi"][0]),
+            "comm_mpi_cpu": comm_cpu,
+            # The training thread's compute: its forward, backward and optimizer CPU seconds
+            # without those spent inside the pushes' MPI calls (which run in the forward).
+            "compute_cpu": cpu["fwd_cpu"] + cpu["bwd_cpu"] + cpu["opt_cpu"] - comm_cpu,
+        }
+        return counts, {k: round(float(v), SECONDS_DIGITS) for k, v in times.items()}
 
     def progress_settings(self) -> ProgressSettings:
         """``--no-progress`` and ``--progress-every``; progress on rank 0 only."""
@@ -476,15 +536,18 @@ class Trainer:
             lr = self.optimizer.param_groups[0]["lr"]  # this epoch's (--lr-schedule)
             record = self.train_epoch(epoch)
             record["lr"] = lr
+            halo_stats = self.halo.stats()
+            own = self.rank_detail(record, halo_stats)  # before the cross-rank view replaces it
             record.update(
                 global_stats(
                     self.comm,
                     record,
-                    self.halo.stats(),
+                    halo_stats,
                     self.cache_stats(),
                     neighbor_cache_stats(self.adjacency),
                 )
             )
+            record.update(rank_records(self.comm, *own))
             if "feature_cache" in record:
                 record["feature_cache"]["policy"] = self.cfg.cache_policy
             if "neighbor_cache" in record:

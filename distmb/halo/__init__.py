@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from distmb.halo.base import LAYER_COUNTERS, DropHalo, HaloScheme
+from distmb.halo.base import LAYER_COUNTERS, SECOND_COUNTERS, DropHalo, HaloScheme
 from distmb.halo.exact import ExactRemote
 from distmb.halo.hec import HistoricalCache
 
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "LAYER_COUNTERS",
+    "SECOND_COUNTERS",
     "DropHalo",
     "ExactRemote",
     "HaloScheme",

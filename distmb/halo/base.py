@@ -32,8 +32,21 @@ from distmb.sampling.neighbor import NeighborSampler
 from distmb.units import row_message_bytes
 
 #: Per-layer counters every scheme reports (summed over ranks): cache lookups and hits, rows
-#: and bytes pushed, and the bytes an exact pull of the halo rows would have moved.
-LAYER_COUNTERS = ("lookups", "hits", "rows_pushed", "bytes_pushed", "bytes_needed")
+#: and bytes pushed to peers and received from them, and the bytes an exact pull of the halo
+#: rows would have moved.
+LAYER_COUNTERS = (
+    "lookups",
+    "hits",
+    "rows_pushed",
+    "bytes_pushed",
+    "rows_received",
+    "bytes_received",
+    "bytes_needed",
+)
+#: Per-rank seconds every scheme reports (float64[1] each, not summed over ranks): wall
+#: seconds waiting for pushes to arrive, and wall and training-thread CPU seconds inside the
+#: pushes' MPI calls (:class:`~distmb.comm.PushStats`).
+SECOND_COUNTERS = ("comm_wait", "comm_mpi", "comm_mpi_cpu")
 
 
 class HaloScheme:
@@ -119,8 +132,8 @@ class HaloScheme:
     # -- statistics ------------------------------------------------------------------------------
     def stats(self) -> dict[str, np.ndarray]:
         """This rank's counters since :meth:`begin_epoch`: each of :data:`LAYER_COUNTERS`
-        as int64[num_layers], ``bytes_exact_remote`` int64[1], ``comm_wait`` float64[1]
-        (seconds)."""
+        as int64[num_layers], ``bytes_exact_remote`` int64[1], each of
+        :data:`SECOND_COUNTERS` as float64[1] (seconds)."""
         out = {key: np.zeros(self.num_layers, dtype=np.int64) for key in LAYER_COUNTERS}
         out["bytes_needed"] = np.array(
             [
@@ -130,7 +143,8 @@ class HaloScheme:
             dtype=np.int64,
         )
         out["bytes_exact_remote"] = np.zeros(1, dtype=np.int64)
-        out["comm_wait"] = np.zeros(1, dtype=np.float64)
+        for key in SECOND_COUNTERS:
+            out[key] = np.zeros(1, dtype=np.float64)
         return out
 
     def reset_stats(self) -> None:

@@ -224,7 +224,11 @@ class HistoricalCache(HaloScheme):
             if push is not None:
                 out["rows_pushed"][layer] = push.stats.rows_sent
                 out["bytes_pushed"][layer] = push.stats.bytes_sent
+                out["rows_received"][layer] = push.stats.rows_received
+                out["bytes_received"][layer] = push.stats.bytes_received
                 out["comm_wait"][0] += push.stats.wait_s
+                out["comm_mpi"][0] += push.stats.mpi_s
+                out["comm_mpi_cpu"][0] += push.stats.mpi_cpu_s
         return out
 
     def reset_stats(self) -> None:

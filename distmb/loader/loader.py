@@ -191,7 +191,7 @@ class BatchLoader:
     def sample_batch(self, epoch: int, index: int, seeds: np.ndarray) -> MiniBatch:
         """The sample stage of batch ``index`` of ``epoch`` (any thread): blocks and labels,
         no features yet."""
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.thread_time()
         blocks = self.sampler.sample(seeds, epoch, index)
         labels = torch.from_numpy(np.ascontiguousarray(self.labels[seeds], dtype=np.int64))
         return MiniBatch(
@@ -201,12 +201,13 @@ class BatchLoader:
             blocks=blocks,
             labels=labels,
             sample_s=time.perf_counter() - start,
+            sample_cpu_s=time.thread_time() - cpu_start,
         )
 
     def gather_batch(self, batch: MiniBatch) -> MiniBatch:
         """The gather stage (any thread): block 0's input rows in one gather, into a
         (recycled) buffer; ``x`` and ``x_halo`` are views of it."""
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.thread_time()
         first = batch.blocks[0]
         ids = self.gather_ids(batch.blocks)
         dim = self.features.dim
@@ -217,6 +218,7 @@ class BatchLoader:
         batch.x_halo = rows[first.n_computed :] if self._gather_halo and first.n_halo else None
         batch.buffer = buffer if self.reuse_buffers else None
         batch.gather_s = time.perf_counter() - start
+        batch.gather_cpu_s = time.thread_time() - cpu_start
         return batch
 
     def make_batch(self, epoch: int, index: int, seeds: np.ndarray) -> MiniBatch:

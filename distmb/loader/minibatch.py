@@ -31,6 +31,9 @@ class MiniBatch:
             filled by the halo scheme before the forward pass.
         sample_s, gather_s: seconds the sample and gather stages took (on whichever thread
             ran them).
+        sample_cpu_s, gather_cpu_s: CPU seconds of the thread that ran each stage
+            (``time.thread_time``: the stage's whole cost with one thread per rank, see
+            :mod:`distmb.engine.timers`).
         buffer: the flat storage behind ``x`` when the loader recycles buffers, else None.
     """
 
@@ -44,6 +47,8 @@ class MiniBatch:
     halo_rows: list[torch.Tensor] = field(default_factory=list)
     sample_s: float = 0.0
     gather_s: float = 0.0
+    sample_cpu_s: float = 0.0
+    gather_cpu_s: float = 0.0
     buffer: torch.Tensor | None = field(default=None, repr=False)
 
     @property
