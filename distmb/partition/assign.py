@@ -73,14 +73,14 @@ def check_method_options(method: str, *, balance_edges: bool) -> None:
     """
     if method != "kaminpar":
         return
-    from distmb.partition.kaminpar import import_kaminpar
-
-    import_kaminpar()
     if balance_edges:
         raise InputError(
             "--balance-edges needs --method metis: KaMinPar balances a single vertex weight "
             "(vertices and training vertices), not in-degree as a further constraint"
         )
+    from distmb.partition.kaminpar import import_kaminpar
+
+    import_kaminpar()
 
 
 def train_mask(graph: Graph) -> np.ndarray:
