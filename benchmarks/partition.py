@@ -213,7 +213,7 @@ def engine_child(
     from distmb import _C
     from distmb.data import Graph
     from distmb.partition.assign import assign_parts, rebalance_train_and_vertices
-    from distmb.partition.kaminpar import import_kaminpar, kaminpar_parts
+    from distmb.partition.kaminpar import KAMINPAR_TRAIN_WEIGHT, import_kaminpar, kaminpar_parts
     from distmb.partition.pipeline import DEFAULT_TRAIN_TOLERANCE, DEFAULT_VERTEX_TOLERANCE
 
     import_kaminpar()
@@ -268,7 +268,10 @@ def engine_child(
     return {
         "dataset": info["dataset"],
         "method": method,
-        "train_weight": train_weight,
+        "train_weight": KAMINPAR_TRAIN_WEIGHT
+        if method == "kaminpar" and train_weight is None
+        else train_weight,
+        "default_weight": method == "kaminpar" and train_weight is None,
         "parts": parts,
         "seed": seed,
         "threads": threads,
@@ -315,30 +318,45 @@ def run_engine(
 
 
 def summarise(runs: list[dict]) -> dict:
-    """One record for the repeats of a configuration: medians of times and cuts, min-max
-    of the cut, the largest imbalance and peak."""
+    """One record for the repeats of a configuration: medians of times and cuts (before and
+    after rebalancing), min-max of the cut, the largest imbalance and peak; every repeat's
+    own record under ``runs``."""
     import numpy as np
 
-    first = dict(runs[0])
+    def median(values: list[float]) -> float:
+        return round(float(np.median(values)), 5)
+
+    out = {k: v for k, v in runs[0].items() if k != "seed"}
     for key in ("assign_s", "rebalance_s", "total_s", "edge_cut_fraction"):
-        first[key] = round(float(np.median([r[key] for r in runs])), 5)
-    for key in ("vertex_imbalance", "train_imbalance", "peak_bytes_per_edge"):
-        first[key] = max(r[key] for r in runs)
-    first["assign_peak_bytes_per_edge"] = max(r["assign_peak_bytes_per_edge"] for r in runs)
-    first["edge_cut_fraction_range"] = [
-        min(r["edge_cut_fraction"] for r in runs),
-        max(r["edge_cut_fraction"] for r in runs),
-    ]
-    first["repeats"] = len(runs)
-    first["seeds"] = [r["seed"] for r in runs]
-    del first["seed"]
-    return first
+        out[key] = median([r[key] for r in runs])
+    for key in (
+        "vertex_imbalance",
+        "train_imbalance",
+        "assign_peak_bytes_per_edge",
+        "peak_bytes_per_edge",
+    ):
+        out[key] = max(r[key] for r in runs)
+    out["train_moved"] = median([r["train_moved"] for r in runs])
+    out["other_moved"] = median([r["other_moved"] for r in runs])
+    before = [r["before_rebalance"] for r in runs]
+    out["before_rebalance"] = {
+        "edge_cut_fraction": median([b["edge_cut_fraction"] for b in before]),
+        "vertex_imbalance": max(b["vertex_imbalance"] for b in before),
+        "train_imbalance": max(b["train_imbalance"] for b in before),
+    }
+    cuts = [r["edge_cut_fraction"] for r in runs]
+    out["edge_cut_fraction_range"] = [min(cuts), max(cuts)]
+    out["repeats"] = len(runs)
+    out["runs"] = runs
+    return out
 
 
 def engine_label(record: dict) -> str:
-    """``metis``, ``kaminpar`` or ``kaminpar w=4`` (a non-default training weight)."""
+    """``metis``, ``kaminpar w=2 (default)`` or ``kaminpar w=4``."""
     w = record.get("train_weight")
-    return record["method"] if w is None else f"{record['method']} w={w}"
+    if w is None:
+        return record["method"]
+    return f"{record['method']} w={w}" + (" (default)" if record.get("default_weight") else "")
 
 
 def plot_engines(records: list[dict], path: Path) -> None:
