@@ -209,3 +209,20 @@ def test_balance_edges_needs_metis(tmp_path, capsys):
     assert exc.value.code == 2 and "--balance-edges needs --method metis" in err
     with pytest.raises(InputError, match="--balance-edges needs --method metis"):
         partition_graph(random_graph(), 2, tmp_path / "p", method="kaminpar", balance_edges=True)
+
+
+def test_broken_install_names_the_loader_error(monkeypatch):
+    import builtins
+
+    from distmb.partition.kaminpar import import_kaminpar
+
+    real_import = builtins.__import__
+
+    def failing(name, *args, **kwargs):
+        if name == "kaminpar":
+            raise ImportError("libtbb.so.12: cannot open shared object file")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", failing)
+    with pytest.raises(InputError, match="does not load .libtbb.so.12.*reinstall it"):
+        import_kaminpar()

@@ -11,7 +11,8 @@ temporary ParHIP binary file (``TMPDIR``; :func:`write_parhip`): written in chun
 from the int64 CSR (32-bit ids when they fit), never a Python list, and for a symmetric
 graph without a symmetrised copy. KaMinPar copies it into its own 64-bit CSR on load.
 The partition comes back as a Python list of ``num_nodes`` ints (the bindings' only
-output), converted to int32 at once.
+output; 8 bytes a vertex while P <= 256, whose ints Python caches), converted to int32 at
+once.
 
 Determinism: with one thread (``--threads 1``) the result is a function of the graph and
 the seed, byte-identical across runs. With more threads KaMinPar's parallel label
@@ -41,10 +42,11 @@ KAMINPAR_EPSILON = 0.03
 
 #: Extra vertex weight of a training vertex (each vertex weighs ``1 + this * is_train``).
 #: Measured after rebalancing (``benchmarks/partition.py --train-weights``, results/README):
-#: where training vertices gather in a few communities, 2 cuts fewer edges than 0 (the
-#: rebalancing then moves them one by one out of their community); where they are spread
-#: evenly, 0, 2 and 4 are within run-to-run noise; from 4 up, one weight pins the vertex
-#: counts so loosely that the rebalancing moves many vertices and the cut grows.
+#: where training vertices gather in a few communities (``clustered-train:``, P=4), 2 cuts
+#: 2 points fewer edges than 0 (23.8 % vs 25.5-26.0 % in two runs; 0 leaves them in their
+#: communities and the rebalancing drags them out one by one); on Cora at P=4 it cuts 0.2-0.3
+#: points fewer; elsewhere 0, 2 and 4 are within the run-to-run spread. From 4 up the
+#: vertex counts drift further (max/mean up to 1.43 before rebalancing) and more move.
 KAMINPAR_TRAIN_WEIGHT = 2
 
 #: KaMinPar preset (``kaminpar.context_by_name``): ``default`` is its balanced
@@ -72,13 +74,19 @@ def import_kaminpar() -> ModuleType:
     """The ``kaminpar`` module.
 
     Raises:
-        InputError: naming ``--method kaminpar`` and the pip command when it is missing.
+        InputError: naming ``--method kaminpar`` and the pip command when it is missing, or
+            the loader's error when it is installed but does not load.
     """
     try:
         import kaminpar
-    except ImportError:
+    except ModuleNotFoundError:
         raise InputError(
             f"--method kaminpar needs the kaminpar package: {KAMINPAR_INSTALL}"
+        ) from None
+    except ImportError as exc:  # installed, but e.g. its bundled TBB does not load
+        raise InputError(
+            f"--method kaminpar: the kaminpar package does not load ({exc}); reinstall it: "
+            f"{KAMINPAR_INSTALL}"
         ) from None
     return kaminpar
 
@@ -183,6 +191,8 @@ def kaminpar_parts(
 
     kaminpar = import_kaminpar()
     threads = int(_C.get_num_threads()) if threads is None else threads
+    if threads < 1:
+        raise InputError(f"KaMinPar threads must be >= 1, got {threads}")
     weights = vertex_weights(graph, train_weight)
     indptr, indices = undirected_csr(graph)
     tmp_root = Path(tempfile.gettempdir())
