@@ -25,6 +25,7 @@ def _draw(name: str) -> Callable[[Any, dict, Path], None]:
     """How benchmark ``name``'s run calls its plot, given the module, its JSON and the PNG."""
     return {
         "partition": lambda m, d, png: m.plot(d["records"], png),
+        "partition_engines": lambda m, d, png: m.plot_engines(d["records"], png),
         "sampling": lambda m, d, png: m.plot(d, png),
         "kernels": lambda m, d, png: m.write_plot(d, png),
         "out_of_core": lambda m, d, png: m.plot(d, png),
@@ -33,7 +34,13 @@ def _draw(name: str) -> Callable[[Any, dict, Path], None]:
     }[name]
 
 
-BENCHMARKS = ("partition", "sampling", "kernels", "out_of_core", "distributed", "scaling")
+BENCHMARKS = (
+    "partition", "partition_engines", "sampling", "kernels", "out_of_core", "distributed",
+    "scaling",
+)
+
+#: The script of a result whose name is not its script's (``--methods`` of partition.py).
+SCRIPTS = {"partition_engines": "partition"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(HERE))
     for name in args.names or BENCHMARKS:
         source = args.results / f"{name}.json"
-        module = importlib.import_module(name)
+        module = importlib.import_module(SCRIPTS.get(name, name))
         out = source.with_suffix(".png")
         _draw(name)(module, json.loads(source.read_text()), out)
         print(f"wrote {out} from {source}")

@@ -1,11 +1,13 @@
-"""Vertex -> part assignment: METIS with multi-constraint weights, or balanced random.
+"""Vertex -> part assignment: METIS with multi-constraint weights, KaMinPar, or balanced random.
 
-Both return ``part_of: int32[num_nodes]``. METIS balances vertices and training vertices
-(two constraints, like DistDGL's ``balance_ntypes``; a third, in-degree, with
-``balance_edges``). METIS meets these only approximately (its k-way multi-constraint mode
-can miss the vertex constraint by 20 %, and one training vertex is a large share when a part
-holds few), so :func:`rebalance_train_and_vertices` then moves boundary vertices between
-parts until both are within tolerance.
+All return ``part_of: int32[num_nodes]``; :func:`assign_parts` is the one dispatch point.
+METIS balances vertices and training vertices (two constraints, like DistDGL's
+``balance_ntypes``; a third, in-degree, with ``balance_edges``). KaMinPar
+(:mod:`distmb.partition.kaminpar`) balances one vertex weight, ``1 + w * is_train``. Both
+meet the balance only approximately (METIS' k-way multi-constraint mode can miss the vertex
+constraint by 20 %, one weight cannot pin two counts, and one training vertex is a large
+share when a part holds few), so :func:`rebalance_train_and_vertices` then moves boundary
+vertices between parts until both are within tolerance.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from distmb.errors import InputError
 
 #: ``parmetis`` is computed by an MPI job (:mod:`distmb.partition.distributed`), then handed
 #: to :func:`~distmb.partition.pipeline.partition_graph` as ``part_of``.
-METHODS = ("metis", "random", "parmetis")
+METHODS = ("metis", "kaminpar", "random", "parmetis")
 
 #: METIS imbalance tolerance, in thousandths over perfect balance (METIS' ufactor).
 METIS_UFACTOR = 30
@@ -42,13 +44,23 @@ def assign_parts(
     balance_edges: bool = False,
     metis_edge_fraction: float = 1.0,
 ) -> np.ndarray:
-    """Assign every vertex to one of ``parts`` parts; returns int32[num_nodes]."""
+    """Assign every vertex to one of ``parts`` parts; returns int32[num_nodes].
+
+    ``method``: ``"metis"`` (:func:`metis_parts`), ``"kaminpar"``
+    (:func:`distmb.partition.kaminpar.kaminpar_parts`, with the OpenMP thread count of
+    ``--threads``) or ``"random"`` (:func:`random_parts`).
+    """
     if parts == 1:
         return np.zeros(graph.num_nodes, dtype=np.int32)
     if method == "metis":
         return metis_parts(
             graph, parts, seed=seed, balance_edges=balance_edges, edge_fraction=metis_edge_fraction
         )
+    if method == "kaminpar":
+        from distmb.partition.kaminpar import kaminpar_parts
+
+        check_method_options(method, balance_edges=balance_edges)
+        return kaminpar_parts(graph, parts, seed=seed)
     if method == "random":
         return random_parts(graph, parts, seed=seed)
     if method == "parmetis":
@@ -57,6 +69,25 @@ def assign_parts(
             "mpiexec (docs/partitioning-at-scale.md)"
         )
     raise ValueError(f"unknown method {method!r}; expected one of {METHODS}")
+
+
+def check_method_options(method: str, *, balance_edges: bool) -> None:
+    """Reject, before any expensive work, a method that cannot run here or cannot honour
+    the options: ``kaminpar`` needs its package and has no in-degree constraint.
+
+    Raises:
+        InputError: naming the flag and what to do instead.
+    """
+    if method != "kaminpar":
+        return
+    if balance_edges:
+        raise InputError(
+            "--balance-edges needs --method metis: KaMinPar balances a single vertex weight "
+            "(vertices and training vertices), not in-degree as a further constraint"
+        )
+    from distmb.partition.kaminpar import import_kaminpar
+
+    import_kaminpar()
 
 
 def train_mask(graph: Graph) -> np.ndarray:
@@ -76,8 +107,6 @@ def metis_edge_fraction(graph: Graph, budget_bytes: float) -> float:
     Raises:
         InputError: when even :data:`MIN_METIS_EDGE_FRACTION` of the edges would not fit.
     """
-    from distmb.errors import InputError
-
     graph_bytes = sum(a.nbytes for a in (graph.indptr, graph.indices, graph.features, graph.labels))
     per_entry = METIS_BYTES_PER_ENTRY + graph.indices.itemsize  # METIS + the sampled copy
     full = graph.num_edges * METIS_BYTES_PER_ENTRY
@@ -93,6 +122,22 @@ def metis_edge_fraction(graph: Graph, budget_bytes: float) -> float:
     return float(fraction)
 
 
+def undirected_csr(graph: Graph) -> tuple[np.ndarray, np.ndarray]:
+    """``(indptr: int64[num_nodes + 1], indices: int64[num_edges'])``: the graph's adjacency
+    with every edge in both directions, as METIS and KaMinPar need it.
+
+    A symmetric graph (``graph.symmetric``) is returned as is, without a copy; a directed
+    one is symmetrised into new arrays (self-loops and duplicates dropped).
+    """
+    if graph.symmetric:
+        return graph.indptr, graph.indices
+    from distmb import _C
+
+    dst = np.repeat(np.arange(graph.num_nodes, dtype=np.int64), np.diff(graph.indptr))
+    indptr, indices, _, _ = _C.build_in_csr(graph.indices, dst, graph.num_nodes, True, True)
+    return indptr, indices
+
+
 def metis_parts(
     graph: Graph, parts: int, *, seed: int, balance_edges: bool, edge_fraction: float = 1.0
 ) -> np.ndarray:
@@ -106,11 +151,7 @@ def metis_parts(
 
     from distmb import _C
 
-    indptr, indices = graph.indptr, graph.indices
-    if not graph.symmetric:
-        dst = np.repeat(np.arange(graph.num_nodes, dtype=np.int64), np.diff(indptr))
-        indptr, indices, _, _ = _C.build_in_csr(indices, dst, graph.num_nodes, True, True)
-        del dst
+    indptr, indices = undirected_csr(graph)
     if edge_fraction < 1.0:
         indptr, indices = _C.sparsify_symmetric(indptr, indices, edge_fraction, seed)
     constraints = [np.ones(graph.num_nodes, dtype=np.int64)]
