@@ -35,7 +35,12 @@ def _draw(name: str) -> Callable[[Any, dict, Path], None]:
 
 
 BENCHMARKS = (
-    "partition", "partition_engines", "sampling", "kernels", "out_of_core", "distributed",
+    "partition",
+    "partition_engines",
+    "sampling",
+    "kernels",
+    "out_of_core",
+    "distributed",
     "scaling",
 )
 
