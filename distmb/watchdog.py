@@ -64,6 +64,10 @@ FOLLOWER_GRACE_HEARTBEATS = 3
 MAX_PENDING_PER_PEER = 64
 #: Exit code of a job the watchdog aborts.
 WATCHDOG_EXIT_CODE = 75
+#: Seconds between printing the abort line and ``MPI_Abort``: the launcher forwards a rank's
+#: stderr through its proxies, and an abort racing that forward loses the line (seen under
+#: load with MPICH's hydra).
+ABORT_LINE_GRACE_S = 0.5
 #: Tag of heartbeat messages on the watchdog's own communicator.
 HEARTBEAT_TAG = 7001
 #: Fields of a heartbeat: int64[HEARTBEAT_FIELDS].
@@ -223,7 +227,7 @@ class CollectiveWatchdog:
         self._world = comm
         self._channel = comm.Dup()  # collective: every rank constructs the watchdog together
         self._log = log or (lambda line: print(line, file=sys.stderr, flush=True))
-        self._abort = abort or (lambda: self._world.Abort(WATCHDOG_EXIT_CODE))
+        self._abort = abort or self._mpi_abort
         now = time.monotonic()
         self.peers = {p: PeerState(now) for p in range(self.size) if p != self.rank}
         self.entered = 0
@@ -238,6 +242,12 @@ class CollectiveWatchdog:
         self._thread: threading.Thread | None = None
 
     # -- main thread ---------------------------------------------------------------------------
+
+    def _mpi_abort(self) -> None:
+        """``MPI_Abort`` the job, after :data:`ABORT_LINE_GRACE_S` for the line to get out."""
+        time.sleep(ABORT_LINE_GRACE_S)
+        self._world.Abort(WATCHDOG_EXIT_CODE)
+
     def start(self) -> None:
         """Start heartbeats and deadline checks (a daemon thread)."""
         if self._thread is None:
