@@ -30,7 +30,6 @@ import argparse
 import importlib
 import json
 import os
-import platform
 import statistics
 import time
 from collections.abc import Callable
@@ -43,6 +42,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from distmb import _C
+from distmb.machine import cpu_model
 from distmb.nn import fused_aggregate, fused_update
 from distmb.nn.backend import get_kernels, set_kernels
 from distmb.plotting import reference_line
@@ -678,22 +678,12 @@ SECTIONS: dict[str, Section] = {
 }
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def environment() -> dict[str, Any]:
     return {
         "torch": torch.__version__,
         "threads": _C.get_num_threads(),
         "torch_threads": torch.get_num_threads(),
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "cpus": os.cpu_count(),
         "loadavg_start": os.getloadavg()[0],
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
