@@ -28,6 +28,7 @@ the same sizes), and after the last epoch exact val/test accuracy on both sides
     python benchmarks/peers/dgl_vs_distmb.py --threads 2    # -> results/peers_dgl.{json,png}
     python benchmarks/peers/dgl_vs_distmb.py --model gat --out results/peers_dgl_gat.json
     python benchmarks/peers/dgl_vs_distmb.py --quick        # smoke run on a tiny graph
+    python benchmarks/peers/dgl_vs_distmb.py --replot results/peers_dgl.json   # PNG only
 
 (with distmb's python, ``PYTHONPATH`` the repository root when distmb is not installed).
 """
@@ -83,6 +84,8 @@ LABELS = {
     "other": "other",
 }
 SIDES = ("distmb", "dgl")
+#: --dgl-gat choices as the figure names them.
+GAT_LABELS = {"dgl": "DGL's GATConv", "paper": "distmb's equation on DGL ops"}
 
 #: OMP_WAIT_POLICY values of --omp-wait-policy, and the choice that leaves it unset.
 WAIT_POLICIES = ("passive", "active")
@@ -253,6 +256,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fanout", default="5,10,15", help="per layer, input layer first")
     p.add_argument("--hidden", type=int, default=256, help="hidden width (per head for GAT)")
     p.add_argument("--heads", type=int, default=4, help="GAT attention heads")
+    p.add_argument(
+        "--dgl-gat",
+        choices=tuple(GAT_LABELS),
+        default="dgl",
+        help="DGL's GAT layer: its own GATConv (bias and ReLU after the aggregation), or "
+        "distmb's equation 2 (bias and ReLU before the attention) on DGL's kernels",
+    )
     p.add_argument("--batch-size", type=int, default=1000)
     p.add_argument("--dropout", type=float, default=0.5)
     p.add_argument("--lr", type=float, help="Adam's learning rate (default: distmb's per model)")
@@ -277,6 +287,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--out",
         type=Path,
         help="JSON (+ .png); default results/peers_dgl.json, with --quick the work directory's",
+    )
+    p.add_argument(
+        "--replot", type=Path, help="only re-draw the PNG of this JSON result (no measuring)"
     )
     p.add_argument(
         "--quick",
@@ -329,6 +342,8 @@ def command_line(args: argparse.Namespace) -> str:
         str(args.hidden),
         "--heads",
         str(args.heads),
+        "--dgl-gat",
+        args.dgl_gat,
         "--batch-size",
         str(args.batch_size),
         "--dropout",
@@ -357,6 +372,11 @@ def command_line(args: argparse.Namespace) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     args = resolve(build_parser().parse_args(argv))
+    if args.replot is not None:
+        png = args.replot.with_suffix(".png")
+        plot(json.loads(args.replot.read_text()), png)
+        print(f"wrote {png} from {args.replot}")
+        return
     # Before torch is imported (here and in the worker): OpenMP reads these at start-up.
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[var] = str(args.threads)
@@ -390,6 +410,7 @@ def run(args: argparse.Namespace, workdir: Path) -> None:
     from distmb.train import set_threads
 
     load_start = os.getloadavg()[0]
+    run_start = time.perf_counter()
     graph = load_dataset(args.dataset)
     train_all = graph.train_idx.size
     graph = dataclasses.replace(
@@ -435,6 +456,7 @@ def run(args: argparse.Namespace, workdir: Path) -> None:
             seed=args.seed,
             threads=args.threads,
             eval_batch_size=args.eval_batch_size,
+            gat_variant=args.dgl_gat,
         )
         records: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES}
 
@@ -480,6 +502,7 @@ def run(args: argparse.Namespace, workdir: Path) -> None:
             "fanout_input_layer_first": args.fanout,
             "hidden": args.hidden,
             "heads": args.heads if args.model == "gat" else None,
+            "dgl_gat": args.dgl_gat if args.model == "gat" else None,
             "batch_size": args.batch_size,
             "iterations_per_epoch": iterations,
             "dropout": args.dropout,
@@ -502,6 +525,7 @@ def run(args: argparse.Namespace, workdir: Path) -> None:
             "OMP_WAIT_POLICY": args.omp_wait_policy,
             "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         },
+        "wall_seconds": round(time.perf_counter() - run_start, 1),
         "versions": {
             "distmb": {
                 "distmb": distmb_version,
@@ -519,6 +543,13 @@ def run(args: argparse.Namespace, workdir: Path) -> None:
             for side in SIDES
         },
         "ratio_distmb_over_dgl": ratio,
+        # The same ratio round by round: both epochs of a round ran minutes apart at most, so
+        # on a shared machine its spread says how much the load moved the median ratio.
+        "epoch_time_ratio_per_round": [
+            round(a["epoch_time"] / b["epoch_time"], 3)
+            for a, b in zip(records["distmb"], records["dgl"], strict=True)
+            if a["measured"]
+        ],
         "blocks_mean_per_layer": blocks,
         "accuracy": accuracy,
         "final_loss": {side: records[side][-1]["loss"] for side in SIDES},
@@ -601,8 +632,10 @@ def plot(result: dict[str, Any], path: Path) -> None:
     rotate_labels(right)
     right.legend(fontsize="small")
     settings = result["settings"]
+    variant = settings.get("dgl_gat")
+    model = settings["model"] + (f" (DGL side: {GAT_LABELS[variant]})" if variant else "")
     fig.suptitle(
-        f"{result['summary'][:70]}\n{settings['model']}, fan-out "
+        f"{result['summary'][:70]}\n{model}, fan-out "
         f"{','.join(map(str, settings['fanout_input_layer_first']))}, batch "
         f"{settings['batch_size']}, {settings['threads']} threads, {result['machine']['cpu']}",
         fontsize="medium",

@@ -7,7 +7,7 @@ JSON command per line on stdin; every reply is one line on stdout that starts wi
 
 - ``{"cmd": "setup", "graph": PATH, "model": "sage"|"gat", "fanout": [5, 10, 15],
   "hidden": 256, "heads": 4, "batch_size": 1000, "dropout": 0.5, "lr": 0.003, "seed": 0,
-  "threads": 2, "eval_batch_size": 4096}``: loads the graph file
+  "threads": 2, "eval_batch_size": 4096, "gat_variant": "dgl"|"paper"}``: loads the graph file
   (:mod:`peer_graph`), builds DGL's ``NeighborSampler``/``DataLoader`` and the model, replies
   with the versions and the load time;
 - ``{"cmd": "epoch", "epoch": E}``: one training epoch, reply with its timings (seconds):
@@ -38,6 +38,7 @@ import peer_graph
 import torch
 import torch.nn.functional as F
 from dgl.nn import GATConv, SAGEConv
+from dgl.nn.functional import edge_softmax
 from torch import nn
 
 #: Every reply line starts with this (the coordinator ignores other stdout lines).
@@ -45,6 +46,10 @@ REPLY_PREFIX = "@@dgl-worker "
 
 #: Gain of the Xavier initialisation DGL's SAGEConv/GATConv use (ReLU's), as in distmb.
 RELU_GAIN = nn.init.calculate_gain("relu")
+#: LeakyReLU slope on the attention logits (DGL's, PyG's and distmb's default).
+GAT_NEGATIVE_SLOPE = 0.2
+#: ``gat_variant`` of the setup command: DGL's ``GATConv``, or distmb's equation on DGL ops.
+GAT_VARIANTS = ("dgl", "paper")
 
 
 class SAGE(nn.Module):
@@ -71,28 +76,81 @@ class SAGE(nn.Module):
         return h
 
 
+class PaperGATConv(nn.Module):
+    """distmb's ``GATConv`` (equation 2 of DistGNN-MB) on DGL's message passing: ``z =
+    act(W x + b)`` on every source, then the attention and aggregation of DGL's ``GATConv``
+    (the same built-in ``u_add_v``, ``edge_softmax`` and ``u_mul_e``/``sum`` kernels). DGL's
+    ``GATConv`` applies the bias and the activation after the aggregation instead.
+
+    Output: float[n_dst, heads, out_dim]."""
+
+    def __init__(self, in_dim: int, out_dim: int, heads: int, activation: bool) -> None:
+        super().__init__()
+        self.heads, self.out_dim, self.activation = heads, out_dim, activation
+        self.fc = nn.Linear(in_dim, heads * out_dim, bias=False)
+        self.bias = nn.Parameter(torch.zeros(heads * out_dim))
+        self.attn_l = nn.Parameter(torch.empty(1, heads, out_dim))
+        self.attn_r = nn.Parameter(torch.empty(1, heads, out_dim))
+        nn.init.xavier_normal_(self.fc.weight, gain=RELU_GAIN)  # as DGL's GATConv
+        nn.init.xavier_normal_(self.attn_l, gain=RELU_GAIN)
+        nn.init.xavier_normal_(self.attn_r, gain=RELU_GAIN)
+
+    def forward(self, block: Any, x: torch.Tensor) -> torch.Tensor:
+        with block.local_scope():
+            z = self.fc(x) + self.bias
+            if self.activation:
+                z = torch.relu(z)
+            z = z.view(-1, self.heads, self.out_dim)
+            n_dst = block.num_dst_nodes()
+            el = (z * self.attn_l).sum(-1, keepdim=True)
+            er = (z[:n_dst] * self.attn_r).sum(-1, keepdim=True)
+            block.srcdata.update({"ft": z, "el": el})
+            block.dstdata["er"] = er
+            block.apply_edges(dgl.function.u_add_v("el", "er", "e"))
+            scores = F.leaky_relu(block.edata.pop("e"), GAT_NEGATIVE_SLOPE)
+            block.edata["a"] = edge_softmax(block, scores)
+            block.update_all(dgl.function.u_mul_e("ft", "a", "m"), dgl.function.sum("m", "ft"))
+            return block.dstdata["ft"]
+
+
 class GAT(nn.Module):
     """GAT with distmb's widths: hidden layers ``heads`` heads of ``hidden`` each,
-    concatenated, ReLU and dropout on the output; the last layer ``heads`` heads of
-    ``classes``, averaged. DGL's own ``GATConv`` (bias and activation after the
-    aggregation; distmb's variant of equation 2 applies them to ``W x`` before the attention:
-    the same products, softmax and aggregation, so the same work)."""
+    concatenated, dropout on the output; the last layer ``heads`` heads of ``classes``,
+    averaged. ``variant="dgl"``: DGL's own ``GATConv`` with ReLU (bias and activation after
+    the aggregation); ``variant="paper"``: :class:`PaperGATConv`, distmb's equation (bias and
+    ReLU before the attention). The same products, softmax and aggregation either way."""
 
     def __init__(
-        self, in_dim: int, hidden: int, classes: int, layers: int, heads: int, dropout: float
+        self,
+        in_dim: int,
+        hidden: int,
+        classes: int,
+        layers: int,
+        heads: int,
+        dropout: float,
+        variant: str,
     ) -> None:
         super().__init__()
+        if variant not in GAT_VARIANTS:
+            raise ValueError(f"unknown GAT variant {variant!r}; expected one of {GAT_VARIANTS}")
         dims = [in_dim] + [hidden * heads] * (layers - 1)
-        self.layers = nn.ModuleList(
-            GATConv(
-                dims[l],
-                classes if l == layers - 1 else hidden,
-                heads,
-                activation=None if l == layers - 1 else torch.relu,
-                allow_zero_in_degree=True,
-            )
-            for l in range(layers)
-        )
+        convs = []
+        for l in range(layers):
+            last = l == layers - 1
+            width = classes if last else hidden
+            if variant == "dgl":
+                conv: nn.Module = GATConv(
+                    dims[l],
+                    width,
+                    heads,
+                    negative_slope=GAT_NEGATIVE_SLOPE,
+                    activation=None if last else torch.relu,
+                    allow_zero_in_degree=True,
+                )
+            else:
+                conv = PaperGATConv(dims[l], width, heads, activation=not last)
+            convs.append(conv)
+        self.layers = nn.ModuleList(convs)
         self.dropout = nn.Dropout(dropout)
 
     def layer(self, l: int, block: Any, h: torch.Tensor) -> torch.Tensor:
@@ -142,6 +200,7 @@ class Worker:
                 layers,
                 cmd["heads"],
                 cmd["dropout"],
+                cmd["gat_variant"],
             )
         else:
             raise ValueError(f"unknown model {cmd['model']!r}; expected sage or gat")
