@@ -54,6 +54,8 @@ from typing import Any
 import numpy as np
 import peer_graph
 
+from distmb.errors import DistmbError
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 RESULTS = REPO / "results"
@@ -72,9 +74,12 @@ QUICK = dict(nodes=4000, batch_size=250, hidden=32, epochs=1, warmup=1)
 #: which one rank does not have, with MBC split into sampling and gather).
 PHASES = ("sample", "gather", "fwd", "bwd", "opt")
 #: Per-epoch numbers of which the medians and ratios are reported.
-METRICS = ("epoch_time", "mbc", *PHASES, "other")
+METRICS = ("epoch_time", "epoch_cpu", "mbc", *PHASES, "other")
+#: Metrics in seconds per epoch (the phases are also reported in milliseconds per batch).
+EPOCH_METRICS = ("epoch_time", "epoch_cpu")
 LABELS = {
     "epoch_time": "epoch",
+    "epoch_cpu": "epoch CPU",
     "mbc": "MBC",
     "sample": "sampling",
     "gather": "gather",
@@ -319,6 +324,11 @@ def resolve(args: argparse.Namespace) -> argparse.Namespace:
         sys.exit(f"dgl_vs_distmb: --fanout {args.fanout!r}: expected integers like 5,10,15")
     if not args.fanout or min(args.fanout) < 1:
         sys.exit(f"dgl_vs_distmb: --fanout {args.fanout}: expected positive integers")
+    if args.replot is None and not args.dgl_python.is_file():
+        sys.exit(
+            f"dgl_vs_distmb: --dgl-python {args.dgl_python}: no such interpreter; build the "
+            "DGL venv with benchmarks/peers/setup_dgl.sh (or point --dgl-python at one with dgl)"
+        )
     if args.nodes is not None:
         if not args.dataset.startswith("synthetic"):
             sys.exit("dgl_vs_distmb: --nodes needs a synthetic --dataset")
@@ -388,7 +398,7 @@ def main(argv: list[str] | None = None) -> None:
     workdir.mkdir(parents=True, exist_ok=True)
     try:
         run(args, workdir)
-    except PeerError as err:
+    except (PeerError, DistmbError) as err:  # bad input or a failed worker: one message
         sys.exit(f"dgl_vs_distmb: {err}")
     finally:
         if args.workdir is None and not args.quick:
@@ -462,7 +472,9 @@ def run(args: argparse.Namespace, workdir: Path) -> None:
 
         def epoch_of(side: str, epoch: int) -> dict[str, Any]:
             if side == "distmb":
-                return trainer.train_epoch(epoch)
+                cpu = time.process_time()  # every thread of this process
+                record = trainer.train_epoch(epoch)
+                return {**record, "epoch_cpu": time.process_time() - cpu}
             return dgl.call("epoch", epoch=epoch)
 
         rounds = args.warmup + args.epochs
@@ -485,7 +497,13 @@ def run(args: argparse.Namespace, workdir: Path) -> None:
             accuracy["distmb"] = trainer.evaluate()
             accuracy["dgl"] = dgl.call("evaluate")
     iterations = records["distmb"][0]["iterations"]
-    median = {side: medians(records[side], iterations) for side in SIDES}
+    median = {side: medians(records[side]) for side in SIDES}
+    fastest = {
+        side: {
+            m: round(min(r[m] for r in records[side] if r["measured"]), 4) for m in EPOCH_METRICS
+        }
+        for side in SIDES
+    }
     ratio = {
         m: round(median["distmb"][m] / median["dgl"][m], 3) for m in METRICS if median["dgl"][m] > 0
     }
@@ -539,10 +557,20 @@ def run(args: argparse.Namespace, workdir: Path) -> None:
         },
         "median_seconds_per_epoch": median,
         "median_ms_per_batch": {
-            side: {m: round(1000 * v / iterations, 2) for m, v in median[side].items()}
+            side: {
+                m: round(1000 * v / iterations, 2)
+                for m, v in median[side].items()
+                if m not in EPOCH_METRICS
+            }
             for side in SIDES
         },
         "ratio_distmb_over_dgl": ratio,
+        # The fastest measured epoch of each side: on a shared machine other jobs only add
+        # time, so the minimum is the least disturbed measurement.
+        "min_seconds_per_epoch": fastest,
+        "ratio_of_min_epoch_time": round(
+            fastest["distmb"]["epoch_time"] / fastest["dgl"]["epoch_time"], 3
+        ),
         # The same ratio round by round: both epochs of a round ran minutes apart at most, so
         # on a shared machine its spread says how much the load moved the median ratio.
         "epoch_time_ratio_per_round": [
@@ -565,7 +593,7 @@ def run(args: argparse.Namespace, workdir: Path) -> None:
     print(f"wrote {out} and {out.with_suffix('.png')}\nreproduce: {result['command']}")
 
 
-def medians(records: list[dict[str, Any]], iterations: int) -> dict[str, float]:
+def medians(records: list[dict[str, Any]]) -> dict[str, float]:
     """Median of every metric over the measured epochs (seconds per epoch)."""
     measured = [r for r in records if r["measured"]]
     return {m: round(statistics.median(r[m] for r in measured), 4) for m in METRICS}
@@ -591,7 +619,7 @@ def print_summary(result: dict[str, Any]) -> None:
     """The medians (epoch: seconds; phases: milliseconds per batch), ratios and accuracy."""
     print(f"{'median':10s} {'distmb':>10s} {'DGL':>10s} {'distmb/DGL':>11s}")
     for m in METRICS:
-        if m == "epoch_time":
+        if m in EPOCH_METRICS:
             table, unit = result["median_seconds_per_epoch"], "s/epoch"
         else:
             table, unit = result["median_ms_per_batch"], "ms/batch"
@@ -600,17 +628,24 @@ def print_summary(result: dict[str, Any]) -> None:
             f"{LABELS[m]:10s} {table['distmb'][m]:10.3f} {table['dgl'][m]:10.3f} "
             f"{'' if ratio is None else f'{ratio:11.3f}'}  {unit}"
         )
+    print(
+        f"fastest epoch: distmb {result['min_seconds_per_epoch']['distmb']['epoch_time']:.3f} s, "
+        f"DGL {result['min_seconds_per_epoch']['dgl']['epoch_time']:.3f} s, ratio "
+        f"{result['ratio_of_min_epoch_time']:.3f}; per round: "
+        + ", ".join(f"{r:.3f}" for r in result["epoch_time_ratio_per_round"])
+    )
     for side, acc in result["accuracy"].items():
         print(f"{side}: val {acc['val_acc']:.4f}  test {acc['test_acc']:.4f}")
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
-    """Left: median seconds per epoch, stacked by phase, per side. Right: distmb/DGL ratio
-    of every metric (below 1: distmb faster)."""
+    """Left: median seconds per epoch, stacked by phase, per side. Middle: distmb/DGL ratio
+    of every metric's median (below 1: distmb faster). Right: every epoch's time, round by
+    round (how much the machine's load moved them)."""
     from distmb.plotting import panels, reference_line, rotate_labels, set_scale
     from distmb.report import save_figure
 
-    fig, (left, right) = panels(2)
+    fig, (left, middle, right) = panels(3)
     median = result["median_seconds_per_epoch"]
     names = ["distmb", f"DGL {result['versions']['dgl']['dgl']}"]
     bottom = [0.0, 0.0]
@@ -623,21 +658,40 @@ def plot(result: dict[str, Any], path: Path) -> None:
     left.legend(fontsize="small")
     ratios = result["ratio_distmb_over_dgl"]
     shown = [m for m in METRICS if m in ratios and m != "other"]
-    bars = right.bar([LABELS[m] for m in shown], [ratios[m] for m in shown], color="tab:green")
-    right.bar_label(bars, fmt="%.2f", fontsize="small")
-    reference_line(right, 1.0, "equal time")
-    set_scale(right, [ratios[m] for m in shown] + [1.0])
-    right.set_ylabel("distmb / DGL (median)")
-    right.set_title("time ratio (< 1: distmb faster)")
-    rotate_labels(right)
+    bars = middle.bar([LABELS[m] for m in shown], [ratios[m] for m in shown], color="tab:green")
+    middle.bar_label(bars, fmt="%.2f", fontsize="small")
+    reference_line(middle, 1.0, "equal time")
+    set_scale(middle, [ratios[m] for m in shown] + [1.0])
+    middle.set_ylabel("distmb / DGL (medians)")
+    middle.set_title("time ratio (< 1: distmb faster)")
+    rotate_labels(middle)
+    middle.legend(fontsize="small")
+    width = 0.4
+    for k, (side, name) in enumerate(zip(SIDES, names, strict=True)):
+        epochs = result["per_epoch"][side]
+        right.bar(
+            [r["epoch"] + (k - 0.5) * width for r in epochs],
+            [r["epoch_time"] for r in epochs],
+            width,
+            label=name,
+        )
+    warmup = result["settings"]["warmup_epochs"]
+    if warmup:
+        right.axvspan(-0.5, warmup - 0.5, color="grey", alpha=0.15, label="warm-up")
+    right.set_xticks(range(len(result["per_epoch"]["distmb"])))
+    right.set_xlabel("round (one epoch of each side)")
+    right.set_ylabel("seconds")
+    right.set_title("every epoch")
     right.legend(fontsize="small")
     settings = result["settings"]
     variant = settings.get("dgl_gat")
     model = settings["model"] + (f" (DGL side: {GAT_LABELS[variant]})" if variant else "")
+    load = result["machine"]["load_average_1min"]
     fig.suptitle(
-        f"{result['summary'][:70]}\n{model}, fan-out "
+        f"{result['summary']}\n{model}, fan-out "
         f"{','.join(map(str, settings['fanout_input_layer_first']))}, batch "
-        f"{settings['batch_size']}, {settings['threads']} threads, {result['machine']['cpu']}",
+        f"{settings['batch_size']}, {settings['threads']} threads, {result['machine']['cpu']}, "
+        f"load average {load['start']:.1f} -> {load['end']:.1f}",
         fontsize="medium",
     )
     save_figure(fig, path, dpi=110)

@@ -11,10 +11,11 @@ JSON command per line on stdin; every reply is one line on stdout that starts wi
   (:mod:`peer_graph`), builds DGL's ``NeighborSampler``/``DataLoader`` and the model, replies
   with the versions and the load time;
 - ``{"cmd": "epoch", "epoch": E}``: one training epoch, reply with its timings (seconds):
-  ``epoch_time``, ``sample`` (``next()`` of the DataLoader: DGL's neighbour sampling and
-  block construction), ``gather`` (feature and label rows of the batch), ``mbc`` (their
-  sum), ``fwd`` (model and loss), ``bwd`` (``zero_grad`` and ``backward``), ``opt``
-  (``optimizer.step``), the loss, the training accuracy and the mean block sizes per layer;
+  ``epoch_time``, ``epoch_cpu`` (CPU seconds of all the process's threads), ``sample``
+  (``next()`` of the DataLoader: DGL's neighbour sampling and block construction),
+  ``gather`` (feature and label rows of the batch), ``mbc`` (their sum), ``fwd`` (model and
+  loss), ``bwd`` (``zero_grad`` and ``backward``), ``opt`` (``optimizer.step``), the loss,
+  the training accuracy and the mean block sizes per layer;
 - ``{"cmd": "evaluate"}``: exact val/test accuracy by layer-wise full-neighbour inference;
 - ``{"cmd": "quit"}``.
 
@@ -240,6 +241,7 @@ class Worker:
         total_loss, correct, seen, iterations = 0.0, 0, 0, 0
         layer_sizes: list[np.ndarray] = []  # per batch: [layers, 3] (n_src, n_dst, edges)
         clock = time.perf_counter
+        cpu = time.process_time()  # every thread of this process
         start = clock()
         batches = iter(self.loader)
         while True:
@@ -274,6 +276,7 @@ class Worker:
                 np.array([[b.num_src_nodes(), b.num_dst_nodes(), b.num_edges()] for b in blocks])
             )
         epoch_time = clock() - start
+        epoch_cpu = time.process_time() - cpu
         sizes = np.mean(layer_sizes, axis=0)
         return {
             "epoch": int(cmd["epoch"]),
@@ -281,6 +284,7 @@ class Worker:
             "loss": total_loss / max(seen, 1),
             "train_acc": correct / max(seen, 1),
             "epoch_time": epoch_time,
+            "epoch_cpu": epoch_cpu,
             "mbc": seconds["sample"] + seconds["gather"],
             **seconds,
             "blocks": [
