@@ -665,6 +665,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
     middle.set_ylabel("distmb / DGL (medians)")
     middle.set_title("time ratio (< 1: distmb faster)")
     rotate_labels(middle)
+    middle.margins(y=0.12)  # room for the bar labels
     middle.legend(fontsize="small")
     width = 0.4
     for k, (side, name) in enumerate(zip(SIDES, names, strict=True)):

@@ -7,7 +7,8 @@
 #   benchmarks/peers/setup_dgl.sh                 # -> benchmarks/peers/.venv-dgl
 #   PYTHON=python3.12 VENV=/tmp/dgl benchmarks/peers/setup_dgl.sh
 #
-# Needs ~5.5 GiB of disk (torch's CUDA wheel and its nvidia-* libraries) and PyPI.
+# Needs 5.2 GiB of disk (torch's CUDA wheel and its nvidia-* libraries) and PyPI; about
+# 5 minutes on the development machine.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
