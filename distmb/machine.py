@@ -8,6 +8,21 @@ from pathlib import Path
 
 from distmb.errors import InputError
 
+#: Where Linux names the CPU model.
+_CPUINFO = Path("/proc/cpuinfo")
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``'s first ``model name``), else what
+    :mod:`platform` says (``"x86_64"`` at worst); for the machine facts of benchmarks."""
+    try:
+        for line in _CPUINFO.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
 
 def cpu_model() -> str:
     """The CPU's model name (``/proc/cpuinfo``), else what :mod:`platform` says."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 import pytest
@@ -11,7 +12,7 @@ import torch
 
 from distmb.data import load_dataset
 from distmb.data.graph import Graph
-from distmb.data.synthetic import SyntheticConfig, generate
+from distmb.data.synthetic import NO_HUB_CAP, SyntheticConfig, generate
 from distmb.errors import InputError
 
 #: A small graph for the structural tests (fast, but large enough for statistics).
@@ -192,6 +193,46 @@ def test_larger_exponent_gives_lighter_tail():
     assert top_share(2.2) > top_share(3.0) > top_share(6.0)
 
 
+def test_uncapped_degrees_have_hubs_beyond_the_old_cap():
+    # Same seed, same weights before capping: only the cap differs.
+    cap = math.sqrt(SMALL["nodes"] * SMALL["avg_degree"])  # the default cap (hub_cap=1)
+    capped = generate(SyntheticConfig(**SMALL)).in_degree()
+    free = generate(SyntheticConfig(**dict(SMALL, hub_cap=0))).in_degree()
+    for deg in (capped, free):  # exact edge count either way
+        assert deg.sum() == SMALL["nodes"] * SMALL["avg_degree"]
+    # Capped: no vertex far above the cap (realised degrees scatter around the weights).
+    assert capped.max() <= 1.1 * cap
+    # Uncapped: Pareto(2.5) scaled to mean 12 has x_min = 12 / 3, so P(w >= cap) =
+    # (cap / 4) ** -1.5 = 7.4e-4, i.e. ~15 of 20000 vertices above the old cap.
+    expected_above = SMALL["nodes"] * (cap / (SMALL["avg_degree"] / 3)) ** -1.5
+    assert expected_above == pytest.approx(14.7, abs=0.1)
+    assert expected_above / 3 <= (free >= cap).sum() <= 3 * expected_above
+    assert free.max() >= 3 * cap
+
+
+def test_products_shape_against_its_config():
+    cfg = SyntheticConfig.from_spec("shape=products")
+    assert (cfg.nodes, cfg.avg_degree, cfg.feat_dim, cfg.classes) == (200_000, 30.0, 100, 47)
+    assert cfg.train_fraction == 0.25 and cfg.hub_cap == NO_HUB_CAP
+    g = generate(cfg)
+    deg = g.in_degree()
+    assert (g.num_nodes, g.feat_dim, g.num_classes) == (200_000, 100, 47)
+    assert deg.mean() == pytest.approx(cfg.avg_degree, rel=1e-6)
+    old_cap = math.sqrt(cfg.nodes * cfg.avg_degree)  # 2449
+    assert deg.max() >= 2 * old_cap
+    assert g.train_idx.size == pytest.approx(cfg.nodes / 4, rel=0.01)
+    assert measured_homophily(g) == pytest.approx(cfg.homophily, abs=1e-6)
+
+
+def test_shape_options_are_overridable():
+    products = SyntheticConfig.from_spec("shape=products")
+    cfg = SyntheticConfig.from_spec("nodes=20000, shape=products, seed=3")
+    assert cfg == dataclasses.replace(products, nodes=20000, seed=3)
+    assert SyntheticConfig.from_spec("shape=Products") == products
+    # The spec a shaped config writes into the notes reads back without the shape.
+    assert SyntheticConfig.from_spec(cfg.to_spec()) == cfg
+
+
 def test_near_complete_graph_is_still_exact():
     # 10 vertices in 2 classes: 20 same-class pairs, all of which are asked for.
     g = generate(SyntheticConfig(nodes=10, classes=2, avg_degree=8, homophily=0.5, feat_dim=2))
@@ -350,6 +391,14 @@ def test_load_dataset_dispatches_to_generator():
             ["train_fraction + val_fraction + test_fraction = 1.1", "at most 1"],
         ),
         ("nodes=4,classes=2,avg_degree=2,homophily=1", ["same-class", "at most 2"]),
+        ("hub_cap=-1", ["hub_cap=-1.0", ">= 0", "0 = no cap"]),
+        (
+            "nodes=100,avg_degree=10,hub_cap=0.1",
+            ["hub_cap=0.1", "below avg_degree=10", ">= 0.3162"],
+        ),
+        ("shape=papers", ["unknown shape 'papers'", "expected one of products"]),
+        ("shape=products,shape=products", ["'shape' given twice"]),
+        ("shap=products", ["unknown option 'shap'", "seed, shape"]),
     ],
 )
 def test_bad_specs_are_rejected(spec: str, fragments: list[str]):

@@ -8,8 +8,11 @@ form:
    one vertex), assigned in random order.
 2. **Expected degrees**: every vertex gets a weight drawn from a Pareto law with density
    ``~ w^-power_law_exponent``, scaled so that the mean is ``avg_degree`` and capped at
-   ``sqrt(nodes * avg_degree)`` (hubs stay plausible; the scale is re-fitted after capping).
-   The weights are independent of the labels.
+   ``hub_cap * sqrt(nodes * avg_degree)`` (by default ``hub_cap = 1``: hubs stay plausible;
+   the scale is re-fitted after capping). ``hub_cap = 0`` lifts the cap (up to ``nodes - 1``,
+   the largest possible degree): the tail then holds real hubs (at the default exponent 2.5
+   the largest expected degree grows as ``~nodes^(2/3)`` instead of ``sqrt(nodes)``). The
+   weights are independent of the labels.
 3. **Edges**: exactly ``M = round(nodes * avg_degree / 2)`` distinct undirected edges, of which
    exactly ``round(homophily * M)`` join two vertices of the same class. A same-class edge
    draws ``u`` with probability proportional to its weight and ``v`` proportionally to the
@@ -29,6 +32,9 @@ Everything derives from ``seed`` through independent :class:`numpy.random.SeedSe
 children (structure, features and splits do not perturb one another), is generated in
 fixed-size chunks (peak memory a small multiple of the output) and is byte-identical for the
 same config. The in-edge CSR is built by the C++ kernel of :meth:`Graph.from_edges`.
+
+Named shapes (:data:`SHAPES`, ``synthetic:shape=products``) preset several options at once;
+options given beside ``shape`` override its values.
 """
 
 from __future__ import annotations
@@ -78,6 +84,32 @@ _CAP_ITERATIONS = 50
 #: Tolerance of the sum-of-fractions check (fractions are typed as decimals).
 _FRACTION_SUM_TOL = 1e-9
 
+#: ``hub_cap`` that lifts the cap on the expected degrees (only ``nodes - 1`` remains).
+NO_HUB_CAP = 0.0
+
+#: The spec key that selects a named shape (:data:`SHAPES`); not a config field.
+SHAPE_KEY = "shape"
+
+#: Named shapes: options preset by ``synthetic:shape=NAME`` (other options override them).
+#: ``products``: a 200k-vertex stand-in for ogbn-products that an epoch on 2 cores can run
+#: (products itself: 2.45M vertices, 123.7M in-edges, i.e. average degree ~50, 100
+#: features, 47 classes; a strongly homophilous co-purchase graph): its feature and class
+#: counts, average degree 30, uncapped power-law degrees (real hubs), and a quarter of the
+#: vertices in the training split (50 batches of 1000 per epoch).
+SHAPES: dict[str, dict[str, int | float]] = {
+    "products": dict(
+        nodes=200_000,
+        avg_degree=30.0,
+        classes=47,
+        feat_dim=100,
+        homophily=0.8,
+        train_fraction=0.25,
+        val_fraction=0.05,
+        test_fraction=0.7,
+        hub_cap=NO_HUB_CAP,
+    ),
+}
+
 #: Independent random streams derived from the seed (see :func:`generate`).
 _STREAMS = ("labels", "weights", "same_class_edges", "cross_class_edges", "features", "split")
 
@@ -105,6 +137,10 @@ class SyntheticConfig:
             fractions sum to at most 1.
         power_law_exponent: exponent ``gamma > 2`` of the expected-degree distribution
             ``p(w) ~ w^-gamma`` (the degree tail follows it up to the hub cap).
+        hub_cap: cap on the expected degrees, in units of ``sqrt(nodes * avg_degree)``;
+            :data:`NO_HUB_CAP` (0) lifts it (the largest possible degree, ``nodes - 1``,
+            remains). A positive cap may not put the largest expected degree below
+            ``avg_degree`` (the mean must stay reachable).
         seed: non-negative random seed; the same config gives byte-identical arrays.
     """
 
@@ -118,6 +154,7 @@ class SyntheticConfig:
     val_fraction: float = 0.1
     test_fraction: float = 0.8
     power_law_exponent: float = 2.5
+    hub_cap: float = 1.0
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -133,13 +170,17 @@ class SyntheticConfig:
         """Parse ``"nodes=100000,avg_degree=50,feat_dim=100"`` (the text after ``synthetic:``).
 
         Options not given keep their defaults; an empty spec gives the default config.
-        Integer options accept whole numbers in float notation (``nodes=2.5e6``).
+        ``shape=NAME`` starts from the named shape's options (:data:`SHAPES`) instead of the
+        defaults, wherever it stands in the spec; the other options override them. Integer
+        options accept whole numbers in float notation (``nodes=2.5e6``).
 
         Raises:
-            InputError: unknown or repeated option, malformed item, bad or out-of-range value.
+            InputError: unknown or repeated option, unknown shape, malformed item, bad or
+                out-of-range value.
         """
         types = {f.name: f.type for f in dataclasses.fields(cls)}
         values: dict[str, int | float] = {}
+        shape: str | None = None
         for item in spec.split(","):
             item = item.strip()
             if not item:
@@ -148,15 +189,24 @@ class SyntheticConfig:
             key = key.strip().lower()
             if not sep:
                 raise InputError(f"{_WHERE}: option {item!r} is not KEY=VALUE")
-            if key not in types:
+            if key not in types and key != SHAPE_KEY:
                 raise InputError(
                     f"{_WHERE}: unknown option {key!r}; expected one of "
-                    + ", ".join(cls.option_names())
+                    + ", ".join((*cls.option_names(), SHAPE_KEY))
                 )
-            if key in values:
+            if key in values or (key == SHAPE_KEY and shape is not None):
                 raise InputError(f"{_WHERE}: option {key!r} given twice")
+            if key == SHAPE_KEY:
+                shape = text.strip().lower()
+                if shape not in SHAPES:
+                    raise InputError(
+                        f"{_WHERE}: unknown shape {text.strip()!r}; expected one of "
+                        + ", ".join(SHAPES)
+                    )
+                continue
             values[key] = _parse_number(key, text.strip(), integer=types[key] == "int")
-        return cls(**values)  # type: ignore[arg-type]
+        preset = SHAPES[shape] if shape is not None else {}
+        return cls(**{**preset, **values})  # type: ignore[arg-type]
 
     def to_spec(self) -> str:
         """The ``KEY=VALUE,...`` spec of this config (``from_spec(to_spec())`` round-trips)."""
@@ -177,6 +227,14 @@ class SyntheticConfig:
         _require(self, "homophily", 0 <= self.homophily <= 1, "in [0, 1]")
         _require(self, "feature_signal", self.feature_signal >= 0, ">= 0")
         _require(self, "power_law_exponent", self.power_law_exponent > 2, "> 2")
+        _require(self, "hub_cap", self.hub_cap >= 0, f">= 0 ({NO_HUB_CAP:g} = no cap)")
+        if self.hub_cap != NO_HUB_CAP and self.degree_cap() < self.avg_degree:
+            raise InputError(
+                f"{_WHERE}: hub_cap={self.hub_cap:g} caps the expected degrees at "
+                f"{self.degree_cap():g}, below avg_degree={self.avg_degree:g}; expected "
+                f"hub_cap >= {math.sqrt(self.avg_degree / self.nodes):.4g} or "
+                f"{NO_HUB_CAP:g} (no cap)"
+            )
         for name in ("train_fraction", "val_fraction", "test_fraction"):
             _require(self, name, 0 <= getattr(self, name) <= 1, "in [0, 1]")
         total = self.train_fraction + self.val_fraction + self.test_fraction
@@ -193,6 +251,13 @@ class SyntheticConfig:
                 f"needs {same} same-class and {cross} cross-class edges; expected at most "
                 f"{same_pairs} and {cross_pairs} ({self.classes} classes over {self.nodes} nodes)"
             )
+
+    def degree_cap(self) -> float:
+        """Largest expected degree: ``hub_cap * sqrt(nodes * avg_degree)``, or ``nodes - 1``
+        with :data:`NO_HUB_CAP`."""
+        if self.hub_cap == NO_HUB_CAP:
+            return float(self.nodes - 1)
+        return self.hub_cap * math.sqrt(self.nodes * self.avg_degree)
 
     def edge_counts(self) -> tuple[int, int]:
         """(same-class, cross-class) numbers of undirected edges the graph will have."""
@@ -367,9 +432,9 @@ def _draw_edges(
 
 def _expected_degrees(rng: np.random.Generator, config: SyntheticConfig) -> np.ndarray:
     """float64[nodes] Pareto(``power_law_exponent``) weights with mean ``avg_degree`` and
-    maximum ``sqrt(nodes * avg_degree)``; the scale is re-fitted after every capping."""
+    maximum :meth:`SyntheticConfig.degree_cap`; the scale is re-fitted after every capping."""
     raw = rng.pareto(config.power_law_exponent - 1, config.nodes) + 1.0
-    cap = math.sqrt(config.nodes * config.avg_degree)
+    cap = config.degree_cap()
     degrees = raw * (config.avg_degree / raw.mean())
     for _ in range(_CAP_ITERATIONS):
         np.minimum(degrees, cap, out=degrees)
