@@ -24,17 +24,6 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def cpu_model() -> str:
-    """The CPU's model name (``/proc/cpuinfo``), else what :mod:`platform` says."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def physical_memory_bytes() -> int | None:
     """Bytes of physical memory, or None where the OS does not say (not POSIX)."""
     try:
