@@ -172,6 +172,11 @@ def test_deterministic_output(tmp_path, cora_dir):
     )
     assert len(files) == 1 + 1 + 3 * 12
     for rel in files:
+        if rel.name == "partition.json":  # identical but for the measured peak memory
+            a, b = (json.loads((tmp_path / d / rel).read_text()) for d in ("a", "b"))
+            assert a.pop("peak_memory").keys() == b.pop("peak_memory").keys()
+            assert a == b
+            continue
         assert filecmp.cmp(tmp_path / "a" / rel, tmp_path / "b" / rel, shallow=False), rel
 
 

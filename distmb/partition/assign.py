@@ -14,6 +14,7 @@ import warnings
 
 import numpy as np
 
+from distmb.data.csr import build_csr, csr_edge_chunks
 from distmb.data.graph import Graph, csr_row_positions
 
 METHODS = ("metis", "random")
@@ -85,6 +86,25 @@ def metis_edge_fraction(graph: Graph, budget_bytes: float) -> float:
     return float(fraction)
 
 
+def undirected_csr(graph: Graph) -> tuple[np.ndarray, np.ndarray]:
+    """``(indptr: int64[num_nodes + 1], indices: int32|int64[num_edges'])``: the graph's
+    adjacency with every edge in both directions, as METIS and KaMinPar need it.
+
+    A symmetric graph (``graph.symmetric``) is returned as is, without a copy; a directed one
+    is symmetrised into new arrays (self-loops and duplicates dropped), built chunk by chunk
+    from its CSR (:func:`~distmb.data.csr.build_csr`).
+    """
+    if graph.symmetric:
+        return graph.indptr, graph.indices
+    build = build_csr(
+        csr_edge_chunks(graph.indptr, graph.indices),
+        graph.num_nodes,
+        symmetrize=True,
+        dtype=graph.indices.dtype,
+    )
+    return build.indptr, build.indices
+
+
 def metis_parts(
     graph: Graph, parts: int, *, seed: int, balance_edges: bool, edge_fraction: float = 1.0
 ) -> np.ndarray:
@@ -98,13 +118,11 @@ def metis_parts(
 
     from distmb import _C
 
-    indptr, indices = graph.indptr, graph.indices
-    if not graph.symmetric:
-        dst = np.repeat(np.arange(graph.num_nodes, dtype=np.int64), np.diff(indptr))
-        indptr, indices, _, _ = _C.build_in_csr(indices, dst, graph.num_nodes, True, True)
-        del dst
+    indptr, indices = undirected_csr(graph)
     if edge_fraction < 1.0:
         indptr, indices = _C.sparsify_symmetric(indptr, indices, edge_fraction, seed)
+    else:
+        indices = indices.astype(np.int64, copy=False)  # METIS' idx_t (pymetis would copy)
     constraints = [np.ones(graph.num_nodes, dtype=np.int64)]
     is_train = train_mask(graph)
     if 0 < graph.train_idx.size < graph.num_nodes:
