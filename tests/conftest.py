@@ -66,3 +66,30 @@ def random_graph(
         classes,
         symmetrize=symmetrize,
     )
+
+
+try:
+    import kaminpar  # noqa: F401
+
+    HAVE_KAMINPAR = True
+except ImportError:
+    HAVE_KAMINPAR = False
+
+#: Marks a test that needs the optional KaMinPar bindings (installed by the Makefile's EXTRAS).
+needs_kaminpar = pytest.mark.skipif(
+    not HAVE_KAMINPAR, reason="optional: pip install 'distmb[kaminpar]'"
+)
+#: The min-cut engines: every format invariant holds for each.
+ENGINES = ["metis", pytest.param("kaminpar", marks=needs_kaminpar)]
+
+
+@pytest.fixture()
+def one_thread():
+    """One OpenMP (and so KaMinPar) thread for the test, the previous count restored after:
+    KaMinPar is byte-deterministic for a seed only with one thread."""
+    from distmb import _C
+
+    before = _C.get_num_threads()
+    _C.set_num_threads(1)
+    yield
+    _C.set_num_threads(before)

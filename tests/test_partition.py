@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import random_graph
+from conftest import ENGINES, random_graph
 
 from distmb.data import Graph, PartitionStore, load_dataset
 from distmb.errors import InputError, PartitionError
@@ -79,7 +79,7 @@ def check_partition(graph: Graph, directory: Path, parts: int, halo_features: bo
 
 
 @pytest.mark.parametrize("parts", [1, 2, 3, 8])
-@pytest.mark.parametrize("method", ["metis", "random"])
+@pytest.mark.parametrize("method", [*ENGINES, "random"])
 def test_invariants_random_graph(tmp_path, parts, method):
     graph = random_graph(n=500, m=2500, seed=parts)
     meta = partition_graph(graph, parts, tmp_path / "p", method=method, seed=1)
@@ -88,19 +88,22 @@ def test_invariants_random_graph(tmp_path, parts, method):
     assert meta["edge_cut"] == sum(c["cut_edges"] for c in meta["parts"])
 
 
-def test_directed_graph_and_halo_features(tmp_path):
+@pytest.mark.parametrize("method", ENGINES)
+def test_directed_graph_and_halo_features(tmp_path, method):
     graph = random_graph(n=300, m=1500, symmetrize=False)
     assert not graph.symmetric
-    partition_graph(graph, 3, tmp_path / "p", replicate_halo_features=True)
+    partition_graph(graph, 3, tmp_path / "p", method=method, replicate_halo_features=True)
     check_partition(graph, tmp_path / "p", 3, halo_features=True)
 
 
 @pytest.mark.parametrize("parts", [1, 2, 3, 8])
-def test_invariants_cora(tmp_path, cora_dir, parts):
+@pytest.mark.parametrize("method", ENGINES)
+def test_invariants_cora(tmp_path, cora_dir, parts, method):
     graph = load_dataset(f"planetoid:{cora_dir}")
-    meta = partition_graph(graph, parts, tmp_path / "p", seed=0)
+    meta = partition_graph(graph, parts, tmp_path / "p", method=method, seed=0)
     check_partition(graph, tmp_path / "p", parts)
-    if parts > 1:  # METIS must beat a random cut by far on a real graph
+    assert meta["partitioner"]["method"] == method
+    if parts > 1:  # a min-cut engine must beat a random cut by far on a real graph
         assert meta["edge_cut"] < 0.5 * graph.num_edges * (1 - 1 / parts)
 
 
@@ -110,13 +113,15 @@ def synthetic_graph() -> Graph:
 
 
 @pytest.mark.parametrize("parts", [2, 3, 8])
-def test_invariants_synthetic(tmp_path, synthetic_graph, parts):
-    partition_graph(synthetic_graph, parts, tmp_path / "p", seed=0)
+@pytest.mark.parametrize("method", ENGINES)
+def test_invariants_synthetic(tmp_path, synthetic_graph, parts, method):
+    partition_graph(synthetic_graph, parts, tmp_path / "p", method=method, seed=0)
     check_partition(synthetic_graph, tmp_path / "p", parts)
 
 
-def test_train_balance_synthetic_p8(tmp_path, synthetic_graph):
-    meta = partition_graph(synthetic_graph, 8, tmp_path / "p", seed=0)
+@pytest.mark.parametrize("method", ENGINES)
+def test_train_balance_synthetic_p8(tmp_path, synthetic_graph, method):
+    meta = partition_graph(synthetic_graph, 8, tmp_path / "p", method=method, seed=0)
     train = np.array([c["n_train"] for c in meta["parts"]])
     solid = np.array([c["n_solid"] for c in meta["parts"]])
     assert train.sum() == synthetic_graph.train_idx.size
@@ -163,10 +168,11 @@ def test_random_parts_balanced():
     assert np.bincount(rp, minlength=3).max() - np.bincount(rp, minlength=3).min() <= 1
 
 
-def test_deterministic_output(tmp_path, cora_dir):
+@pytest.mark.parametrize("method", ENGINES)
+def test_deterministic_output(tmp_path, cora_dir, one_thread, method):
     graph = load_dataset(f"planetoid:{cora_dir}")
     for name in ("a", "b"):
-        partition_graph(graph, 3, tmp_path / name, seed=7)
+        partition_graph(graph, 3, tmp_path / name, method=method, seed=7)
     files = sorted(
         p.relative_to(tmp_path / "a") for p in (tmp_path / "a").rglob("*") if p.is_file()
     )
@@ -265,9 +271,12 @@ def test_cli_refuses_existing_out(tmp_path, capsys):
     assert exc.value.code == 2 and "--overwrite" in capsys.readouterr().err
 
 
-def test_cli_end_to_end(tmp_path, capsys):
+@pytest.mark.parametrize("method", ENGINES)
+def test_cli_end_to_end(tmp_path, capsys, one_thread, method):
     code = cli_main(
         [
+            "--method",
+            method,
             "--dataset",
             "synthetic:nodes=3000,avg_degree=8",
             "--parts",

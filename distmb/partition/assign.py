@@ -1,11 +1,13 @@
-"""Vertex -> part assignment: METIS with multi-constraint weights, or balanced random.
+"""Vertex -> part assignment: METIS with multi-constraint weights, KaMinPar, or balanced random.
 
-Both return ``part_of: int32[num_nodes]``. METIS balances vertices and training vertices
-(two constraints, like DistDGL's ``balance_ntypes``; a third, in-degree, with
-``balance_edges``). METIS meets these only approximately (its k-way multi-constraint mode
-can miss the vertex constraint by 20 %, and one training vertex is a large share when a part
-holds few), so :func:`rebalance_train_and_vertices` then moves boundary vertices between
-parts until both are within tolerance.
+All return ``part_of: int32[num_nodes]``; :func:`assign_parts` is the one dispatch point.
+METIS balances vertices and training vertices (two constraints, like DistDGL's
+``balance_ntypes``; a third, in-degree, with ``balance_edges``). KaMinPar
+(:mod:`distmb.partition.kaminpar`) balances one vertex weight, ``1 + w * is_train``. Both
+meet the balance only approximately (METIS' k-way multi-constraint mode can miss the vertex
+constraint by 20 %, one weight cannot pin two counts, and one training vertex is a large
+share when a part holds few), so :func:`rebalance_train_and_vertices` then moves boundary
+vertices between parts until both are within tolerance.
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ import numpy as np
 
 from distmb.data.csr import build_csr, csr_edge_chunks
 from distmb.data.graph import Graph, csr_row_positions
+from distmb.errors import InputError
 
-METHODS = ("metis", "random")
+METHODS = ("metis", "kaminpar", "random")
 
 #: METIS imbalance tolerance, in thousandths over perfect balance (METIS' ufactor).
 METIS_UFACTOR = 30
@@ -40,16 +43,45 @@ def assign_parts(
     balance_edges: bool = False,
     metis_edge_fraction: float = 1.0,
 ) -> np.ndarray:
-    """Assign every vertex to one of ``parts`` parts; returns int32[num_nodes]."""
+    """Assign every vertex to one of ``parts`` parts; returns int32[num_nodes].
+
+    ``method``: ``"metis"`` (:func:`metis_parts`), ``"kaminpar"``
+    (:func:`distmb.partition.kaminpar.kaminpar_parts`, with the OpenMP thread count of
+    ``--threads``) or ``"random"`` (:func:`random_parts`).
+    """
     if parts == 1:
         return np.zeros(graph.num_nodes, dtype=np.int32)
     if method == "metis":
         return metis_parts(
             graph, parts, seed=seed, balance_edges=balance_edges, edge_fraction=metis_edge_fraction
         )
+    if method == "kaminpar":
+        from distmb.partition.kaminpar import kaminpar_parts
+
+        check_method_options(method, balance_edges=balance_edges)
+        return kaminpar_parts(graph, parts, seed=seed)
     if method == "random":
         return random_parts(graph, parts, seed=seed)
     raise ValueError(f"unknown method {method!r}; expected one of {METHODS}")
+
+
+def check_method_options(method: str, *, balance_edges: bool) -> None:
+    """Reject, before any expensive work, a method that cannot run here or cannot honour
+    the options: ``kaminpar`` needs its package and has no in-degree constraint.
+
+    Raises:
+        InputError: naming the flag and what to do instead.
+    """
+    if method != "kaminpar":
+        return
+    if balance_edges:
+        raise InputError(
+            "--balance-edges needs --method metis: KaMinPar balances a single vertex weight "
+            "(vertices and training vertices), not in-degree as a further constraint"
+        )
+    from distmb.partition.kaminpar import import_kaminpar
+
+    import_kaminpar()
 
 
 def train_mask(graph: Graph) -> np.ndarray:
@@ -69,8 +101,6 @@ def metis_edge_fraction(graph: Graph, budget_bytes: float) -> float:
     Raises:
         InputError: when even :data:`MIN_METIS_EDGE_FRACTION` of the edges would not fit.
     """
-    from distmb.errors import InputError
-
     graph_bytes = sum(a.nbytes for a in (graph.indptr, graph.indices, graph.features, graph.labels))
     per_entry = METIS_BYTES_PER_ENTRY + graph.indices.itemsize  # METIS + the sampled copy
     full = graph.num_edges * METIS_BYTES_PER_ENTRY
