@@ -456,16 +456,30 @@ def test_sparsify_symmetric_kernel():
 
 
 def test_memory_budget_sparsifies_metis_input(tmp_path, cora_dir):
-    from distmb.partition.assign import METIS_BYTES_PER_ENTRY, metis_edge_fraction
+    from distmb.partition.assign import (
+        METIS_BYTES_PER_ENTRY,
+        METIS_BYTES_PER_VERTEX,
+        PROCESS_BASELINE_BYTES,
+        metis_edge_fraction,
+        metis_memory_bytes,
+    )
 
     graph = load_dataset(f"planetoid:{cora_dir}")
-    graph_bytes = sum(a.nbytes for a in (graph.indptr, graph.indices, graph.features, graph.labels))
-    full_need = graph_bytes + graph.num_edges * METIS_BYTES_PER_ENTRY
+    fixed = PROCESS_BASELINE_BYTES + graph.nbytes + METIS_BYTES_PER_VERTEX * graph.num_nodes
+    assert metis_memory_bytes(graph, 0.0) == fixed
+    full_need = fixed + graph.num_edges * METIS_BYTES_PER_ENTRY
+    assert metis_memory_bytes(graph, 1.0) == full_need
     assert metis_edge_fraction(graph, full_need) == 1.0
-    budget = graph_bytes + 0.5 * graph.num_edges * (METIS_BYTES_PER_ENTRY + 8)
+    budget = fixed + 0.5 * graph.num_edges * METIS_BYTES_PER_ENTRY
     assert metis_edge_fraction(graph, budget) == pytest.approx(0.5)
     with pytest.raises(InputError, match="--memory-budget"):
-        metis_edge_fraction(graph, graph_bytes)
+        metis_edge_fraction(graph, fixed)
+    # A directed graph's symmetrised copy (at most twice its entries) is counted too.
+    directed = random_graph(n=300, m=1500, symmetrize=False)
+    copy = 8 * directed.num_nodes + directed.indices.itemsize * 2 * directed.num_edges
+    assert metis_memory_bytes(directed, 0.0) == (
+        PROCESS_BASELINE_BYTES + directed.nbytes + copy + METIS_BYTES_PER_VERTEX * 300
+    )
 
     meta = partition_graph(graph, 4, tmp_path / "half", memory_budget_gib=budget / 2**30)
     assert meta["partitioner"]["metis_edge_fraction"] == pytest.approx(0.5, abs=1e-3)

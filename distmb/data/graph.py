@@ -80,6 +80,20 @@ class Graph:
     def feat_dim(self) -> int:
         return int(self.features.shape[1])
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the graph's arrays (structure, features, labels, splits)."""
+        arrays = (
+            self.indptr,
+            self.indices,
+            self.features,
+            self.labels,
+            self.train_idx,
+            self.val_idx,
+            self.test_idx,
+        )
+        return int(sum(a.nbytes for a in arrays))
+
     def in_degree(self) -> np.ndarray:
         """int64[num_nodes]: number of in-edges of every vertex."""
         return np.diff(self.indptr)

@@ -25,10 +25,24 @@ METHODS = ("metis", "kaminpar", "random")
 #: METIS imbalance tolerance, in thousandths over perfect balance (METIS' ufactor).
 METIS_UFACTOR = 30
 
-#: Bytes METIS (pymetis, 64-bit idx_t) needs per directed adjacency entry, measured on
-#: power-law graphs of 25M-125M entries (84-126 B: unit edge weights plus a coarsening
-#: hierarchy that shrinks slowly on skewed degrees), rounded up.
+#: Bytes METIS (pymetis, 64-bit idx_t) needs per adjacency entry it is given, the int64 copy
+#: of the entries handed to it included: 128 measured (``VmHWM`` over the loaded graph) on
+#: power-law graphs of average degree 50 with 1M vertices and 12.5M-25M sampled entries,
+#: P = 4 (unit edge weights plus a coarsening hierarchy that shrinks slowly on skewed
+#: degrees); see :func:`metis_memory_bytes`.
 METIS_BYTES_PER_ENTRY = 128
+
+#: Bytes METIS needs per vertex besides (its vertex arrays over the coarsening levels, the
+#: vertex weights, the membership list pymetis returns): 160, measured with the above.
+METIS_BYTES_PER_VERTEX = 160
+
+#: Resident set of a partitioner process before it holds a graph (interpreter, numpy, the
+#: extension, pymetis), rounded up.
+PROCESS_BASELINE_BYTES = 160 << 20
+
+#: In-edges per block when counting the parts of candidate vertices' neighbours during the
+#: rebalancing (bounds its per-edge temporaries to a few hundred MiB).
+NEIGHBOUR_COUNT_CHUNK = 1 << 23
 
 #: Smallest share of edges METIS may be given before a memory budget is declared too small.
 MIN_METIS_EDGE_FRACTION = 0.1
@@ -91,8 +105,25 @@ def train_mask(graph: Graph) -> np.ndarray:
     return mask
 
 
+def metis_memory_bytes(graph: Graph, edge_fraction: float) -> int:
+    """Peak bytes of the process while METIS partitions ``graph`` with ``edge_fraction`` of
+    its edges: the process baseline, the graph's arrays (:attr:`Graph.nbytes`, features
+    included), the symmetrised copy of a directed graph, and METIS with its input
+    (:data:`METIS_BYTES_PER_VERTEX`, :data:`METIS_BYTES_PER_ENTRY` per entry given)."""
+    entries = graph.num_edges if graph.symmetric else 2 * graph.num_edges  # at most
+    symmetrised = 0 if graph.symmetric else 8 * graph.num_nodes + graph.indices.itemsize * entries
+    return int(
+        PROCESS_BASELINE_BYTES
+        + graph.nbytes
+        + symmetrised
+        + METIS_BYTES_PER_VERTEX * graph.num_nodes
+        + METIS_BYTES_PER_ENTRY * edge_fraction * entries
+    )
+
+
 def metis_edge_fraction(graph: Graph, budget_bytes: float) -> float:
-    """Share of edges METIS can be given so that the graph plus METIS fit ``budget_bytes``.
+    """Share of edges METIS can be given so that the process stays within ``budget_bytes``
+    (:func:`metis_memory_bytes`).
 
     1.0 when the whole graph fits. Below 1, METIS partitions a uniform edge sample (cut
     sparsification: every cut shrinks by the same factor in expectation, so the min-cut
@@ -101,17 +132,17 @@ def metis_edge_fraction(graph: Graph, budget_bytes: float) -> float:
     Raises:
         InputError: when even :data:`MIN_METIS_EDGE_FRACTION` of the edges would not fit.
     """
-    graph_bytes = sum(a.nbytes for a in (graph.indptr, graph.indices, graph.features, graph.labels))
-    per_entry = METIS_BYTES_PER_ENTRY + graph.indices.itemsize  # METIS + the sampled copy
-    full = graph.num_edges * METIS_BYTES_PER_ENTRY
-    if graph_bytes + full <= budget_bytes:
+    if metis_memory_bytes(graph, 1.0) <= budget_bytes:
         return 1.0
-    fraction = (budget_bytes - graph_bytes) / max(graph.num_edges * per_entry, 1)
+    fixed = metis_memory_bytes(graph, 0.0)
+    per_unit = metis_memory_bytes(graph, 1.0) - fixed
+    fraction = (budget_bytes - fixed) / max(per_unit, 1)
     if fraction < MIN_METIS_EDGE_FRACTION:
-        need = graph_bytes + MIN_METIS_EDGE_FRACTION * graph.num_edges * per_entry
+        need = metis_memory_bytes(graph, MIN_METIS_EDGE_FRACTION)
         raise InputError(
             f"--memory-budget {budget_bytes / 2**30:.1f} GiB: METIS needs at least "
-            f"{need / 2**30:.1f} GiB for this graph; raise the budget or use --method random"
+            f"{need / 2**30:.1f} GiB for this graph; raise the budget or use --method kaminpar "
+            "or random"
         )
     return float(fraction)
 
@@ -268,10 +299,22 @@ def rebalance_train_and_vertices(
 def _neighbour_part_counts(
     graph: Graph, part_of: np.ndarray, vertices: np.ndarray, parts: int
 ) -> np.ndarray:
-    """int64[len(vertices), parts]: how many in-neighbours of each vertex lie in each part."""
-    starts, ends = graph.indptr[vertices], graph.indptr[vertices + 1]
-    deg = ends - starts
-    row = np.repeat(np.arange(vertices.size, dtype=np.int64), deg)
-    edge = csr_row_positions(starts, deg)
-    flat = np.bincount(row * parts + part_of[graph.indices[edge]], minlength=vertices.size * parts)
-    return flat.reshape(vertices.size, parts)
+    """int64[len(vertices), parts]: how many in-neighbours of each vertex lie in each part.
+
+    Counted over blocks of vertices with about :data:`NEIGHBOUR_COUNT_CHUNK` in-edges each,
+    so the per-edge temporaries stay bounded whatever the part's size."""
+    counts = np.zeros((vertices.size, parts), dtype=np.int64)
+    deg = graph.indptr[vertices + 1] - graph.indptr[vertices]
+    ends = np.cumsum(deg)
+    lo = 0
+    while lo < vertices.size:
+        done = int(ends[lo - 1]) if lo else 0
+        hi = max(lo + 1, int(np.searchsorted(ends, done + NEIGHBOUR_COUNT_CHUNK, side="right")))
+        hi = min(hi, vertices.size)
+        block_deg = deg[lo:hi]
+        row = np.repeat(np.arange(hi - lo, dtype=np.int64), block_deg)
+        row *= parts
+        row += part_of[graph.indices[csr_row_positions(graph.indptr[vertices[lo:hi]], block_deg)]]
+        counts[lo:hi] = np.bincount(row, minlength=(hi - lo) * parts).reshape(hi - lo, parts)
+        lo = hi
+    return counts

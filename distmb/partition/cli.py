@@ -16,7 +16,6 @@ from distmb.partition.pipeline import (
     check_partition_args,
     default_memory_budget_gib,
     format_report,
-    graph_nbytes,
     partition_graph,
 )
 from distmb.progress import Progress
@@ -158,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         overwrite=args.overwrite,
         progress=log,
     )
-    print(format_report(meta, graph_nbytes(graph)))
+    print(format_report(meta, graph.nbytes))
     print(f"partition written to {args.out}")
     return 0
 

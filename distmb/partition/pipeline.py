@@ -229,17 +229,3 @@ def format_report(meta: dict[str, Any], graph_bytes: int | None = None) -> str:
 
 def _imbalance(x: np.ndarray) -> float:
     return float(x.max() / x.mean()) if x.size and x.mean() > 0 else 1.0
-
-
-def graph_nbytes(graph: Graph) -> int:
-    """Bytes held by the graph's arrays."""
-    arrays = (
-        graph.indptr,
-        graph.indices,
-        graph.features,
-        graph.labels,
-        graph.train_idx,
-        graph.val_idx,
-        graph.test_idx,
-    )
-    return int(sum(a.nbytes for a in arrays))
