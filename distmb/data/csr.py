@@ -71,10 +71,24 @@ def array_chunks(src: np.ndarray, dst: np.ndarray, chunk: int = EDGE_CHUNK) -> E
     return chunks
 
 
-def csr_edge_chunks(indptr: np.ndarray, indices: np.ndarray, chunk: int = EDGE_CHUNK) -> EdgeChunks:
-    """The edges ``indices[k] -> v`` of an in-edge CSR as a chunk source, by blocks of rows of
-    about ``chunk`` edges (a row longer than that is one block)."""
+def csr_edge_chunks(
+    indptr: np.ndarray,
+    indices: np.ndarray,
+    chunk: int = EDGE_CHUNK,
+    *,
+    rows_are_targets: bool = True,
+) -> EdgeChunks:
+    """The edges of a CSR as a chunk source, by blocks of rows of about ``chunk`` entries (a
+    row longer than that is one block).
+
+    Args:
+        indptr: int64[n + 1].
+        indices: integer[nnz], the column of every entry (read in place).
+        rows_are_targets: True for an in-edge CSR (entry ``u`` of row ``v`` is ``u -> v``),
+            False for an adjacency matrix by rows (entry ``v`` of row ``u`` is ``u -> v``).
+    """
     n = indptr.shape[0] - 1
+    row_dtype = indices.dtype if indices.dtype in _ID_DTYPES else np.dtype(np.int64)
 
     def chunks() -> Iterable[tuple[np.ndarray, np.ndarray]]:
         lo = 0
@@ -82,10 +96,9 @@ def csr_edge_chunks(indptr: np.ndarray, indices: np.ndarray, chunk: int = EDGE_C
             target = int(indptr[lo]) + chunk
             hi = max(lo + 1, int(np.searchsorted(indptr, target, side="right")) - 1)
             hi = min(hi, n)
-            dst = np.repeat(
-                np.arange(lo, hi, dtype=indices.dtype), np.diff(indptr[lo : hi + 1])
-            )
-            yield indices[indptr[lo] : indptr[hi]], dst
+            rows = np.repeat(np.arange(lo, hi, dtype=row_dtype), np.diff(indptr[lo : hi + 1]))
+            cols = indices[indptr[lo] : indptr[hi]]
+            yield (cols, rows) if rows_are_targets else (rows, cols)
             lo = hi
 
     return chunks
