@@ -126,7 +126,13 @@ def partition_graph(
         overwrite=overwrite,
         progress=log,
     )
-    log(f"wrote {out_dir}; peak memory {peak_rss_bytes() / 2**30:.2f} GiB")
+    peak = meta["peak_memory"]
+    log(
+        f"wrote {out_dir}; peak memory {peak['peak_rss_bytes'] / 2**30:.2f} GiB = "
+        f"{peak['bytes_per_edge']:.1f} bytes per directed edge "
+        f"({peak['bytes_per_edge_beyond_features']:.1f} beyond the "
+        f"{peak['feature_bytes'] / 2**30:.2f} GiB feature table)"
+    )
     return meta
 
 
@@ -222,7 +228,7 @@ def format_report(meta: dict[str, Any], graph_bytes: int | None = None) -> str:
         peak = peak_rss_bytes()
         lines.append(
             f"peak memory {peak / 2**30:.2f} GiB = {peak / graph_bytes:.1f}x the graph's "
-            f"{graph_bytes / 2**30:.2f} GiB"
+            f"{graph_bytes / 2**30:.2f} GiB = {peak / max(total, 1):.1f} bytes per directed edge"
         )
     return "\n".join(lines)
 
