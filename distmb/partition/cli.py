@@ -73,8 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=default_memory_budget_gib(),
         metavar="GIB",
-        help="when graph + METIS would exceed this, METIS partitions a uniform edge sample "
-        "(default: 60%% of physical memory; recorded in partition.json)",
+        help="when the process with METIS would exceed this (graph and features, plus METIS at "
+        "~128 B per adjacency entry and ~160 B per vertex), METIS partitions the uniform edge "
+        "sample that fits (default: 60%% of physical memory; recorded in partition.json)",
     )
     p.add_argument(
         "--replicate-halo-features",

@@ -62,10 +62,12 @@ def partition_graph(
         train_tolerance: after METIS, move training vertices until max/mean <= 1 + this.
         vertex_tolerance: then move other vertices until the vertex counts' max/mean is
             at most 1 + this.
-        memory_budget_gib: when the graph plus METIS would exceed it, METIS partitions a
-            uniform sample of the edges (default: 60 % of physical memory). The share used
-            is recorded in ``partition.json`` and affects the output, so pass it explicitly
-            to reproduce a partition on a machine with another memory size.
+        memory_budget_gib: when the process with METIS would exceed it
+            (:func:`~distmb.partition.assign.metis_memory_bytes`: the graph with its
+            features, METIS per vertex and per adjacency entry), METIS partitions the
+            uniform sample of the edges that fits (default: 60 % of physical memory). The
+            share used is recorded in ``partition.json`` and affects the output, so pass it
+            explicitly to reproduce a partition on a machine with another memory size.
         replicate_halo_features: store each part's halo features too.
         features_layout: ``"npy"`` or ``"ooc"`` (aligned raw row files for out-of-core
             reads, ``--features ooc``).
