@@ -99,7 +99,7 @@ def test_loaders_build_int32_and_int64_graphs_partition_identically(tmp_path):
     assert partition_files(tmp_path / "narrow") == partition_files(tmp_path / "wide")
     # METIS on an edge sample reads either id type alike.
     for name, g in (("narrow-s", graph), ("wide-s", wide)):
-        budget = assign_module.metis_memory_bytes(g, 0.5) / 2**30  # the same share for both
+        budget = assign_module.metis_memory_bytes(g, 0.5, 3) / 2**30  # the same share for both
         meta = partition_graph(g, 3, tmp_path / name, seed=4, memory_budget_gib=budget)
         assert meta["partitioner"]["metis_edge_fraction"] == pytest.approx(0.5, abs=1e-3)
     assert partition_files(tmp_path / "narrow-s", ignore_budget=True) == partition_files(

@@ -458,6 +458,7 @@ def test_sparsify_symmetric_kernel():
 def test_memory_budget_sparsifies_metis_input(tmp_path, cora_dir):
     from distmb.partition.assign import (
         METIS_BYTES_PER_ENTRY,
+        METIS_BYTES_PER_NEIGHBOUR_PART,
         METIS_BYTES_PER_VERTEX,
         PROCESS_BASELINE_BYTES,
         metis_edge_fraction,
@@ -465,19 +466,26 @@ def test_memory_budget_sparsifies_metis_input(tmp_path, cora_dir):
     )
 
     graph = load_dataset(f"planetoid:{cora_dir}")
-    fixed = PROCESS_BASELINE_BYTES + graph.nbytes + METIS_BYTES_PER_VERTEX * graph.num_nodes
-    assert metis_memory_bytes(graph, 0.0) == fixed
-    full_need = fixed + graph.num_edges * METIS_BYTES_PER_ENTRY
-    assert metis_memory_bytes(graph, 1.0) == full_need
-    assert metis_edge_fraction(graph, full_need) == 1.0
-    budget = fixed + 0.5 * graph.num_edges * METIS_BYTES_PER_ENTRY
-    assert metis_edge_fraction(graph, budget) == pytest.approx(0.5)
+    n, m = graph.num_nodes, graph.num_edges
+    fixed = PROCESS_BASELINE_BYTES + graph.nbytes + METIS_BYTES_PER_VERTEX * n
+    assert metis_memory_bytes(graph, 0.0, 4) == fixed
+    # Cora's average degree is ~3.9 < P = 4: every vertex may neighbour ~3.9 parts.
+    full_need = int(fixed + METIS_BYTES_PER_NEIGHBOUR_PART * m + m * METIS_BYTES_PER_ENTRY)
+    assert metis_memory_bytes(graph, 1.0, 4) == full_need
+    assert metis_memory_bytes(graph, 1.0, 2) == int(
+        fixed + METIS_BYTES_PER_NEIGHBOUR_PART * 2 * n + m * METIS_BYTES_PER_ENTRY
+    )
+    assert metis_edge_fraction(graph, full_need, 4) == 1.0
+    budget = metis_memory_bytes(graph, 0.5, 4)
+    assert metis_edge_fraction(graph, budget, 4) == pytest.approx(0.5, abs=1e-5)
+    assert metis_memory_bytes(graph, metis_edge_fraction(graph, budget, 4), 4) <= budget
+    assert metis_edge_fraction(graph, budget, 2) > 0.5  # fewer parts, less refinement memory
     with pytest.raises(InputError, match="--memory-budget"):
-        metis_edge_fraction(graph, fixed)
+        metis_edge_fraction(graph, fixed, 4)
     # A directed graph's symmetrised copy (at most twice its entries) is counted too.
     directed = random_graph(n=300, m=1500, symmetrize=False)
     copy = 8 * directed.num_nodes + directed.indices.itemsize * 2 * directed.num_edges
-    assert metis_memory_bytes(directed, 0.0) == (
+    assert metis_memory_bytes(directed, 0.0, 3) == (
         PROCESS_BASELINE_BYTES + directed.nbytes + copy + METIS_BYTES_PER_VERTEX * 300
     )
 

@@ -26,15 +26,20 @@ METHODS = ("metis", "kaminpar", "random")
 METIS_UFACTOR = 30
 
 #: Bytes METIS (pymetis, 64-bit idx_t) needs per adjacency entry it is given, the int64 copy
-#: of the entries handed to it included: 128 measured (``VmHWM`` over the loaded graph) on
-#: power-law graphs of average degree 50 with 1M vertices and 12.5M-25M sampled entries,
-#: P = 4 (unit edge weights plus a coarsening hierarchy that shrinks slowly on skewed
-#: degrees); see :func:`metis_memory_bytes`.
+#: of the entries handed to it included (unit edge weights plus a coarsening hierarchy that
+#: shrinks slowly on skewed degrees). With the two constants below, fitted to the process'
+#: high-water mark (``VmHWM``) on power-law graphs of average degree 50: 1M vertices with
+#: 12.5M and 25M sampled entries at P = 4, and 2.5M vertices with 30M sampled entries at
+#: P = 4 and P = 64 (benchmarks/partition.py --budget-bytes-per-edge); rounded up.
 METIS_BYTES_PER_ENTRY = 128
 
 #: Bytes METIS needs per vertex besides (its vertex arrays over the coarsening levels, the
-#: vertex weights, the membership list pymetis returns): 160, measured with the above.
-METIS_BYTES_PER_VERTEX = 160
+#: vertex weights, the membership list pymetis returns).
+METIS_BYTES_PER_VERTEX = 176
+
+#: Bytes per vertex and per distinct part among its neighbours, which the k-way refinement
+#: keeps for boundary vertices (METIS' neighbour pool): at most ``min(P, degree)`` of them.
+METIS_BYTES_PER_NEIGHBOUR_PART = 12
 
 #: Resident set of a partitioner process before it holds a graph (interpreter, numpy, the
 #: extension, pymetis), rounded up.
@@ -43,6 +48,9 @@ PROCESS_BASELINE_BYTES = 160 << 20
 #: In-edges per block when counting the parts of candidate vertices' neighbours during the
 #: rebalancing (bounds its per-edge temporaries to a few hundred MiB).
 NEIGHBOUR_COUNT_CHUNK = 1 << 23
+
+#: Bisection steps of :func:`metis_edge_fraction` (the fraction to ~1e-15).
+_FRACTION_BISECTIONS = 50
 
 #: Smallest share of edges METIS may be given before a memory budget is declared too small.
 MIN_METIS_EDGE_FRACTION = 0.1
@@ -105,25 +113,30 @@ def train_mask(graph: Graph) -> np.ndarray:
     return mask
 
 
-def metis_memory_bytes(graph: Graph, edge_fraction: float) -> int:
-    """Peak bytes of the process while METIS partitions ``graph`` with ``edge_fraction`` of
-    its edges: the process baseline, the graph's arrays (:attr:`Graph.nbytes`, features
-    included), the symmetrised copy of a directed graph, and METIS with its input
-    (:data:`METIS_BYTES_PER_VERTEX`, :data:`METIS_BYTES_PER_ENTRY` per entry given)."""
+def metis_memory_bytes(graph: Graph, edge_fraction: float, parts: int) -> int:
+    """Peak bytes of the process while METIS partitions ``graph`` into ``parts`` parts with
+    ``edge_fraction`` of its edges: the process baseline, the graph's arrays
+    (:attr:`Graph.nbytes`, features included), the symmetrised copy of a directed graph, and
+    METIS with its input: :data:`METIS_BYTES_PER_ENTRY` per entry given,
+    :data:`METIS_BYTES_PER_VERTEX` per vertex, :data:`METIS_BYTES_PER_NEIGHBOUR_PART` per
+    vertex and neighbouring part (``min(parts, sampled average degree)`` of them)."""
+    n = graph.num_nodes
     entries = graph.num_edges if graph.symmetric else 2 * graph.num_edges  # at most
-    symmetrised = 0 if graph.symmetric else 8 * graph.num_nodes + graph.indices.itemsize * entries
+    symmetrised = 0 if graph.symmetric else 8 * n + graph.indices.itemsize * entries
+    sampled = edge_fraction * entries
+    neighbour_parts = min(float(parts), sampled / max(n, 1))
     return int(
         PROCESS_BASELINE_BYTES
         + graph.nbytes
         + symmetrised
-        + METIS_BYTES_PER_VERTEX * graph.num_nodes
-        + METIS_BYTES_PER_ENTRY * edge_fraction * entries
+        + n * (METIS_BYTES_PER_VERTEX + METIS_BYTES_PER_NEIGHBOUR_PART * neighbour_parts)
+        + METIS_BYTES_PER_ENTRY * sampled
     )
 
 
-def metis_edge_fraction(graph: Graph, budget_bytes: float) -> float:
+def metis_edge_fraction(graph: Graph, budget_bytes: float, parts: int) -> float:
     """Share of edges METIS can be given so that the process stays within ``budget_bytes``
-    (:func:`metis_memory_bytes`).
+    (the largest fraction whose :func:`metis_memory_bytes` fits, found by bisection).
 
     1.0 when the whole graph fits. Below 1, METIS partitions a uniform edge sample (cut
     sparsification: every cut shrinks by the same factor in expectation, so the min-cut
@@ -132,19 +145,23 @@ def metis_edge_fraction(graph: Graph, budget_bytes: float) -> float:
     Raises:
         InputError: when even :data:`MIN_METIS_EDGE_FRACTION` of the edges would not fit.
     """
-    if metis_memory_bytes(graph, 1.0) <= budget_bytes:
+    if metis_memory_bytes(graph, 1.0, parts) <= budget_bytes:
         return 1.0
-    fixed = metis_memory_bytes(graph, 0.0)
-    per_unit = metis_memory_bytes(graph, 1.0) - fixed
-    fraction = (budget_bytes - fixed) / max(per_unit, 1)
-    if fraction < MIN_METIS_EDGE_FRACTION:
-        need = metis_memory_bytes(graph, MIN_METIS_EDGE_FRACTION)
+    need = metis_memory_bytes(graph, MIN_METIS_EDGE_FRACTION, parts)
+    if need > budget_bytes:
         raise InputError(
             f"--memory-budget {budget_bytes / 2**30:.1f} GiB: METIS needs at least "
             f"{need / 2**30:.1f} GiB for this graph; raise the budget or use --method kaminpar "
             "or random"
         )
-    return float(fraction)
+    lo, hi = MIN_METIS_EDGE_FRACTION, 1.0  # memory is increasing in the fraction
+    for _ in range(_FRACTION_BISECTIONS):
+        mid = 0.5 * (lo + hi)
+        if metis_memory_bytes(graph, mid, parts) <= budget_bytes:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 def undirected_csr(graph: Graph) -> tuple[np.ndarray, np.ndarray]:

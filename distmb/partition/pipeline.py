@@ -87,7 +87,7 @@ def partition_graph(
     budget = default_memory_budget_gib() if memory_budget_gib is None else memory_budget_gib
     if budget <= 0:
         raise InputError(f"--memory-budget must be > 0 GiB, got {budget}")
-    fraction = metis_edge_fraction(graph, budget * 2**30) if method == "metis" else 1.0
+    fraction = metis_edge_fraction(graph, budget * 2**30, parts) if method == "metis" else 1.0
     if fraction < 1.0:
         log(
             f"METIS would exceed the {budget:.1f} GiB memory budget: it partitions a uniform "
