@@ -451,3 +451,69 @@ def test_peak_memory_is_this_process_not_its_parent():
     )
     assert ballast.sum() > 0
     assert child < 250 << 20
+
+
+# ---- the engine phase without the graph's big arrays in memory ----------------------------
+
+
+def _rss() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="spilling needs /proc/self/fd")
+def test_spilled_arrays_leave_memory_and_come_back_equal(tmp_path, monkeypatch):
+    from distmb.partition import spill
+
+    graph = random_graph(n=1000, m=5000, seed=1)
+    big = np.random.default_rng(0).standard_normal((1000, 32768), dtype=np.float32)  # 125 MiB
+    graph.features = big.copy()
+    indices = graph.indices.copy()
+    monkeypatch.setattr(spill, "SPILL_MIN_BYTES", 1)
+    before = _rss()
+    with spill.spilled(graph, directory=tmp_path) as names:
+        assert names == ["indices", "features"]
+        assert all(spill.is_file_backed(getattr(graph, n)) for n in names)
+        assert list(tmp_path.iterdir()) == []  # unlinked at once
+        dropped = before - _rss()
+        assert dropped > 100 << 20, dropped  # the anonymous copy is gone
+        np.testing.assert_array_equal(graph.features, big)  # read back through the map
+        read = _rss() - (before - dropped)
+        assert read > 100 << 20, read  # ... which made its pages resident
+        old = graph.features
+        spill.release_pages(graph)
+        assert graph.features is not old
+        del old
+        assert before - _rss() > 100 << 20  # a fresh map holds no resident page
+        np.testing.assert_array_equal(graph.indices, indices)
+        assert spill.resident_nbytes(graph) == graph.nbytes - big.nbytes - indices.nbytes
+    np.testing.assert_array_equal(graph.features, big)  # still readable after the block
+    with pytest.raises(ValueError, match="read-only"):
+        graph.features[0, 0] = 1.0
+
+
+def test_spill_is_skipped_when_small_or_already_mapped(tmp_path):
+    from distmb.partition import spill
+
+    graph = random_graph(n=200, m=800, seed=2)
+    np.save(tmp_path / "f.npy", graph.features)
+    graph.features = np.load(tmp_path / "f.npy", mmap_mode="r")
+    with spill.spilled(graph, directory=tmp_path / "..") as names:
+        assert names == []  # indices are small; features are a map already (reopened)
+        assert spill.is_file_backed(graph.features)
+        assert not spill.is_file_backed(graph.indices)
+
+
+def test_partition_identical_with_and_without_spilling(tmp_path, monkeypatch):
+    from distmb.partition import spill
+
+    graph = random_graph(n=600, m=4000, seed=5)
+    reference = Graph(**graph.__dict__)
+    monkeypatch.setattr(spill, "SPILL_MIN_BYTES", 1 << 62)
+    partition_graph(reference, 3, tmp_path / "kept", seed=3, replicate_halo_features=True)
+    monkeypatch.setattr(spill, "SPILL_MIN_BYTES", 1)
+    partition_graph(graph, 3, tmp_path / "spilled", seed=3, replicate_halo_features=True)
+    assert spill.is_file_backed(graph.indices) and spill.is_file_backed(graph.features)
+    assert partition_files(tmp_path / "kept") == partition_files(tmp_path / "spilled")

@@ -19,8 +19,11 @@ import numpy as np
 from distmb.data.csr import build_csr, csr_edge_chunks
 from distmb.data.graph import Graph, csr_row_positions
 from distmb.errors import InputError
+from distmb.partition.spill import release_pages, resident_nbytes
 
 METHODS = ("metis", "kaminpar", "random")
+#: The methods that run a partitioning engine on a copy of the adjacency.
+ENGINES = ("metis", "kaminpar")
 
 #: METIS imbalance tolerance, in thousandths over perfect balance (METIS' ufactor).
 METIS_UFACTOR = 30
@@ -115,8 +118,9 @@ def train_mask(graph: Graph) -> np.ndarray:
 
 def metis_memory_bytes(graph: Graph, edge_fraction: float, parts: int) -> int:
     """Peak bytes of the process while METIS partitions ``graph`` into ``parts`` parts with
-    ``edge_fraction`` of its edges: the process baseline, the graph's arrays
-    (:attr:`Graph.nbytes`, features included), the symmetrised copy of a directed graph, and
+    ``edge_fraction`` of its edges: the process baseline, the graph's arrays held in memory
+    (:func:`~distmb.partition.spill.resident_nbytes`: features included unless they are a
+    memory map), the symmetrised copy of a directed graph, and
     METIS with its input: :data:`METIS_BYTES_PER_ENTRY` per entry given,
     :data:`METIS_BYTES_PER_VERTEX` per vertex, :data:`METIS_BYTES_PER_NEIGHBOUR_PART` per
     vertex and neighbouring part (``min(parts, sampled average degree)`` of them)."""
@@ -127,7 +131,7 @@ def metis_memory_bytes(graph: Graph, edge_fraction: float, parts: int) -> int:
     neighbour_parts = min(float(parts), sampled / max(n, 1))
     return int(
         PROCESS_BASELINE_BYTES
-        + graph.nbytes
+        + resident_nbytes(graph)
         + symmetrised
         + n * (METIS_BYTES_PER_VERTEX + METIS_BYTES_PER_NEIGHBOUR_PART * neighbour_parts)
         + METIS_BYTES_PER_ENTRY * sampled
@@ -200,7 +204,8 @@ def metis_parts(
     if edge_fraction < 1.0:
         indptr, indices = _C.sparsify_symmetric(indptr, indices, edge_fraction, seed)
     else:
-        indices = indices.astype(np.int64, copy=False)  # METIS' idx_t (pymetis would copy)
+        indices = np.array(indices, dtype=np.int64)  # METIS' idx_t (pymetis would copy)
+    release_pages(graph)  # METIS has its input: what was read through the maps goes
     constraints = [np.ones(graph.num_nodes, dtype=np.int64)]
     is_train = train_mask(graph)
     if 0 < graph.train_idx.size < graph.num_nodes:

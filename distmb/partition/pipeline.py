@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -14,11 +15,13 @@ from distmb.data.store import STAMP_FILE, read_meta
 from distmb.errors import InputError, PartitionError
 from distmb.machine import physical_memory_bytes
 from distmb.partition.assign import (
+    ENGINES,
     METHODS,
     assign_parts,
     metis_edge_fraction,
     rebalance_train_and_vertices,
 )
+from distmb.partition.spill import spilled
 from distmb.partition.writer import write_partition
 from distmb.progress import Progress, peak_rss_bytes
 
@@ -87,21 +90,26 @@ def partition_graph(
     budget = default_memory_budget_gib() if memory_budget_gib is None else memory_budget_gib
     if budget <= 0:
         raise InputError(f"--memory-budget must be > 0 GiB, got {budget}")
-    fraction = metis_edge_fraction(graph, budget * 2**30, parts) if method == "metis" else 1.0
-    if fraction < 1.0:
-        log(
-            f"METIS would exceed the {budget:.1f} GiB memory budget: it partitions a uniform "
-            f"{100 * fraction:.0f} % sample of the edges (--memory-budget to change)"
+    # The engines work on their own copy of the adjacency: the graph's indices and features
+    # wait in memory-mapped files meanwhile (distmb.partition.spill).
+    spill = spilled(graph, log) if method in ENGINES and parts > 1 else nullcontext([])
+    with spill:
+        fraction = metis_edge_fraction(graph, budget * 2**30, parts) if method == "metis" else 1.0
+        if fraction < 1.0:
+            log(
+                f"METIS would exceed the {budget:.1f} GiB memory budget: it partitions a "
+                f"uniform {100 * fraction:.0f} % sample of the edges (--memory-budget to change)"
+            )
+        log(f"assigning {graph.num_nodes} vertices to {parts} parts ({method}, seed {seed})")
+        part_of = assign_parts(
+            graph,
+            parts,
+            method=method,
+            seed=seed,
+            balance_edges=balance_edges,
+            metis_edge_fraction=fraction,
         )
-    log(f"assigning {graph.num_nodes} vertices to {parts} parts ({method}, seed {seed})")
-    part_of = assign_parts(
-        graph,
-        parts,
-        method=method,
-        seed=seed,
-        balance_edges=balance_edges,
-        metis_edge_fraction=fraction,
-    )
+    log(f"{method} done; peak memory so far {peak_rss_bytes() / 2**30:.2f} GiB")
     moved_train, moved_other = rebalance_train_and_vertices(
         graph, part_of, parts, train_tolerance=train_tolerance, vertex_tolerance=vertex_tolerance
     )
