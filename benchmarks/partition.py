@@ -8,6 +8,12 @@ and the timings of its phases are read from its progress lines. Writes
     python benchmarks/partition.py                      # 1e5, 1e6, 2.5e6 vertices; P = 4, 16
     python benchmarks/partition.py --nodes 100000 --parts 4
 
+Every record has the child's peak resident memory (``/usr/bin/time``'s high-water mark) in
+bytes per directed edge, in total and beyond the feature table, against the bounded-memory
+goal (:data:`GOAL_BYTES_PER_EDGE`); ``--method kaminpar`` or ``--budget-bytes-per-edge 40``
+(METIS on the edge sample that fits) measure the bounded configurations, ``--merge`` adds
+them to the stored records (the measured runs: see ``results/README.md``).
+
 With ``--methods metis,kaminpar`` it compares the engines instead: each dataset is loaded
 once and its adjacency and training set saved; every (method, P, repeat) then runs in a
 child process that loads just those arrays, runs the engine and the train rebalancing, and
@@ -45,9 +51,42 @@ ENGINE_RESULTS = RESULTS / "partition_engines.json"
 STEP = re.compile(r"^\[\s*([\d.]+)s\] (.*)$")
 
 
-def run_one(nodes: int, parts: int, avg_degree: int, feat_dim: int, workdir: Path) -> dict:
-    """Partition one synthetic graph in a subprocess; return timings and peak memory."""
-    out = workdir / f"n{nodes}-p{parts}"
+#: The bounded-memory goal: peak bytes per directed edge beyond the feature table.
+GOAL_BYTES_PER_EDGE = 40
+
+
+def synthetic_sizes(nodes: int, avg_degree: int, feat_dim: int) -> tuple[int, int]:
+    """(directed edges, feature bytes) of the synthetic graph: the generator's exact edge
+    count, float32 features."""
+    from distmb.data.synthetic import SyntheticConfig
+
+    config = SyntheticConfig(nodes=nodes, avg_degree=float(avg_degree), feat_dim=feat_dim)
+    return 2 * sum(config.edge_counts()), nodes * feat_dim * 4
+
+
+def run_one(
+    nodes: int,
+    parts: int,
+    avg_degree: int,
+    feat_dim: int,
+    workdir: Path,
+    *,
+    method: str = "metis",
+    budget_bytes_per_edge: float | None = None,
+    threads: int | None = None,
+    mem_cap_gib: float | None = None,
+) -> dict:
+    """Partition one synthetic graph in a subprocess; return timings and peak memory.
+
+    Args:
+        method: ``--method``.
+        budget_bytes_per_edge: pass ``--memory-budget`` = this many bytes per directed edge
+            plus the feature table (METIS then partitions the edge sample that fits).
+        threads: ``--threads``.
+        mem_cap_gib: run the child under ``prlimit --as`` (address space), so a run that
+            outgrows the machine fails instead of waking the OOM killer.
+    """
+    out = workdir / f"n{nodes}-p{parts}-{method}"
     spec = f"synthetic:nodes={nodes},avg_degree={avg_degree},feat_dim={feat_dim}"
     cmd = [
         sys.executable,
@@ -60,10 +99,24 @@ def run_one(nodes: int, parts: int, avg_degree: int, feat_dim: int, workdir: Pat
         "--out",
         str(out),
         "--overwrite",
+        "--method",
+        method,
     ]
+    edges, feature_bytes = synthetic_sizes(nodes, avg_degree, feat_dim)
+    budget_gib = None
+    if budget_bytes_per_edge is not None:
+        budget_gib = round((budget_bytes_per_edge * edges + feature_bytes) / 2**30, 3)
+        cmd += ["--memory-budget", str(budget_gib)]
+    if threads is not None:
+        cmd += ["--threads", str(threads)]
+    if mem_cap_gib is not None:
+        cmd = ["prlimit", f"--as={int(mem_cap_gib * 2**30)}", *cmd]
+    # /usr/bin/time's %M is the child's own high-water mark (it forks a fresh process; a
+    # child of this interpreter would inherit this process' peak in ru_maxrss).
     wrapper = ["/usr/bin/time", "-f", "MAXRSS_KB=%M"] if Path("/usr/bin/time").exists() else []
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)} if threads else None
     t0 = time.perf_counter()
-    proc = subprocess.run(wrapper + cmd, capture_output=True, text=True, check=False)
+    proc = subprocess.run(wrapper + cmd, capture_output=True, text=True, check=False, env=env)
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
@@ -83,17 +136,33 @@ def run_one(nodes: int, parts: int, avg_degree: int, feat_dim: int, workdir: Pat
         "parts": parts,
         "avg_degree": avg_degree,
         "feat_dim": feat_dim,
+        "method": method,
+        "threads": threads,
         "wall_s": round(wall, 2),
         "load_s": round(t_assign, 2),  # generate + CSR build + validate
-        "assign_s": round(t_assigned - t_assign, 2),  # METIS + train rebalancing
+        "assign_s": round(t_assigned - t_assign, 2),  # engine + train rebalancing
         "write_s": round(at("wrote") - t_assigned, 2),  # extract parts, checksums, rename
         "partition_s": round(at("wrote") - t_assign, 2),  # everything after loading
     }
+    if budget_gib is not None:
+        record["budget_bytes_per_edge"] = budget_bytes_per_edge
+        record["memory_budget_gib"] = budget_gib
     sample = re.search(r"uniform (\d+) % sample of the edges", proc.stderr)
     record["metis_edge_percent"] = int(sample.group(1)) if sample else 100
+    meta = json.loads((out / "partition.json").read_text())
+    record["directed_edges"] = int(meta["num_edges"])
+    record["feature_bytes"] = feature_bytes
+    record["metis_edge_fraction"] = meta["partitioner"].get("metis_edge_fraction")
+    record["partition_json_peak_memory"] = meta.get("peak_memory")
     rss = re.search(r"MAXRSS_KB=(\d+)", proc.stderr)
     if rss:
-        record["peak_rss_gib"] = round(int(rss.group(1)) / 2**20, 2)
+        peak = int(rss.group(1)) * 1024
+        record["peak_rss_gib"] = round(peak / 2**30, 2)
+        record["bytes_per_edge"] = round(peak / record["directed_edges"], 1)
+        record["bytes_per_edge_beyond_features"] = round(
+            (peak - feature_bytes) / record["directed_edges"], 1
+        )
+        record["meets_goal"] = record["bytes_per_edge_beyond_features"] <= GOAL_BYTES_PER_EDGE
     report = proc.stdout
     m = re.search(r"peak memory [\d.]+ GiB = ([\d.]+)x the graph's ([\d.]+) GiB", report)
     if m:
@@ -113,26 +182,59 @@ def run_one(nodes: int, parts: int, avg_degree: int, feat_dim: int, workdir: Pat
     return record
 
 
+def series_label(record: dict) -> str:
+    """``metis``, ``kaminpar`` or ``metis <=40 B/edge`` (a METIS run under a memory budget)."""
+    label = record.get("method", "metis")
+    if record.get("budget_bytes_per_edge") is not None:
+        label += f" <={record['budget_bytes_per_edge']:g} B/edge"
+    return label
+
+
+def record_key(record: dict) -> tuple:
+    """What a record measures (``--merge`` replaces a stored record with the same key)."""
+    return (
+        record["nodes"],
+        record["parts"],
+        record["avg_degree"],
+        record["feat_dim"],
+        record.get("method", "metis"),
+        record.get("budget_bytes_per_edge"),
+    )
+
+
 def plot(records: list[dict], path: Path) -> None:
-    fig, (ax_t, ax_m) = panels(2)
-    for parts in sorted({r["parts"] for r in records}):
-        rs = sorted((r for r in records if r["parts"] == parts), key=lambda r: r["nodes"])
+    fig, (ax_t, ax_m, ax_e) = panels(3)
+    series = sorted({(series_label(r), r["parts"]) for r in records})
+    for label, parts in series:
+        rs = sorted(
+            (r for r in records if series_label(r) == label and r["parts"] == parts),
+            key=lambda r: r["nodes"],
+        )
         x = [r["nodes"] for r in rs]
-        ax_t.plot(x, [r["wall_s"] for r in rs], "o-", label=f"P={parts} total")
-        ax_t.plot(x, [r["partition_s"] for r in rs], "s--", label=f"P={parts} after loading")
-        ax_m.plot(x, [r.get("peak_rss_gib", float("nan")) for r in rs], "o-", label=f"P={parts}")
+        name = f"{label}, P={parts}"
+        ax_t.plot(x, [r["wall_s"] for r in rs], "o-", label=f"{name} total")
+        ax_m.plot(x, [r.get("peak_rss_gib", float("nan")) for r in rs], "o-", label=name)
+        ax_e.plot(
+            x, [r.get("bytes_per_edge_beyond_features", float("nan")) for r in rs], "o-", label=name
+        )
     reference_line(ax_t, 600, "target: 10 minutes", color="red")
     reference_line(ax_m, 16 * 1e9 / 2**30, "target: 16 GB", color="red")
+    reference_line(ax_e, GOAL_BYTES_PER_EDGE, f"goal: {GOAL_BYTES_PER_EDGE} B/edge", color="red")
     nodes = [r["nodes"] for r in records]
-    set_scale(ax_t, [v for r in records for v in (r["wall_s"], r["partition_s"])] + [600])
-    for ax in (ax_t, ax_m):
+    set_scale(ax_t, [r["wall_s"] for r in records] + [600])
+    per_edge = [r["bytes_per_edge_beyond_features"] for r in records if "bytes_per_edge" in r]
+    set_scale(ax_e, per_edge + [GOAL_BYTES_PER_EDGE])
+    shapes = sorted({(r["avg_degree"], r["feat_dim"]) for r in records})
+    xlabel = "vertices (" + "; ".join(f"avg degree {d}, {f} features" for d, f in shapes) + ")"
+    for ax in (ax_t, ax_m, ax_e):
         set_scale(ax, nodes, axis="x")
-        ax.set_xlabel("vertices (avg degree 50, 100 features)")
+        ax.set_xlabel(xlabel if len(xlabel) < 70 else "vertices")
         ax.grid(alpha=0.3)
-        ax.legend()
+        ax.legend(fontsize="x-small")
     ax_t.set_ylabel("seconds")
     ax_m.set_ylabel("peak RSS (GiB)")
-    fig.suptitle("distmb-partition (METIS, train-balanced)")
+    ax_e.set_ylabel("peak bytes per directed edge beyond features")
+    fig.suptitle("distmb-partition: time and peak memory (child's high-water mark)")
     save_figure(fig, path, dpi=110)
 
 
@@ -473,13 +575,36 @@ def main() -> None:
         help=f"--methods: dataset specs (default: synthetic); prefix {CLUSTERED} to draw the "
         f"training set from the first {CLUSTERED_CLASSES} classes only",
     )
-    p.add_argument("--threads", type=int, default=os.cpu_count(), help="--methods: threads")
+    p.add_argument("--threads", type=int, default=os.cpu_count(), help="threads (--threads)")
     p.add_argument("--repeats", type=int, default=3, help="--methods: runs per configuration")
     p.add_argument("--seed", type=int, default=0, help="--methods: seed of the first repeat")
     p.add_argument(
         "--train-weights",
         help="--methods: also run kaminpar with these training-vertex weights (e.g. 0,2,4)",
     )
+    p.add_argument(
+        "--method",
+        default="metis",
+        help="engine of the scaling runs (--methods compares engines instead)",
+    )
+    p.add_argument(
+        "--budget-bytes-per-edge",
+        type=float,
+        help="give the partitioner --memory-budget = this many bytes per directed edge plus "
+        f"the feature table (the bounded-memory goal is {GOAL_BYTES_PER_EDGE})",
+    )
+    p.add_argument(
+        "--mem-cap-gib",
+        type=float,
+        help="cap each partitioner's address space (prlimit --as), so it fails rather than "
+        "pushing a shared machine into the OOM killer",
+    )
+    p.add_argument(
+        "--merge",
+        action="store_true",
+        help="keep the records of --out that this run does not measure again",
+    )
+    p.add_argument("--workdir", type=Path, help="where the partitions are written (temporary)")
     p.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child is not None:
@@ -491,19 +616,32 @@ def main() -> None:
         compare_engines(args)
         return
     records = []
-    with tempfile.TemporaryDirectory(prefix="distmb-bench-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="distmb-bench-", dir=args.workdir) as tmp:
         for nodes in args.nodes:
             for parts in args.parts:
-                rec = run_one(nodes, parts, args.avg_degree, args.feat_dim, Path(tmp))
+                rec = run_one(
+                    nodes,
+                    parts,
+                    args.avg_degree,
+                    args.feat_dim,
+                    Path(tmp),
+                    method=args.method,
+                    budget_bytes_per_edge=args.budget_bytes_per_edge,
+                    threads=args.threads,
+                    mem_cap_gib=args.mem_cap_gib,
+                )
                 print(json.dumps(rec), flush=True)
                 records.append(rec)
+    if args.merge and args.out.exists():
+        new_keys = {record_key(r) for r in records}
+        kept = [
+            r for r in json.loads(args.out.read_text())["records"] if record_key(r) not in new_keys
+        ]
+        records = kept + records
     result = {
         "benchmark": "partition",
-        "machine": {
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-        },
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "machine": machine(),
         "records": records,
     }
     write_json(args.out, result)

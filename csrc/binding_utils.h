@@ -36,6 +36,27 @@ inline bool is_c_contiguous(const py::array& a) {
   return (a.flags() & py::array::c_style) == py::array::c_style;
 }
 
+// Whether a is int32 (else int64); throws ValueError naming it unless it is a 1-D C-contiguous
+// int32 or int64 array (and, with writable, a writable one). Kernels templated on the id type
+// read it in place: no conversion copy of an id array ever happens in a binding.
+inline bool require_id_array(const py::array& a, const char* name, bool writable = false) {
+  const bool is32 = a.dtype().is(py::dtype::of<int32_t>());
+  if (a.ndim() != 1 || !(is32 || a.dtype().is(py::dtype::of<int64_t>())) || !is_c_contiguous(a))
+    throw py::value_error(std::string(name) + " must be a 1-D C-contiguous int32 or int64 " +
+                          "array (got " + std::string(py::str(a.dtype())) + ", " +
+                          std::to_string(a.ndim()) + "-D)");
+  if (writable && !a.writeable()) throw py::value_error(std::string(name) + " must be writable");
+  return is32;
+}
+
+// A writable 1-D C-contiguous int64 array (an output the kernel fills in place).
+inline int64_t* require_int64_out(py::array& a, const char* name) {
+  if (a.ndim() != 1 || !a.dtype().is(py::dtype::of<int64_t>()) || !is_c_contiguous(a) ||
+      !a.writeable())
+    throw py::value_error(std::string(name) + " must be a writable 1-D C-contiguous int64 array");
+  return static_cast<int64_t*>(a.mutable_data());
+}
+
 // Registration of each family's functions, classes and constants on the module.
 void bind_graph(py::module_& m);      // csrc/graph_bindings.cpp
 void bind_partition(py::module_& m);  // csrc/partition_bindings.cpp

@@ -14,26 +14,47 @@ namespace distmb {
 
 // ---- graph.cpp: graph construction ---------------------------------------------------
 
-struct CsrBuildStats {
-  int64_t self_loops = 0;   // input edges with src == dst that were dropped
-  int64_t duplicates = 0;   // CSR entries merged because the same (src, dst) occurred again
-};
+// The in-edge CSR of COO edges src[e] -> dst[e] over [0, num_nodes) is built in three
+// passes over chunks of the edges, in arrays the caller owns (distmb/data/csr.py):
+//   counts = int64[num_nodes + 1] of zeros; csr_count_edges(chunk) for every chunk;
+//   inclusive scan of counts (counts[v] = row v's start; counts[num_nodes] = total);
+//   indices = I[total]; csr_scatter_edges(chunk) for every chunk (the same chunks again);
+//   kept = csr_finish(counts, indices): counts is then indptr, indices[0 .. kept) the rows.
+// S (the chunks' id type) and I (the index type) are int32_t or int64_t. The result is
+// independent of the chunking and of the thread count.
 
-// build_in_csr: COO edges src[e] -> dst[e] over vertices [0, num_nodes) to the CSR of
-// in-edges: indices[indptr[v] .. indptr[v+1]) are the distinct sources of v, ascending.
-// With symmetrize every edge also yields dst -> src. With drop_self_loops, v -> v is dropped.
-// Throws std::out_of_range naming the first edge whose endpoint is outside [0, num_nodes).
-// Output is independent of the thread count. Memory: one buffer of the scattered entries
-// (2E with symmetrize), compacted in place unless over 1/8 of it are duplicates; the inputs
-// are only read (they may be read-only memory maps).
-CsrBuildStats build_in_csr(const int64_t* src, const int64_t* dst, int64_t num_edges,
-                           int64_t num_nodes, bool symmetrize, bool drop_self_loops,
-                           std::vector<int64_t>& indptr, std::vector<int64_t>& indices);
+// csr_count_edges: adds the in-degree contributions of one chunk to counts[1 .. num_nodes]:
+// edge s -> d adds 1 to counts[d + 1], and to counts[s + 1] with symmetrize (d -> s too). With
+// drop_self_loops, s -> s adds nothing. Returns the chunk's self-loops. Throws
+// std::out_of_range naming edge first_edge + e, the chunk's first with an endpoint outside
+// [0, num_nodes), before changing anything.
+template <class S>
+int64_t csr_count_edges(const S* src, const S* dst, int64_t m, int64_t num_nodes,
+                        bool symmetrize, bool drop_self_loops, int64_t first_edge,
+                        int64_t* counts);
+
+// csr_scatter_edges: writes every source s of an edge s -> d at indices[cursor[d]++] (and d at
+// indices[cursor[s]++] with symmetrize). cursor[v] starts as row v's first slot; indices has
+// capacity entries. Throws std::out_of_range as csr_count_edges, and std::logic_error (after
+// writing nothing outside indices) when the chunks hold more edges than were counted.
+template <class S, class I>
+void csr_scatter_edges(const S* src, const S* dst, int64_t m, int64_t num_nodes,
+                       bool symmetrize, bool drop_self_loops, int64_t first_edge,
+                       int64_t* cursor, I* indices, int64_t capacity);
+
+// csr_finish: cursor[num_nodes + 1] as the scatter left it (cursor[v] = end of row v) becomes
+// indptr in place; every row is sorted ascending, repeats are removed and the rows are
+// compacted to the front of indices. Returns the entries kept (= the new indptr[num_nodes]).
+// Throws std::logic_error when the scatter wrote fewer edges than were counted.
+template <class I>
+int64_t csr_finish(int64_t* cursor, int64_t num_nodes, I* indices);
 
 // sparsify_symmetric: keep each undirected edge {u, v} of a symmetric in-edge CSR with
 // probability keep_fraction, decided by a hash of (seed, min(u,v), max(u,v)), so both
 // directions are kept or dropped together and the result is symmetric and deterministic.
-void sparsify_symmetric(const int64_t* indptr, const int64_t* indices, int64_t num_nodes,
+// I: int32_t or int64_t; the output is int64 (METIS' idx_t).
+template <class I>
+void sparsify_symmetric(const int64_t* indptr, const I* indices, int64_t num_nodes,
                         double keep_fraction, uint64_t seed, std::vector<int64_t>& out_indptr,
                         std::vector<int64_t>& out_indices);
 
@@ -43,14 +64,20 @@ struct PartView {
   std::vector<int64_t> solid;     // VID_o of the part's solid vertices, ascending (VID_p order)
   std::vector<int64_t> halo;      // VID_o of its halo vertices, ascending
   std::vector<int64_t> indptr;    // [n_solid + 1]: in-edge CSR of the solid vertices
-  std::vector<int64_t> indices;   // sources as VID_p: solid in [0, n_solid), halo after
+  // Sources as VID_p (solid in [0, n_solid), halo after): indices32 when n_local <= INT32_MAX,
+  // else indices64 (the other one stays empty).
+  std::vector<int32_t> indices32;
+  std::vector<int64_t> indices64;
+  bool wide = false;              // true: indices64 holds them
   int64_t cut_edges = 0;          // in-edges whose source lives in another part
 };
 
-// extract_part: given the whole graph's in-edge CSR (indptr[n+1], indices) and part_of[n]
-// (owner of every vertex), build part p's local view. scratch[n] must be all -1 on entry and
-// is all -1 again on return (it maps VID_o -> VID_p while the kernel runs).
-void extract_part(const int64_t* indptr, const int64_t* indices, int64_t num_nodes,
+// extract_part: given the whole graph's in-edge CSR (indptr[n+1], indices of type I: int32_t
+// or int64_t) and part_of[n] (owner of every vertex), build part p's local view. scratch[n]
+// must be all -1 on entry and is all -1 again on return (it maps VID_o -> VID_p while the
+// kernel runs).
+template <class I>
+void extract_part(const int64_t* indptr, const I* indices, int64_t num_nodes,
                   const int32_t* part_of, int32_t part, int64_t* scratch, PartView& out);
 
 // ---- sampler.cpp: thread-parallel multi-layer neighbour sampling -----------------------
@@ -272,13 +299,10 @@ void aggregate_forward(const int64_t* indptr, const int64_t* indices, int64_t n_
                        int64_t n_src, const float* x, int64_t dim, AggKind kind, float* out);
 
 // aggregate_backward: grad_x [n_src, dim] of aggregate_forward given grad_out [n_dst, dim],
-// gathered over the transposed CSR (t_indptr, t_dst of transpose_block). Every row of grad_x
-// is written (no zeroing needed). With addend [n_addend, dim] (n_addend <= n_src; may be
-// null), rows u < n_addend get addend[u] added: the gradient of another use of the first
-// rows (a layer's self term), summed in the same pass instead of a second full-size tensor.
+// gathered over the transposed CSR (t_indptr, t_dst of transpose_block).
 void aggregate_backward(const int64_t* indptr, int64_t n_dst, const int64_t* t_indptr,
                         const int64_t* t_dst, int64_t n_src, const float* grad_out, int64_t dim,
-                        AggKind kind, const float* addend, int64_t n_addend, float* grad_x);
+                        AggKind kind, float* grad_x);
 
 // edge_softmax_forward: alpha[E, H] = softmax of scores[E, H] over each destination's edges,
 // per head (the maximum is subtracted first). edge_softmax_backward: grad_scores[E, H] =

@@ -41,8 +41,25 @@ LINE_PATTERN = re.compile(
 Clock = Callable[[], float]
 
 
+#: Where Linux reports this process' resident-set high-water mark (``VmHWM``, KiB).
+_PROC_STATUS = "/proc/self/status"
+
+
 def peak_rss_bytes() -> int:
-    """Peak resident set size of this process so far, in bytes (Linux reports KiB)."""
+    """Peak resident set size of this process so far, in bytes.
+
+    Linux: ``VmHWM`` of ``/proc/self/status``, the high-water mark of this program's own
+    memory. Not ``ru_maxrss``: the kernel carries the launching process' peak over ``exec``
+    into it, so a partitioner started from a large parent (a benchmark holding a graph)
+    would report the parent's peak. Elsewhere ``ru_maxrss`` (KiB on Linux and BSD).
+    """
+    try:
+        with open(_PROC_STATUS) as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 

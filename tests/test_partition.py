@@ -178,6 +178,11 @@ def test_deterministic_output(tmp_path, cora_dir, one_thread, method):
     )
     assert len(files) == 1 + 1 + 3 * 12
     for rel in files:
+        if rel.name == "partition.json":  # identical but for the measured peak memory
+            a, b = (json.loads((tmp_path / d / rel).read_text()) for d in ("a", "b"))
+            assert a.pop("peak_memory").keys() == b.pop("peak_memory").keys()
+            assert a == b
+            continue
         assert filecmp.cmp(tmp_path / "a" / rel, tmp_path / "b" / rel, shallow=False), rel
 
 
@@ -451,16 +456,38 @@ def test_sparsify_symmetric_kernel():
 
 
 def test_memory_budget_sparsifies_metis_input(tmp_path, cora_dir):
-    from distmb.partition.assign import METIS_BYTES_PER_ENTRY, metis_edge_fraction
+    from distmb.partition.assign import (
+        METIS_BYTES_PER_ENTRY,
+        METIS_BYTES_PER_NEIGHBOUR_PART,
+        METIS_BYTES_PER_VERTEX,
+        PROCESS_BASELINE_BYTES,
+        metis_edge_fraction,
+        metis_memory_bytes,
+    )
 
     graph = load_dataset(f"planetoid:{cora_dir}")
-    graph_bytes = sum(a.nbytes for a in (graph.indptr, graph.indices, graph.features, graph.labels))
-    full_need = graph_bytes + graph.num_edges * METIS_BYTES_PER_ENTRY
-    assert metis_edge_fraction(graph, full_need) == 1.0
-    budget = graph_bytes + 0.5 * graph.num_edges * (METIS_BYTES_PER_ENTRY + 8)
-    assert metis_edge_fraction(graph, budget) == pytest.approx(0.5)
+    n, m = graph.num_nodes, graph.num_edges
+    fixed = PROCESS_BASELINE_BYTES + graph.nbytes + METIS_BYTES_PER_VERTEX * n
+    assert metis_memory_bytes(graph, 0.0, 4) == fixed
+    # Cora's average degree is ~3.9 < P = 4: every vertex may neighbour ~3.9 parts.
+    full_need = int(fixed + METIS_BYTES_PER_NEIGHBOUR_PART * m + m * METIS_BYTES_PER_ENTRY)
+    assert metis_memory_bytes(graph, 1.0, 4) == full_need
+    assert metis_memory_bytes(graph, 1.0, 2) == int(
+        fixed + METIS_BYTES_PER_NEIGHBOUR_PART * 2 * n + m * METIS_BYTES_PER_ENTRY
+    )
+    assert metis_edge_fraction(graph, full_need, 4) == 1.0
+    budget = metis_memory_bytes(graph, 0.5, 4)
+    assert metis_edge_fraction(graph, budget, 4) == pytest.approx(0.5, abs=1e-5)
+    assert metis_memory_bytes(graph, metis_edge_fraction(graph, budget, 4), 4) <= budget
+    assert metis_edge_fraction(graph, budget, 2) > 0.5  # fewer parts, less refinement memory
     with pytest.raises(InputError, match="--memory-budget"):
-        metis_edge_fraction(graph, graph_bytes)
+        metis_edge_fraction(graph, fixed, 4)
+    # A directed graph's symmetrised copy (at most twice its entries) is counted too.
+    directed = random_graph(n=300, m=1500, symmetrize=False)
+    copy = 8 * directed.num_nodes + directed.indices.itemsize * 2 * directed.num_edges
+    assert metis_memory_bytes(directed, 0.0, 3) == (
+        PROCESS_BASELINE_BYTES + directed.nbytes + copy + METIS_BYTES_PER_VERTEX * 300
+    )
 
     meta = partition_graph(graph, 4, tmp_path / "half", memory_budget_gib=budget / 2**30)
     assert meta["partitioner"]["metis_edge_fraction"] == pytest.approx(0.5, abs=1e-3)

@@ -32,6 +32,15 @@ NODE_PART_FILE = "node_part.npy"
 #: Indices are stored as int32 when every local id fits, else int64.
 INT32_LIMIT = np.iinfo(np.int32).max
 
+
+def index_dtype(count: int) -> np.dtype:
+    """The dtype of ids in ``[0, count)``: int32 when ``count <= INT32_LIMIT``, else int64.
+
+    The one rule for every id array the package builds: a graph's ``indices``, a part's
+    ``indices`` and ``send_ids``.
+    """
+    return np.dtype(np.int32 if count <= INT32_LIMIT else np.int64)
+
 #: How a partition stores its feature rows (``partition.json``'s ``feature_layout``; absent
 #: means ``"npy"``): ``"npy"``: ``features.npy`` (+ ``halo_features.npy``) per part;
 #: ``"ooc"``: one raw row file per part for out-of-core reads (:data:`OOC_FEATURE_FILE`).

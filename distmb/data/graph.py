@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from distmb.data.csr import CsrBuild, EdgeChunks, array_chunks, build_csr
 from distmb.errors import InputError
 
 #: Label of a vertex without a class (allowed outside the train/val/test splits).
@@ -14,6 +15,9 @@ UNLABELED = -1
 
 #: Rows checked per chunk when scanning features for NaN/Inf (bounds the temporary memory).
 _FINITE_CHECK_ROWS = 1 << 16
+
+#: Entries of ``indices`` converted per step when hashing (bounds the temporary to 32 MiB).
+_HASH_CHUNK = 1 << 22
 
 
 #: More classes than labelled vertices are refused above this many (a stray label such as
@@ -38,9 +42,11 @@ class Graph:
     Attributes:
         name: dataset name (``"cora"``, ``"synthetic"``, ...).
         indptr: int64[num_nodes + 1], CSR row pointers of the **in-edges**.
-        indices: int64[num_edges], ``indices[indptr[v]:indptr[v+1]]`` are the sources ``u`` of
-            the edges ``u -> v``, ascending and distinct.
-        features: float32[num_nodes, feat_dim], finite.
+        indices: int32 or int64[num_edges], ``indices[indptr[v]:indptr[v+1]]`` are the sources
+            ``u`` of the edges ``u -> v``, ascending and distinct. The loaders build int32
+            whenever the vertex count allows (:func:`~distmb.data.format.index_dtype`); int64
+            is accepted for any graph.
+        features: float32[num_nodes, feat_dim], finite (may be a read-only memory map).
         labels: int64[num_nodes], class in ``[0, num_classes)`` or :data:`UNLABELED`.
         train_idx, val_idx, test_idx: int64 vertex ids (ascending, disjoint, labelled).
         num_classes: number of classes.
@@ -74,6 +80,20 @@ class Graph:
     def feat_dim(self) -> int:
         return int(self.features.shape[1])
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the graph's arrays (structure, features, labels, splits)."""
+        arrays = (
+            self.indptr,
+            self.indices,
+            self.features,
+            self.labels,
+            self.train_idx,
+            self.val_idx,
+            self.test_idx,
+        )
+        return int(sum(a.nbytes for a in arrays))
+
     def in_degree(self) -> np.ndarray:
         """int64[num_nodes]: number of in-edges of every vertex."""
         return np.diff(self.indptr)
@@ -96,41 +116,95 @@ class Graph:
         source: str = "<edges>",
         notes: list[str] | None = None,
     ) -> Graph:
-        """Build a validated graph from COO edges ``src[e] -> dst[e]`` (int64[E] each).
+        """Build a validated graph from COO edges ``src[e] -> dst[e]`` (1-D integer arrays of
+        one length; int32 and int64 ones, memory-mapped ones included, are read in place).
 
         Self-loops and duplicate edges are removed; with ``symmetrize`` (the default: the
         paper trains on undirected graphs) every edge is also added in reverse. ``source``
-        names the input in error messages. What was done is recorded in ``notes``.
+        names the input in error messages. What was done is recorded in ``notes``. The CSR
+        is built chunk by chunk (:func:`~distmb.data.csr.build_csr`).
         """
-        from distmb import _C
-
-        src = _as_int64_1d(src, f"{source}: edge sources")
-        dst = _as_int64_1d(dst, f"{source}: edge targets")
+        src, dst = np.asarray(src), np.asarray(dst)
+        for what, a in (("edge sources", src), ("edge targets", dst)):
+            if a.ndim != 1:
+                raise InputError(f"{source}: {what} must be a 1-D array, got shape {list(a.shape)}")
+            if a.size and not np.issubdtype(a.dtype, np.integer):
+                raise InputError(f"{source}: {what} must be integers, got {a.dtype}")
         if src.shape != dst.shape:
             raise InputError(f"{source}: {src.shape[0]} edge sources but {dst.shape[0]} targets")
-        if num_nodes < 0:
-            raise InputError(f"{source}: number of vertices must be >= 0, got {num_nodes}")
-        try:
-            indptr, indices, self_loops, duplicates = _C.build_in_csr(
-                src, dst, int(num_nodes), symmetrize, True
-            )
-        except IndexError as exc:  # std::out_of_range from the kernel
-            raise InputError(f"{source}: {exc}") from None
-        notes = list(notes or [])
-        notes.append(
-            f"{src.shape[0]} input edges; "
-            + (
-                "symmetrised (each edge added in both directions); "
-                if symmetrize
-                else "kept directed; "
-            )
-            + f"{self_loops} self-loops removed; {duplicates} duplicate entries merged; "
-            f"{indices.shape[0]} in-edges"
+        return cls.from_edge_chunks(
+            name,
+            array_chunks(src, dst),
+            num_nodes,
+            features,
+            labels,
+            train_idx,
+            val_idx,
+            test_idx,
+            num_classes,
+            symmetrize=symmetrize,
+            source=source,
+            notes=notes,
         )
+
+    @classmethod
+    def from_edge_chunks(
+        cls,
+        name: str,
+        chunks: EdgeChunks,
+        num_nodes: int,
+        features: np.ndarray,
+        labels: np.ndarray,
+        train_idx: np.ndarray,
+        val_idx: np.ndarray,
+        test_idx: np.ndarray,
+        num_classes: int,
+        *,
+        symmetrize: bool = True,
+        source: str = "<edges>",
+        notes: list[str] | None = None,
+    ) -> Graph:
+        """:meth:`from_edges` for edges that arrive in chunks (``chunks()`` is called twice;
+        see :data:`~distmb.data.csr.EdgeChunks`), so a loader never holds all of them."""
+        build = build_csr(chunks, int(num_nodes), symmetrize=symmetrize, source=source)
+        return cls.from_csr_build(
+            name,
+            build,
+            features,
+            labels,
+            train_idx,
+            val_idx,
+            test_idx,
+            num_classes,
+            symmetric=symmetrize,
+            source=source,
+            notes=notes,
+        )
+
+    @classmethod
+    def from_csr_build(
+        cls,
+        name: str,
+        build: CsrBuild,
+        features: np.ndarray,
+        labels: np.ndarray,
+        train_idx: np.ndarray,
+        val_idx: np.ndarray,
+        test_idx: np.ndarray,
+        num_classes: int,
+        *,
+        symmetric: bool,
+        source: str = "<edges>",
+        notes: list[str] | None = None,
+    ) -> Graph:
+        """A validated graph around a CSR from :func:`~distmb.data.csr.build_csr` (built with
+        ``symmetrize=symmetric``); appends the build's note to ``notes``."""
+        notes = list(notes or [])
+        notes.append(build.note(symmetric))
         graph = cls(
             name=name,
-            indptr=indptr,
-            indices=indices,
+            indptr=build.indptr,
+            indices=build.indices,
             features=features,
             labels=labels,
             train_idx=train_idx,
@@ -138,7 +212,7 @@ class Graph:
             test_idx=test_idx,
             num_classes=int(num_classes),
             notes=notes,
-            symmetric=symmetrize,
+            symmetric=symmetric,
         )
         graph.validate(source)
         used = int(np.unique(graph.labels[graph.labels != UNLABELED]).size)
@@ -161,9 +235,10 @@ class Graph:
             f"{self.indptr.dtype}{list(self.indptr.shape)}",
         )
         _check(
-            self.indices.dtype == np.int64 and self.indices.ndim == 1,
+            self.indices.dtype in (np.int32, np.int64) and self.indices.ndim == 1,
             source,
-            f"indices must be int64[num_edges], got {self.indices.dtype}{list(self.indices.shape)}",
+            "indices must be int32 or int64[num_edges], got "
+            f"{self.indices.dtype}{list(self.indices.shape)}",
         )
         _check(
             n >= 0 and self.indptr[0] == 0 and self.indptr[-1] == self.indices.shape[0],
@@ -246,8 +321,12 @@ class Graph:
         Partitions and checkpoints record it so a mismatch is caught, not trained on.
         """
         h = hashlib.sha256()
-        for arr in (self.indptr, self.indices, self.labels):
-            h.update(np.ascontiguousarray(arr).data)
+        h.update(np.ascontiguousarray(self.indptr).data)
+        # indices hashed as int64 whatever their dtype, so the identity is the same for an
+        # int32 and an int64 copy of one graph (and for partitions written before int32).
+        for lo in range(0, self.num_edges, _HASH_CHUNK):
+            h.update(np.ascontiguousarray(self.indices[lo : lo + _HASH_CHUNK], np.int64).data)
+        h.update(np.ascontiguousarray(self.labels).data)
         return {
             "name": self.name,
             "num_nodes": self.num_nodes,
@@ -277,12 +356,3 @@ def csr_row_positions(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
 def _check(ok: bool, source: str, message: str) -> None:
     if not ok:
         raise InputError(f"{source}: {message}")
-
-
-def _as_int64_1d(a: np.ndarray, what: str) -> np.ndarray:
-    a = np.asarray(a)
-    if a.ndim != 1:
-        raise InputError(f"{what} must be a 1-D array, got shape {list(a.shape)}")
-    if a.size and not np.issubdtype(a.dtype, np.integer):
-        raise InputError(f"{what} must be integers, got {a.dtype}")
-    return np.ascontiguousarray(a, dtype=np.int64)

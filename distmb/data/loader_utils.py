@@ -22,15 +22,31 @@ def one_line(exc: BaseException) -> str:
     return text or type(exc).__name__
 
 
+#: Rows converted per step by :func:`as_float32` (bounds the temporaries).
+_CONVERT_ROWS = 1 << 16
+
+
 def as_float32(a: np.ndarray, what: str) -> np.ndarray:
-    """A real-valued array as C-contiguous float32; :class:`InputError` for other dtypes."""
+    """A real-valued array as C-contiguous float32; :class:`InputError` for other dtypes.
+
+    A C-contiguous float32 array (a read-only memory map included) is returned as is;
+    anything else is converted into a new array :data:`_CONVERT_ROWS` rows at a time, so a
+    memory-mapped source is never copied whole in its own dtype.
+    """
     if not (
         np.issubdtype(a.dtype, np.floating)
         or np.issubdtype(a.dtype, np.integer)
         or a.dtype == np.bool_
     ):
         raise InputError(f"{what} must hold real numbers, got dtype {a.dtype}")
-    return np.ascontiguousarray(a, dtype=np.float32)
+    if a.dtype == np.float32 and a.flags.c_contiguous:
+        return a
+    if a.ndim == 0:
+        return np.ascontiguousarray(a, dtype=np.float32)
+    out = np.empty(a.shape, dtype=np.float32)
+    for lo in range(0, a.shape[0], _CONVERT_ROWS):
+        out[lo : lo + _CONVERT_ROWS] = a[lo : lo + _CONVERT_ROWS]
+    return out
 
 
 def csr_shape(shape: np.ndarray, what: str) -> tuple[int, int]:
@@ -41,14 +57,14 @@ def csr_shape(shape: np.ndarray, what: str) -> tuple[int, int]:
     return int(shape[0]), int(shape[1])
 
 
-def csr_to_coo(
+def check_csr(
     data: np.ndarray | None,
     indices: np.ndarray,
     indptr: np.ndarray,
     shape: tuple[int, int],
     what: str,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """Check CSR parts and expand them to coordinates.
+    """Check CSR parts without expanding them.
 
     Args:
         data: values[nnz] (any real dtype) or ``None`` when only the pattern matters.
@@ -58,7 +74,8 @@ def csr_to_coo(
             ``"FILE: adj_indptr ..."``.
 
     Returns:
-        (rows int64[nnz], cols int64[nnz], data or None).
+        (indptr int64[shape[0] + 1], indices as given (any integer dtype, not copied),
+        data or None).
     """
     indices, indptr = np.asarray(indices), np.asarray(indptr)
     for name, arr in (("indices", indices), ("indptr", indptr)):
@@ -77,8 +94,7 @@ def csr_to_coo(
         raise InputError(
             f"{what}indptr must rise from 0 to the number of entries ({nnz}) without decreasing"
         )
-    cols = indices.astype(np.int64)
-    if nnz and (cols.min() < 0 or cols.max() >= shape[1]):
+    if nnz and (int(indices.min()) < 0 or int(indices.max()) >= shape[1]):
         raise InputError(f"{what}indices holds a column outside [0, {shape[1]})")
     if data is not None:
         data = np.asarray(data)
@@ -87,8 +103,24 @@ def csr_to_coo(
                 f"{what}data has shape {list(data.shape)}, expected [{nnz}] "
                 "(one value per entry of indices)"
             )
+    return indptr, indices, data
+
+
+def csr_to_coo(
+    data: np.ndarray | None,
+    indices: np.ndarray,
+    indptr: np.ndarray,
+    shape: tuple[int, int],
+    what: str,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Check CSR parts (:func:`check_csr`) and expand them to coordinates.
+
+    Returns:
+        (rows int64[nnz], cols int64[nnz], data or None).
+    """
+    indptr, indices, data = check_csr(data, indices, indptr, shape, what)
     rows = np.repeat(np.arange(shape[0], dtype=np.int64), np.diff(indptr))
-    return rows, cols, data
+    return rows, indices.astype(np.int64), data
 
 
 def csr_to_dense(

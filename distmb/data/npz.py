@@ -20,12 +20,14 @@ from pathlib import Path
 
 import numpy as np
 
+from distmb.data.csr import EdgeChunks, csr_edge_chunks
 from distmb.data.format import NPY_READ_ERRORS
 from distmb.data.graph import UNLABELED, Graph
 from distmb.data.loader_utils import (
     SPLIT_NAMES,
     argmax_rows,
     as_float32,
+    check_csr,
     csr_shape,
     csr_to_coo,
     csr_to_dense,
@@ -64,17 +66,16 @@ def load_npz(path: str, *, symmetrize: bool = True, seed: int = 0) -> Graph:
     if not p.is_file():
         raise InputError(f"{source}: no such file (expected a GNN-benchmark .npz archive)")
     arrays = _read_archive(p)
-    num_nodes, src, dst = _adjacency(arrays, source)
+    num_nodes, edges = _adjacency(arrays, source)
     features = _attributes(arrays, source, num_nodes)
     labels, num_classes = _labels(arrays, source, num_nodes)
     notes: list[str] = []
     given = {k: arrays[k] for k in SPLIT_NAMES if k in arrays}
     splits = resolve_split(given, labels, num_classes, seed, source, notes)
     notes.append(unlabelled_note(labels))
-    return Graph.from_edges(
+    return Graph.from_edge_chunks(
         p.stem,
-        src,
-        dst,
+        edges,
         num_nodes,
         features,
         labels,
@@ -119,16 +120,17 @@ def _require(arrays: dict[str, np.ndarray], keys: tuple[str, ...], source: str) 
         raise InputError(f"{source}: missing {', '.join(missing)}; expected keys: {_EXPECTED_KEYS}")
 
 
-def _adjacency(arrays: dict[str, np.ndarray], source: str) -> tuple[int, np.ndarray, np.ndarray]:
-    """(num_nodes, src int64[E], dst int64[E]) from the adjacency CSR parts."""
+def _adjacency(arrays: dict[str, np.ndarray], source: str) -> tuple[int, EdgeChunks]:
+    """(num_nodes, the edges row -> column as chunks) from the adjacency CSR parts, which
+    are read in place (the graph's CSR is built from blocks of rows; no COO copy)."""
     _require(arrays, _ADJ_KEYS, source)
     shape = csr_shape(arrays["adj_shape"], f"{source}: adj_shape")
     if shape[0] != shape[1]:
         raise InputError(f"{source}: adj_shape must be square [N, N], got {list(shape)}")
-    rows, cols, _ = csr_to_coo(
+    indptr, indices, _ = check_csr(
         arrays["adj_data"], arrays["adj_indices"], arrays["adj_indptr"], shape, f"{source}: adj_"
     )
-    return shape[0], rows, cols
+    return shape[0], csr_edge_chunks(indptr, indices, rows_are_targets=False)
 
 
 def _attributes(arrays: dict[str, np.ndarray], source: str, num_nodes: int) -> np.ndarray:

@@ -124,6 +124,36 @@ def row_file_size(num_rows: int, stride: int, align: int = DIRECT_IO_ALIGN) -> i
     return _round_up(num_rows * stride, align)
 
 
+class RowTake:
+    """The rows ``table[ids]`` of a float32[n, F] table, gathered lazily.
+
+    Slicing returns ``table[ids[slice]]`` (a new float32 array), so :func:`write_row_file`
+    and the partition writer stream a part's rows out of a large, possibly memory-mapped
+    table one chunk at a time instead of gathering them whole.
+
+    Attributes:
+        table: float32[n, F] (any array indexable by an int64 id array).
+        ids: int64[m] row ids into ``table``.
+    """
+
+    ndim = 2
+
+    def __init__(self, table: Any, ids: np.ndarray) -> None:
+        self.table = table
+        self.ids = ids
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(self.table.dtype)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (int(self.ids.shape[0]), int(self.table.shape[1]))
+
+    def __getitem__(self, rows: slice) -> np.ndarray:
+        return np.asarray(self.table[self.ids[rows]])
+
+
 def write_row_file(
     path: str | Path,
     rows: Any,
@@ -140,8 +170,9 @@ def write_row_file(
     Args:
         path: the file to write.
         rows: float32[n, F] (any strides; read-only and memory-mapped arrays and CPU tensors
-            are fine), or a sequence of such tables of one width, written one after the
-            other as one table (a part's solid rows, then its halo rows).
+            are fine; or a :class:`RowTake`, gathered chunk by chunk), or a sequence of such
+            tables of one width, written one after the other as one table (a part's solid
+            rows, then its halo rows).
         align: a power of two, in bytes.
         chunk_rows: rows per write (>= 1).
         atomic: write a temporary file beside ``path`` and rename it into place
@@ -154,7 +185,7 @@ def write_row_file(
     """
     tables = [_as_numpy(t) for t in rows] if isinstance(rows, list | tuple) else [_as_numpy(rows)]
     for table in tables:
-        if not isinstance(table, np.ndarray):
+        if not isinstance(table, np.ndarray | RowTake):
             raise ValueError(
                 f"write_row_file({path}): rows must be a numpy array, got {type(table)}"
             )

@@ -30,8 +30,14 @@ form:
 
 Everything derives from ``seed`` through independent :class:`numpy.random.SeedSequence`
 children (structure, features and splits do not perturb one another), is generated in
-fixed-size chunks (peak memory a small multiple of the output) and is byte-identical for the
-same config. The in-edge CSR is built by the C++ kernel of :meth:`Graph.from_edges`.
+fixed-size chunks and is byte-identical for the same config. Memory stays bounded for
+graphs of hundreds of millions of edges: the sampling table holds int32 ids (~128 bytes per
+vertex); each kind of edge is kept as sorted int64 keys grown, sorted and de-duplicated in
+one buffer (8 bytes per undirected edge plus one round's draws); the in-edge CSR (int32
+indices up to 2**31 - 1 vertices) is built from chunks of the keys by
+:func:`~distmb.data.csr.build_csr`, and the features are generated only once the keys are
+freed. Peak: about 8 bytes per directed edge plus the sampling table, or the CSR plus the
+features, whichever is larger.
 
 Named shapes (:data:`SHAPES`, ``synthetic:shape=products``) preset several options at once;
 options given beside ``shape`` override its values.
@@ -41,10 +47,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
 
+from distmb.data.csr import EDGE_CHUNK, EdgeChunks, build_csr
 from distmb.data.graph import Graph
 from distmb.data.split import stratified_split
 from distmb.errors import InputError
@@ -282,6 +290,7 @@ def generate(config: SyntheticConfig | None = None) -> Graph:
     notes = [f"synthetic:{config.to_spec()}"]
 
     same_target, cross_target = config.edge_counts()
+    same_keys = cross_keys = np.zeros(0, dtype=np.int64)
     if same_target + cross_target > 0:
         sampler = _EdgeSampler.build(rngs["weights"], labels, config)
         same_keys, same_note = _draw_edges(rngs["same_class_edges"], sampler, same_target, True)
@@ -290,15 +299,8 @@ def generate(config: SyntheticConfig | None = None) -> Graph:
         )
         del sampler
         notes += [note for note in (same_note, cross_note) if note]
-        keys = np.concatenate([same_keys, cross_keys])
-        del same_keys, cross_keys
-        keys.sort()
-    else:
-        keys = np.zeros(0, dtype=np.int64)
-    src = keys // n
-    keys -= src * n  # keys now hold the larger endpoint of every edge
-    dst = keys
-    del keys
+    build = build_csr(_key_chunks(n, same_keys, cross_keys), n, symmetrize=True, source=_WHERE)
+    del same_keys, cross_keys  # the CSR holds the edges now; features come after, not beside
 
     features = _features(rngs["features"], labels, config)
     split_seed = int(rngs["split"].integers(0, 2**63 - 1))
@@ -310,21 +312,33 @@ def generate(config: SyntheticConfig | None = None) -> Graph:
         config.test_fraction,
         split_seed,
     )
-    return Graph.from_edges(
+    return Graph.from_csr_build(
         "synthetic",
-        src,
-        dst,
-        n,
+        build,
         features,
         labels,
         train_idx,
         val_idx,
         test_idx,
         config.classes,
-        symmetrize=True,
+        symmetric=True,
         source=_WHERE,
         notes=notes,
     )
+
+
+def _key_chunks(n: int, *key_arrays: np.ndarray) -> EdgeChunks:
+    """The edges ``lo -> hi`` of edge keys ``lo * n + hi`` as a chunk source, decoded one
+    chunk of :data:`~distmb.data.csr.EDGE_CHUNK` keys at a time."""
+
+    def chunks() -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        for keys in key_arrays:
+            for lo in range(0, keys.shape[0], EDGE_CHUNK):
+                block = keys[lo : lo + EDGE_CHUNK]
+                src = block // n
+                yield src, block - src * n
+
+    return chunks
 
 
 @dataclass
@@ -400,7 +414,10 @@ def _draw_edges(
     rng: np.random.Generator, sampler: _EdgeSampler, target: int, same_class: bool
 ) -> tuple[np.ndarray, str]:
     """Exactly ``target`` distinct edges of one kind (same- or cross-class) as sorted int64
-    keys, drawn in rounds until the count is met; plus a note if it could not be met."""
+    keys, drawn in rounds until the count is met; plus a note if it could not be met.
+
+    A round appends its draws to the keys in one growing buffer, sorts it and removes repeats
+    in place, so the peak is the keys plus one round's draws (8 bytes each)."""
     keys = np.zeros(0, dtype=np.int64)
     keep_rate = 1.0  # distinct new edges per draw, measured on the previous round
     for _ in range(_MAX_ROUNDS):
@@ -408,16 +425,26 @@ def _draw_edges(
         if missing <= 0:
             break
         draws = math.ceil(missing / max(keep_rate, 1.0 / _MAX_OVERDRAW))
-        before = keys.shape[0]
-        parts = [keys]
+        before = filled = keys.shape[0]
+        keys.resize(before + draws, refcheck=False)  # realloc: grows without a second copy
         for lo in range(0, draws, _EDGE_CHUNK):
-            parts.append(sampler.sample(rng, min(_EDGE_CHUNK, draws - lo), same_class))
-        keys = _sorted_unique(np.concatenate(parts))
-        del parts
+            new = sampler.sample(rng, min(_EDGE_CHUNK, draws - lo), same_class)
+            keys[filled : filled + new.shape[0]] = new
+            filled += new.shape[0]
+            del new
+        keys[:filled].sort()
+        _shrink(keys, _compact(keys, filled, _distinct_in_sorted))
         keep_rate = max((keys.shape[0] - before) / draws, 0.0) * _KEEP_RATE_MARGIN
     excess = keys.shape[0] - target
     if excess > 0:
-        keys = np.delete(keys, rng.choice(keys.shape[0], size=excess, replace=False))
+        dropped = np.zeros(keys.shape[0], dtype=bool)
+        dropped[rng.choice(keys.shape[0], size=excess, replace=False)] = True
+
+        def kept(block: np.ndarray, lo: int, previous: int | None) -> np.ndarray:
+            return ~dropped[lo : lo + block.shape[0]]
+
+        _shrink(keys, _compact(keys, keys.shape[0], kept))
+        del dropped
     kind = "same-class" if same_class else "cross-class"
     note = (
         ""
@@ -428,6 +455,42 @@ def _draw_edges(
         )
     )
     return keys, note
+
+
+def _distinct_in_sorted(block: np.ndarray, lo: int, previous: int | None) -> np.ndarray:
+    """bool mask of the entries of a sorted block that differ from their predecessor
+    (``previous``: the entry before the block, None at the start)."""
+    keep = np.empty(block.shape[0], dtype=bool)
+    if block.shape[0]:
+        keep[0] = previous is None or block[0] != previous
+        np.not_equal(block[1:], block[:-1], out=keep[1:])
+    return keep
+
+
+def _compact(
+    values: np.ndarray, count: int, keep: Callable[[np.ndarray, int, int | None], np.ndarray]
+) -> int:
+    """Move the kept entries of ``values[:count]`` to its front, in order and in place, one
+    block of :data:`_EDGE_CHUNK` at a time; returns how many were kept.
+
+    ``keep(block, lo, previous)`` returns the bool mask of the block ``values[lo:...]``;
+    ``previous`` is the entry before the block as it was before any move (None for the first).
+    """
+    written = 0
+    previous: int | None = None
+    for lo in range(0, count, _EDGE_CHUNK):
+        block = values[lo : min(lo + _EDGE_CHUNK, count)]
+        mask = keep(block, lo, previous)
+        previous = int(block[-1])
+        chosen = block[mask]  # a copy: the write below may overlap the block
+        values[written : written + chosen.shape[0]] = chosen
+        written += chosen.shape[0]
+    return written
+
+
+def _shrink(values: np.ndarray, size: int) -> None:
+    """Truncate an array that owns its buffer to ``size`` entries (realloc, no copy)."""
+    values.resize(size, refcheck=False)
 
 
 def _expected_degrees(rng: np.random.Generator, config: SyntheticConfig) -> np.ndarray:

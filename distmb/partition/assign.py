@@ -16,20 +16,46 @@ import warnings
 
 import numpy as np
 
+from distmb.data.csr import build_csr, csr_edge_chunks
 from distmb.data.graph import Graph, csr_row_positions
 from distmb.errors import InputError
+from distmb.partition.spill import release_pages, resident_nbytes
 
 #: ``parmetis`` is computed by an MPI job (:mod:`distmb.partition.distributed`), then handed
 #: to :func:`~distmb.partition.pipeline.partition_graph` as ``part_of``.
 METHODS = ("metis", "kaminpar", "random", "parmetis")
+#: The methods that run a partitioning engine on a copy of the adjacency.
+ENGINES = ("metis", "kaminpar")
 
 #: METIS imbalance tolerance, in thousandths over perfect balance (METIS' ufactor).
 METIS_UFACTOR = 30
 
-#: Bytes METIS (pymetis, 64-bit idx_t) needs per directed adjacency entry, measured on
-#: power-law graphs of 25M-125M entries (84-126 B: unit edge weights plus a coarsening
-#: hierarchy that shrinks slowly on skewed degrees), rounded up.
+#: Bytes METIS (pymetis, 64-bit idx_t) needs per adjacency entry it is given, the int64 copy
+#: of the entries handed to it included (unit edge weights plus a coarsening hierarchy that
+#: shrinks slowly on skewed degrees). With the two constants below, fitted to the process'
+#: high-water mark (``VmHWM``) on power-law graphs of average degree 50: 1M vertices with
+#: 12.5M and 25M sampled entries at P = 4, and 2.5M vertices with 30M sampled entries at
+#: P = 4 and P = 64 (benchmarks/partition.py --budget-bytes-per-edge); rounded up.
 METIS_BYTES_PER_ENTRY = 128
+
+#: Bytes METIS needs per vertex besides (its vertex arrays over the coarsening levels, the
+#: vertex weights, the membership list pymetis returns).
+METIS_BYTES_PER_VERTEX = 176
+
+#: Bytes per vertex and per distinct part among its neighbours, which the k-way refinement
+#: keeps for boundary vertices (METIS' neighbour pool): at most ``min(P, degree)`` of them.
+METIS_BYTES_PER_NEIGHBOUR_PART = 12
+
+#: Resident set of a partitioner process before it holds a graph (interpreter, numpy, the
+#: extension, pymetis), rounded up.
+PROCESS_BASELINE_BYTES = 160 << 20
+
+#: In-edges per block when counting the parts of candidate vertices' neighbours during the
+#: rebalancing (bounds its per-edge temporaries to a few hundred MiB).
+NEIGHBOUR_COUNT_CHUNK = 1 << 23
+
+#: Bisection steps of :func:`metis_edge_fraction` (the fraction to ~1e-15).
+_FRACTION_BISECTIONS = 50
 
 #: Smallest share of edges METIS may be given before a memory budget is declared too small.
 MIN_METIS_EDGE_FRACTION = 0.1
@@ -97,8 +123,31 @@ def train_mask(graph: Graph) -> np.ndarray:
     return mask
 
 
-def metis_edge_fraction(graph: Graph, budget_bytes: float) -> float:
-    """Share of edges METIS can be given so that the graph plus METIS fit ``budget_bytes``.
+def metis_memory_bytes(graph: Graph, edge_fraction: float, parts: int) -> int:
+    """Peak bytes of the process while METIS partitions ``graph`` into ``parts`` parts with
+    ``edge_fraction`` of its edges: the process baseline, the graph's arrays held in memory
+    (:func:`~distmb.partition.spill.resident_nbytes`: features included unless they are a
+    memory map), the symmetrised copy of a directed graph, and
+    METIS with its input: :data:`METIS_BYTES_PER_ENTRY` per entry given,
+    :data:`METIS_BYTES_PER_VERTEX` per vertex, :data:`METIS_BYTES_PER_NEIGHBOUR_PART` per
+    vertex and neighbouring part (``min(parts, sampled average degree)`` of them)."""
+    n = graph.num_nodes
+    entries = graph.num_edges if graph.symmetric else 2 * graph.num_edges  # at most
+    symmetrised = 0 if graph.symmetric else 8 * n + graph.indices.itemsize * entries
+    sampled = edge_fraction * entries
+    neighbour_parts = min(float(parts), sampled / max(n, 1))
+    return int(
+        PROCESS_BASELINE_BYTES
+        + resident_nbytes(graph)
+        + symmetrised
+        + n * (METIS_BYTES_PER_VERTEX + METIS_BYTES_PER_NEIGHBOUR_PART * neighbour_parts)
+        + METIS_BYTES_PER_ENTRY * sampled
+    )
+
+
+def metis_edge_fraction(graph: Graph, budget_bytes: float, parts: int) -> float:
+    """Share of edges METIS can be given so that the process stays within ``budget_bytes``
+    (the largest fraction whose :func:`metis_memory_bytes` fits, found by bisection).
 
     1.0 when the whole graph fits. Below 1, METIS partitions a uniform edge sample (cut
     sparsification: every cut shrinks by the same factor in expectation, so the min-cut
@@ -107,35 +156,42 @@ def metis_edge_fraction(graph: Graph, budget_bytes: float) -> float:
     Raises:
         InputError: when even :data:`MIN_METIS_EDGE_FRACTION` of the edges would not fit.
     """
-    graph_bytes = sum(a.nbytes for a in (graph.indptr, graph.indices, graph.features, graph.labels))
-    per_entry = METIS_BYTES_PER_ENTRY + graph.indices.itemsize  # METIS + the sampled copy
-    full = graph.num_edges * METIS_BYTES_PER_ENTRY
-    if graph_bytes + full <= budget_bytes:
+    if metis_memory_bytes(graph, 1.0, parts) <= budget_bytes:
         return 1.0
-    fraction = (budget_bytes - graph_bytes) / max(graph.num_edges * per_entry, 1)
-    if fraction < MIN_METIS_EDGE_FRACTION:
-        need = graph_bytes + MIN_METIS_EDGE_FRACTION * graph.num_edges * per_entry
+    need = metis_memory_bytes(graph, MIN_METIS_EDGE_FRACTION, parts)
+    if need > budget_bytes:
         raise InputError(
             f"--memory-budget {budget_bytes / 2**30:.1f} GiB: METIS needs at least "
-            f"{need / 2**30:.1f} GiB for this graph; raise the budget or use --method random"
+            f"{need / 2**30:.1f} GiB for this graph; raise the budget or use --method kaminpar "
+            "or random"
         )
-    return float(fraction)
+    lo, hi = MIN_METIS_EDGE_FRACTION, 1.0  # memory is increasing in the fraction
+    for _ in range(_FRACTION_BISECTIONS):
+        mid = 0.5 * (lo + hi)
+        if metis_memory_bytes(graph, mid, parts) <= budget_bytes:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 def undirected_csr(graph: Graph) -> tuple[np.ndarray, np.ndarray]:
-    """``(indptr: int64[num_nodes + 1], indices: int64[num_edges'])``: the graph's adjacency
-    with every edge in both directions, as METIS and KaMinPar need it.
+    """``(indptr: int64[num_nodes + 1], indices: int32|int64[num_edges'])``: the graph's
+    adjacency with every edge in both directions, as METIS and KaMinPar need it.
 
-    A symmetric graph (``graph.symmetric``) is returned as is, without a copy; a directed
-    one is symmetrised into new arrays (self-loops and duplicates dropped).
+    A symmetric graph (``graph.symmetric``) is returned as is, without a copy; a directed one
+    is symmetrised into new arrays (self-loops and duplicates dropped), built chunk by chunk
+    from its CSR (:func:`~distmb.data.csr.build_csr`).
     """
     if graph.symmetric:
         return graph.indptr, graph.indices
-    from distmb import _C
-
-    dst = np.repeat(np.arange(graph.num_nodes, dtype=np.int64), np.diff(graph.indptr))
-    indptr, indices, _, _ = _C.build_in_csr(graph.indices, dst, graph.num_nodes, True, True)
-    return indptr, indices
+    build = build_csr(
+        csr_edge_chunks(graph.indptr, graph.indices),
+        graph.num_nodes,
+        symmetrize=True,
+        dtype=graph.indices.dtype,
+    )
+    return build.indptr, build.indices
 
 
 def metis_parts(
@@ -154,6 +210,9 @@ def metis_parts(
     indptr, indices = undirected_csr(graph)
     if edge_fraction < 1.0:
         indptr, indices = _C.sparsify_symmetric(indptr, indices, edge_fraction, seed)
+    else:
+        indices = np.array(indices, dtype=np.int64)  # METIS' idx_t (pymetis would copy)
+    release_pages(graph)  # METIS has its input: what was read through the maps goes
     constraints = [np.ones(graph.num_nodes, dtype=np.int64)]
     is_train = train_mask(graph)
     if 0 < graph.train_idx.size < graph.num_nodes:
@@ -269,10 +328,22 @@ def rebalance_train_and_vertices(
 def _neighbour_part_counts(
     graph: Graph, part_of: np.ndarray, vertices: np.ndarray, parts: int
 ) -> np.ndarray:
-    """int64[len(vertices), parts]: how many in-neighbours of each vertex lie in each part."""
-    starts, ends = graph.indptr[vertices], graph.indptr[vertices + 1]
-    deg = ends - starts
-    row = np.repeat(np.arange(vertices.size, dtype=np.int64), deg)
-    edge = csr_row_positions(starts, deg)
-    flat = np.bincount(row * parts + part_of[graph.indices[edge]], minlength=vertices.size * parts)
-    return flat.reshape(vertices.size, parts)
+    """int64[len(vertices), parts]: how many in-neighbours of each vertex lie in each part.
+
+    Counted over blocks of vertices with about :data:`NEIGHBOUR_COUNT_CHUNK` in-edges each,
+    so the per-edge temporaries stay bounded whatever the part's size."""
+    counts = np.zeros((vertices.size, parts), dtype=np.int64)
+    deg = graph.indptr[vertices + 1] - graph.indptr[vertices]
+    ends = np.cumsum(deg)
+    lo = 0
+    while lo < vertices.size:
+        done = int(ends[lo - 1]) if lo else 0
+        hi = max(lo + 1, int(np.searchsorted(ends, done + NEIGHBOUR_COUNT_CHUNK, side="right")))
+        hi = min(hi, vertices.size)
+        block_deg = deg[lo:hi]
+        row = np.repeat(np.arange(hi - lo, dtype=np.int64), block_deg)
+        row *= parts
+        row += part_of[graph.indices[csr_row_positions(graph.indptr[vertices[lo:hi]], block_deg)]]
+        counts[lo:hi] = np.bincount(row, minlength=(hi - lo) * parts).reshape(hi - lo, parts)
+        lo = hi
+    return counts

@@ -16,7 +16,6 @@ from distmb.partition.pipeline import (
     check_partition_args,
     default_memory_budget_gib,
     format_report,
-    graph_nbytes,
     partition_graph,
 )
 from distmb.progress import Progress
@@ -76,8 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=default_memory_budget_gib(),
         metavar="GIB",
-        help="when graph + METIS would exceed this, METIS partitions a uniform edge sample "
-        "(default: 60%% of physical memory; recorded in partition.json)",
+        help="when the process with METIS would exceed this (graph and features, plus METIS at "
+        "~128 B per adjacency entry and ~160 B per vertex), METIS partitions the uniform edge "
+        "sample that fits (default: 60%% of physical memory; recorded in partition.json)",
     )
     p.add_argument(
         "--replicate-halo-features",
@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         overwrite=args.overwrite,
         progress=log,
     )
-    print(format_report(meta, graph_nbytes(graph)))
+    print(format_report(meta, graph.nbytes))
     print(f"partition written to {args.out}")
     return 0
 
@@ -190,7 +190,7 @@ def _main_parmetis(args: argparse.Namespace, log: Progress) -> int:
     )
     if result is not None:
         graph, meta = result
-        print(format_report(meta, graph_nbytes(graph)))
+        print(format_report(meta, graph.nbytes))
         print(f"partition written to {args.out}")
     return 0
 

@@ -190,6 +190,7 @@ def kaminpar_parts(
     """
     from distmb import _C
     from distmb.partition.assign import undirected_csr
+    from distmb.partition.spill import release_pages
 
     kaminpar = import_kaminpar()
     threads = int(_C.get_num_threads()) if threads is None else threads
@@ -209,6 +210,7 @@ def kaminpar_parts(
         path = Path(tmp) / "graph.parhip"
         write_parhip(path, indptr, indices, weights, offsets_64bit=bool(kaminpar.__64bit__))
         del indptr, indices, weights
+        release_pages(graph)  # the file holds the input now (distmb.partition.spill)
         kgraph = kaminpar.load_graph(str(path), kaminpar.GraphFileFormat.PARHIP)
     kaminpar.reseed(seed)
     solver = kaminpar.KaMinPar(threads, kaminpar.context_by_name(preset))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -14,11 +15,13 @@ from distmb.data.store import STAMP_FILE, read_meta
 from distmb.errors import InputError, PartitionError
 from distmb.machine import physical_memory_bytes
 from distmb.partition.assign import (
+    ENGINES,
     METHODS,
     assign_parts,
     metis_edge_fraction,
     rebalance_train_and_vertices,
 )
+from distmb.partition.spill import spilled
 from distmb.partition.writer import write_partition
 from distmb.progress import Progress, peak_rss_bytes
 
@@ -66,10 +69,12 @@ def partition_graph(
         train_tolerance: after METIS, move training vertices until max/mean <= 1 + this.
         vertex_tolerance: then move other vertices until the vertex counts' max/mean is
             at most 1 + this.
-        memory_budget_gib: when the graph plus METIS would exceed it, METIS partitions a
-            uniform sample of the edges (default: 60 % of physical memory). The share used
-            is recorded in ``partition.json`` and affects the output, so pass it explicitly
-            to reproduce a partition on a machine with another memory size.
+        memory_budget_gib: when the process with METIS would exceed it
+            (:func:`~distmb.partition.assign.metis_memory_bytes`: the graph with its
+            features, METIS per vertex and per adjacency entry), METIS partitions the
+            uniform sample of the edges that fits (default: 60 % of physical memory). The
+            share used is recorded in ``partition.json`` and affects the output, so pass it
+            explicitly to reproduce a partition on a machine with another memory size.
         replicate_halo_features: store each part's halo features too.
         features_layout: ``"npy"`` or ``"ooc"`` (aligned raw row files for out-of-core
             reads, ``--features ooc``).
@@ -94,22 +99,30 @@ def partition_graph(
         raise InputError(f"--memory-budget must be > 0 GiB, got {budget}")
     if (part_of is None) == (method == "parmetis"):
         raise InputError("part_of is given exactly when method is 'parmetis'")
-    fraction = metis_edge_fraction(graph, budget * 2**30) if method == "metis" else 1.0
-    if fraction < 1.0:
-        log(
-            f"METIS would exceed the {budget:.1f} GiB memory budget: it partitions a uniform "
-            f"{100 * fraction:.0f} % sample of the edges (--memory-budget to change)"
-        )
     if part_of is None:
-        log(f"assigning {graph.num_nodes} vertices to {parts} parts ({method}, seed {seed})")
-        part_of = assign_parts(
-            graph,
-            parts,
-            method=method,
-            seed=seed,
-            balance_edges=balance_edges,
-            metis_edge_fraction=fraction,
-        )
+        # The engines work on their own copy of the adjacency: the graph's indices and
+        # features wait in memory-mapped files meanwhile (distmb.partition.spill).
+        spill = spilled(graph, log) if method in ENGINES and parts > 1 else nullcontext([])
+        with spill:
+            fraction = (
+                metis_edge_fraction(graph, budget * 2**30, parts) if method == "metis" else 1.0
+            )
+            if fraction < 1.0:
+                log(
+                    f"METIS would exceed the {budget:.1f} GiB memory budget: it partitions a "
+                    f"uniform {100 * fraction:.0f} % sample of the edges (--memory-budget to "
+                    "change)"
+                )
+            log(f"assigning {graph.num_nodes} vertices to {parts} parts ({method}, seed {seed})")
+            part_of = assign_parts(
+                graph,
+                parts,
+                method=method,
+                seed=seed,
+                balance_edges=balance_edges,
+                metis_edge_fraction=fraction,
+            )
+        log(f"{method} done; peak memory so far {peak_rss_bytes() / 2**30:.2f} GiB")
     else:
         part_of = _checked_assignment(part_of, graph.num_nodes, parts)
     moved_train, moved_other = rebalance_train_and_vertices(
@@ -139,7 +152,13 @@ def partition_graph(
         overwrite=overwrite,
         progress=log,
     )
-    log(f"wrote {out_dir}; peak memory {peak_rss_bytes() / 2**30:.2f} GiB")
+    peak = meta["peak_memory"]
+    log(
+        f"wrote {out_dir}; peak memory {peak['peak_rss_bytes'] / 2**30:.2f} GiB = "
+        f"{peak['bytes_per_edge']:.1f} bytes per directed edge "
+        f"({peak['bytes_per_edge_beyond_features']:.1f} beyond the "
+        f"{peak['feature_bytes'] / 2**30:.2f} GiB feature table)"
+    )
     return meta
 
 
@@ -247,24 +266,10 @@ def format_report(meta: dict[str, Any], graph_bytes: int | None = None) -> str:
         peak = peak_rss_bytes()
         lines.append(
             f"peak memory {peak / 2**30:.2f} GiB = {peak / graph_bytes:.1f}x the graph's "
-            f"{graph_bytes / 2**30:.2f} GiB"
+            f"{graph_bytes / 2**30:.2f} GiB = {peak / max(total, 1):.1f} bytes per directed edge"
         )
     return "\n".join(lines)
 
 
 def _imbalance(x: np.ndarray) -> float:
     return float(x.max() / x.mean()) if x.size and x.mean() > 0 else 1.0
-
-
-def graph_nbytes(graph: Graph) -> int:
-    """Bytes held by the graph's arrays."""
-    arrays = (
-        graph.indptr,
-        graph.indices,
-        graph.features,
-        graph.labels,
-        graph.train_idx,
-        graph.val_idx,
-        graph.test_idx,
-    )
-    return int(sum(a.nbytes for a in arrays))
