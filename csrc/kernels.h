@@ -299,10 +299,13 @@ void aggregate_forward(const int64_t* indptr, const int64_t* indices, int64_t n_
                        int64_t n_src, const float* x, int64_t dim, AggKind kind, float* out);
 
 // aggregate_backward: grad_x [n_src, dim] of aggregate_forward given grad_out [n_dst, dim],
-// gathered over the transposed CSR (t_indptr, t_dst of transpose_block).
+// gathered over the transposed CSR (t_indptr, t_dst of transpose_block). Every row of grad_x
+// is written (no zeroing needed). With addend [n_addend, dim] (n_addend <= n_src; may be
+// null), rows u < n_addend get addend[u] added: the gradient of another use of the first
+// rows (a layer's self term), summed in the same pass instead of a second full-size tensor.
 void aggregate_backward(const int64_t* indptr, int64_t n_dst, const int64_t* t_indptr,
                         const int64_t* t_dst, int64_t n_src, const float* grad_out, int64_t dim,
-                        AggKind kind, float* grad_x);
+                        AggKind kind, const float* addend, int64_t n_addend, float* grad_x);
 
 // edge_softmax_forward: alpha[E, H] = softmax of scores[E, H] over each destination's edges,
 // per head (the maximum is subtracted first). edge_softmax_backward: grad_scores[E, H] =

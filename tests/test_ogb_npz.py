@@ -14,7 +14,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from distmb import _C
 from distmb.data import UNLABELED, load_dataset, npzmember, ogb_npz
 from distmb.data import ogb as ogb_module
 from distmb.data.ogb import CACHE_DIRNAME, CACHE_TMP_PREFIX, load_ogb
@@ -402,28 +401,3 @@ def test_stored_member_is_mapped_and_a_forged_size_is_refused(tmp_path: Path) ->
     path.write_bytes(bytes(whole))
     with pytest.raises(InputError, match=r"a\.npz: array 'big': truncated \(the file ends"):
         npzmember.read_members(path)
-
-
-# --------------------------------------------------------------------------------------------
-# The CSR build compacts in place (no second copy of the edges) or into a right-sized copy
-# --------------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("symmetrize", [True, False])
-@pytest.mark.parametrize("repeat", [1, 3])  # 3: most entries are duplicates (copy branch)
-def test_build_in_csr_against_brute_force(symmetrize: bool, repeat: int) -> None:
-    rng = np.random.default_rng(repeat)
-    n = 200
-    src = rng.integers(0, n, 1500)
-    dst = rng.integers(0, n, 1500)
-    dst[:30] = src[:30]
-    src, dst = np.tile(src, repeat), np.tile(dst, repeat)
-    indptr, indices, self_loops, duplicates = _C.build_in_csr(src, dst, n, symmetrize, True)
-    ref_indptr, ref_indices = _reference_csr(src, dst, n, symmetric=symmetrize)
-    np.testing.assert_array_equal(indptr, ref_indptr)
-    np.testing.assert_array_equal(indices, ref_indices)
-    assert self_loops == int((src == dst).sum())
-    scattered = int((src != dst).sum()) * (2 if symmetrize else 1)
-    assert duplicates == scattered - ref_indices.size
-    in_place = 0 < duplicates <= scattered // 8  # rows do move
-    assert in_place == (repeat == 1)  # both branches of the compaction are exercised
