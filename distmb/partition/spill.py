@@ -8,11 +8,14 @@ the engine phase :func:`spilled` moves them into read-only memory maps of tempor
 it read through them stop counting in this process' memory. The writer reads them back
 through the maps (page cache), when the engine's memory is gone. Values never change; the
 temporary files are unlinked at once (Linux reopens them through ``/proc/self/fd``), so
-nothing is left behind, whatever happens.
+nothing is left behind, whatever happens. The allocator's free heap pages are returned to the
+OS as the engine phase starts (:func:`trim_heap`).
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import mmap
 import os
 import shutil
@@ -113,10 +116,21 @@ def spilled(
                 names.append(name)
         if names:
             log(f"moved {' and '.join(names)} to temporary files in {root} for partitioning")
+        trim_heap()
         yield names
     finally:
         for fd in held:
             os.close(fd)  # the maps keep the files alive; the disk space goes with them
+
+
+def trim_heap() -> None:
+    """Give the allocator's free heap pages back to the OS (glibc ``malloc_trim``): the
+    loaders' chunk temporaries leave some behind, which would count while the engine runs.
+    A no-op where the C library has no such call."""
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def _spill_one(graph: Graph, name: str, root: Path, log: Progress) -> int | None:
