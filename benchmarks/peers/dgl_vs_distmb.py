@@ -121,10 +121,11 @@ def whole_batches(train_idx: np.ndarray, batch_size: int, seed: int) -> np.ndarr
 
 
 def graph_arrays(graph: Any) -> dict[str, np.ndarray]:
-    """A distmb :class:`~distmb.data.graph.Graph` as the arrays of :mod:`peer_graph`."""
+    """A distmb :class:`~distmb.data.graph.Graph` as the arrays of :mod:`peer_graph` (int64
+    CSR: a graph may hold int32 indices, the hand-over format and DGL take int64)."""
     return {
-        "indptr": graph.indptr,
-        "indices": graph.indices,
+        "indptr": np.asarray(graph.indptr, dtype=np.int64),
+        "indices": np.asarray(graph.indices, dtype=np.int64),
         "features": graph.features,
         "labels": graph.labels,
         "train_idx": graph.train_idx,
