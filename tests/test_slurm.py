@@ -37,7 +37,14 @@ def site(tmp_path: Path) -> dict:
     log = tmp_path / "calls.log"
     record = f'printf "%s %s\\n" "$(basename "$0")" "$(printf "%q " "$@")" >> {log}\n'
     _stub(bin_dir / "module", record)
-    mpi_list = 'if [ "$1" = "--mpi=list" ]; then printf "$SRUN_MPI_LIST"; exit 0; fi\n'
+    # Like a real srun, it writes the list line by line: a template reading it through
+    # "| grep -q" under pipefail then fails whenever grep stops before srun has finished.
+    mpi_list = (
+        'if [ "$1" = "--mpi=list" ]; then\n'
+        '  while IFS= read -r l; do echo "$l"; sleep 0.05; done <<<"$(printf "$SRUN_MPI_LIST")"\n'
+        "  exit 0\n"
+        "fi\n"
+    )
     _stub(bin_dir / "srun", mpi_list + record)
     _stub(venv / "bin" / "distmb-partition", record)
     (venv / "bin" / "activate").write_text(f'PATH="{venv / "bin"}:$PATH"\n')
