@@ -3,13 +3,14 @@
 #
 # Overridable: PYTHON (interpreter that creates the venv), VENV, TORCH_SPEC (e.g. a cluster's own
 # torch build), EXTRAS (drop `mpich` on a cluster that brings its own MPI: EXTRAS=test,kaminpar;
-# drop `kaminpar`, the second partitioner, where no wheel exists, e.g. aarch64 Linux),
+# drop `kaminpar`, the second partitioner, where no wheel exists, e.g. aarch64 Linux; `triton`
+# runs the CUDA path's kernel tests on CPU under its interpreter),
 # MPIEXEC and DEMO_RANKS (the demo's launcher and rank count).
 
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
-EXTRAS ?= mpich,test,kaminpar
+EXTRAS ?= mpich,test,kaminpar,triton
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.distmb-installed
 DEMO_DIR ?= demo

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from distmb.data import Graph
 from distmb.data.datasets import BUILTIN_DATASETS
@@ -94,3 +95,13 @@ def one_thread():
     _C.set_num_threads(1)
     yield
     _C.set_num_threads(before)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``cuda`` skip, naming why, where torch sees no CUDA device."""
+    if torch.cuda.is_available():
+        return
+    reason = f"no CUDA device (torch {torch.__version__}); run `pytest -m cuda` on a GPU node"
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(pytest.mark.skip(reason=reason))
