@@ -183,8 +183,11 @@ def run_one(
 
 
 def series_label(record: dict) -> str:
-    """``metis``, ``kaminpar`` or ``metis <=40 B/edge`` (a METIS run under a memory budget)."""
-    label = record.get("method", "metis")
+    """``metis``, ``kaminpar`` or ``metis <=40 B/edge`` (a METIS run under a memory budget);
+    records without a method predate bounded-memory partitioning (the "before" baseline)."""
+    if "method" not in record:
+        return "metis before bounded memory"
+    label = record["method"]
     if record.get("budget_bytes_per_edge") is not None:
         label += f" <={record['budget_bytes_per_edge']:g} B/edge"
     return label
