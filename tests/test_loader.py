@@ -69,6 +69,20 @@ def test_part_features_solid_then_halo():
         no_halo.gather(np.array([10]))
 
 
+@pytest.mark.parametrize(
+    "ids",
+    [[0, 9, 9, 3, 10, 13, 10], [11, 12], [4, 2], [1, 10, 2], []],
+    ids=["head-then-tail", "tail-only", "head-only", "interleaved", "empty"],
+)
+def test_part_features_every_order_of_solid_and_halo_ids(ids):
+    # Head ids before tail ids (a block's order: halo leaves last) read straight into the
+    # output's slices; any other order scatters: both equal plain indexing.
+    solid, halo = _table(10), _table(4, seed=1)
+    ids = np.array(ids, dtype=np.int64)
+    expected = np.concatenate([solid, halo])[ids]
+    np.testing.assert_array_equal(PartFeatures(solid, halo).gather(ids).numpy(), expected)
+
+
 def test_concat_features_of_sources():
     a, b = ArrayFeatures(_table(3)), ArrayFeatures(_table(5, seed=2))
     both = ConcatFeatures(a, b)

@@ -58,6 +58,13 @@ class ConcatFeatures(FeatureSource):
             self.head._read_into(ids, out)
             return
         in_tail = ids >= split
+        n_head = ids.size - int(np.count_nonzero(in_tail))
+        if not in_tail[:n_head].any():
+            # Head ids first, tail ids after (a block's sources end with its halo leaves):
+            # each part reads straight into its slice of ``out``, no copy in between.
+            self.head._read_into(ids[:n_head], out[:n_head])
+            self.tail._read_into(ids[n_head:] - split, out[n_head:])
+            return
         head_pos = torch.from_numpy(np.flatnonzero(~in_tail))
         tail_pos = torch.from_numpy(np.flatnonzero(in_tail))
         out[head_pos] = _read(self.head, ids[~in_tail])
