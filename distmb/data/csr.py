@@ -49,15 +49,21 @@ class CsrBuild:
 
     def note(self, symmetrize: bool) -> str:
         """The line ``Graph.notes`` records about the build."""
-        how = (
-            "symmetrised (each edge added in both directions); "
-            if symmetrize
-            else "kept directed; "
+        return build_note(
+            self.input_edges, self.self_loops, self.duplicates, self.indices.shape[0], symmetrize
         )
-        return (
-            f"{self.input_edges} input edges; {how}{self.self_loops} self-loops removed; "
-            f"{self.duplicates} duplicate entries merged; {self.indices.shape[0]} in-edges"
-        )
+
+
+def build_note(
+    input_edges: int, self_loops: int, duplicates: int, in_edges: int, symmetrize: bool
+) -> str:
+    """The line ``Graph.notes`` records about a CSR build (:meth:`CsrBuild.note`; the
+    distributed writer sums the counts over its ranks)."""
+    how = "symmetrised (each edge added in both directions); " if symmetrize else "kept directed; "
+    return (
+        f"{input_edges} input edges; {how}{self_loops} self-loops removed; "
+        f"{duplicates} duplicate entries merged; {in_edges} in-edges"
+    )
 
 
 def array_chunks(src: np.ndarray, dst: np.ndarray, chunk: int = EDGE_CHUNK) -> EdgeChunks:

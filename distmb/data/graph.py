@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -215,18 +216,17 @@ class Graph:
             symmetric=symmetric,
         )
         graph.validate(source)
-        used = int(np.unique(graph.labels[graph.labels != UNLABELED]).size)
-        if graph.num_classes > SPARSE_CLASS_MIN and used < graph.num_classes // 2:
-            graph.notes.append(
-                f"warning: the labels use {used} of {graph.num_classes} class ids (largest "
-                f"{graph.num_classes - 1}): the model gets {graph.num_classes} outputs; "
-                "relabel the classes to 0..K-1 if that is not intended"
-            )
+        graph.notes.extend(sparse_class_notes(graph.labels, graph.num_classes))
         return graph
 
-    def validate(self, source: str = "<graph>") -> None:
+    def validate(
+        self, source: str = "<graph>", *, feature_rows: tuple[int, int] | None = None
+    ) -> None:
         """Check every invariant of the class docstring; raise :class:`InputError` naming
-        ``source`` and the offending array on the first violation."""
+        ``source`` and the offending array on the first violation.
+
+        ``feature_rows``: ``(lo, hi)`` checks only those rows' features for NaN/Inf (each
+        rank of the distributed writer checks its share); default all."""
         n = self.num_nodes
         _check(
             self.indptr.dtype == np.int64 and self.indptr.ndim == 1,
@@ -263,8 +263,9 @@ class Graph:
             f"features must be a [num_nodes={n}, feat_dim] array, got shape {list(np.shape(f))}",
         )
         _check(f.dtype == np.float32, source, f"features must be float32, got {f.dtype}")
-        for lo in range(0, n, _FINITE_CHECK_ROWS):
-            block = f[lo : lo + _FINITE_CHECK_ROWS]
+        first, last = feature_rows if feature_rows is not None else (0, n)
+        for lo in range(first, last, _FINITE_CHECK_ROWS):
+            block = f[lo : min(lo + _FINITE_CHECK_ROWS, last)]
             if not np.isfinite(block).all():
                 bad = lo + int(np.argwhere(~np.isfinite(block))[0, 0])
                 raise InputError(f"{source}: features contain NaN or Inf (first at vertex {bad})")
@@ -320,20 +321,16 @@ class Graph:
 
         Partitions and checkpoints record it so a mismatch is caught, not trained on.
         """
-        h = hashlib.sha256()
-        h.update(np.ascontiguousarray(self.indptr).data)
-        # indices hashed as int64 whatever their dtype, so the identity is the same for an
-        # int32 and an int64 copy of one graph (and for partitions written before int32).
-        for lo in range(0, self.num_edges, _HASH_CHUNK):
-            h.update(np.ascontiguousarray(self.indices[lo : lo + _HASH_CHUNK], np.int64).data)
-        h.update(np.ascontiguousarray(self.labels).data)
+        chunks = (
+            self.indices[lo : lo + _HASH_CHUNK] for lo in range(0, self.num_edges, _HASH_CHUNK)
+        )
         return {
             "name": self.name,
             "num_nodes": self.num_nodes,
             "num_edges": self.num_edges,
             "feat_dim": self.feat_dim,
             "num_classes": self.num_classes,
-            "sha256": h.hexdigest(),
+            "sha256": graph_sha256(self.indptr, chunks, self.labels),
         }
 
     def summary(self) -> str:
@@ -343,6 +340,33 @@ class Graph:
             f"{self.feat_dim} features, {self.num_classes} classes, "
             f"train/val/test {self.train_idx.size}/{self.val_idx.size}/{self.test_idx.size}"
         )
+
+
+def graph_sha256(indptr: np.ndarray, index_chunks: Iterable[np.ndarray], labels: np.ndarray) -> str:
+    """The sha256 of :meth:`Graph.identity`: over ``indptr`` (int64[num_nodes + 1]), the
+    in-edge ``indices`` as int64, given as consecutive chunks in order, and ``labels``
+    (int64[num_nodes]).
+
+    Indices are hashed as int64 whatever their dtype, so the identity is the same for an
+    int32 and an int64 copy of one graph (and for partitions written before int32)."""
+    h = hashlib.sha256()
+    h.update(np.ascontiguousarray(indptr, dtype=np.int64).data)
+    for chunk in index_chunks:
+        h.update(np.ascontiguousarray(chunk, dtype=np.int64).data)
+    h.update(np.ascontiguousarray(labels).data)
+    return h.hexdigest()
+
+
+def sparse_class_notes(labels: np.ndarray, num_classes: int) -> list[str]:
+    """The warning ``Graph.notes`` gets when labels use under half of many class ids."""
+    used = int(np.unique(labels[labels != UNLABELED]).size)
+    if num_classes > SPARSE_CLASS_MIN and used < num_classes // 2:
+        return [
+            f"warning: the labels use {used} of {num_classes} class ids (largest "
+            f"{num_classes - 1}): the model gets {num_classes} outputs; "
+            "relabel the classes to 0..K-1 if that is not intended"
+        ]
+    return []
 
 
 def csr_row_positions(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:

@@ -13,6 +13,7 @@ vertices between parts until both are within tolerance.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 
 import numpy as np
 
@@ -24,6 +25,11 @@ from distmb.partition.spill import release_pages, resident_nbytes
 #: ``parmetis`` is computed by an MPI job (:mod:`distmb.partition.distributed`), then handed
 #: to :func:`~distmb.partition.pipeline.partition_graph` as ``part_of``.
 METHODS = ("metis", "kaminpar", "random", "parmetis")
+#: Recorded as ``method`` when the assignment was read from a file (``--assignment``).
+ASSIGNMENT_METHOD = "assignment"
+#: The methods whose assignment is given to :func:`~distmb.partition.pipeline.partition_graph`
+#: as ``part_of`` rather than computed there.
+GIVEN_METHODS = ("parmetis", ASSIGNMENT_METHOD)
 #: The methods that run a partitioning engine on a copy of the adjacency.
 ENGINES = ("metis", "kaminpar")
 
@@ -251,22 +257,28 @@ def random_parts(graph: Graph, parts: int, *, seed: int) -> np.ndarray:
     return part_of
 
 
+#: ``neighbour_counts(vertices)`` -> int64[len(vertices), parts]: how many in-neighbours of
+#: each of the ascending ``vertices`` lie in each part under the current assignment.
+NeighbourCounts = Callable[[np.ndarray], np.ndarray]
+
+
 def rebalance(
-    graph: Graph,
     part_of: np.ndarray,
     parts: int,
     *,
     counted: np.ndarray,
     movable: np.ndarray,
     tolerance: float,
+    neighbour_counts: NeighbourCounts,
 ) -> int:
     """Move vertices from over-full to under-full parts, in place, until no part holds more
     than ``cap = max(ceil(mean), floor(mean * (1 + tolerance)))`` of the ``counted``
     vertices (``mean`` = their average per part).
 
-    Only ``movable`` vertices (a subset of ``counted``, int64 ids) move. Those with the most
-    neighbours in the receiving part relative to their own go first (boundary vertices, so
-    the edge cut grows least); ties go to the lower vertex id. Returns how many moved; fewer
+    Only ``movable`` vertices (a subset of ``counted``, ascending int64 ids) move. Those with
+    the most neighbours in the receiving part relative to their own go first (boundary
+    vertices, so the edge cut grows least; ``neighbour_counts`` of the candidates, see
+    :data:`NeighbourCounts`); ties go to the lower vertex id. Returns how many moved; fewer
     than needed only when an over-full part runs out of movable vertices.
     """
     if counted.size == 0 or parts == 1:
@@ -278,7 +290,7 @@ def rebalance(
     moved = 0
     for p in over:
         cand = movable[part_of[movable] == p]
-        gain = _neighbour_part_counts(graph, part_of, cand, parts)
+        gain = neighbour_counts(cand)
         gain -= gain[:, [p]]
         used = np.zeros(cand.size, dtype=bool)
         need = int(counts[p] - cap)
@@ -310,32 +322,66 @@ def rebalance_train_and_vertices(
 ) -> tuple[int, int]:
     """Balance training vertices (moving training vertices), then all vertices (moving
     only the others, so the training balance holds). Returns the two move counts."""
-    is_train = train_mask(graph)
+    return rebalance_assignment(
+        part_of,
+        parts,
+        train_idx=graph.train_idx,
+        train_tolerance=train_tolerance,
+        vertex_tolerance=vertex_tolerance,
+        neighbour_counts=lambda cand: neighbour_part_counts(
+            graph.indptr, graph.indices, part_of, cand, parts
+        ),
+    )
+
+
+def rebalance_assignment(
+    part_of: np.ndarray,
+    parts: int,
+    *,
+    train_idx: np.ndarray,
+    train_tolerance: float,
+    vertex_tolerance: float,
+    neighbour_counts: NeighbourCounts,
+) -> tuple[int, int]:
+    """:func:`rebalance_train_and_vertices` given only the assignment (int32[num_nodes],
+    changed in place), the training vertices and a way to count candidates' neighbour parts
+    (the distributed writer gathers them from the ranks holding the in-edges)."""
+    is_train = np.zeros(part_of.shape[0], dtype=bool)
+    is_train[train_idx] = True
     train = np.flatnonzero(is_train)
     moved_train = rebalance(
-        graph, part_of, parts, counted=train, movable=train, tolerance=train_tolerance
+        part_of,
+        parts,
+        counted=train,
+        movable=train,
+        tolerance=train_tolerance,
+        neighbour_counts=neighbour_counts,
     )
-    everyone = np.arange(graph.num_nodes, dtype=np.int64)
+    everyone = np.arange(part_of.shape[0], dtype=np.int64)
     moved_other = rebalance(
-        graph,
         part_of,
         parts,
         counted=everyone,
         movable=np.flatnonzero(~is_train),
         tolerance=vertex_tolerance,
+        neighbour_counts=neighbour_counts,
     )
     return moved_train, moved_other
 
 
-def _neighbour_part_counts(
-    graph: Graph, part_of: np.ndarray, vertices: np.ndarray, parts: int
+def neighbour_part_counts(
+    indptr: np.ndarray, indices: np.ndarray, part_of: np.ndarray, vertices: np.ndarray, parts: int
 ) -> np.ndarray:
     """int64[len(vertices), parts]: how many in-neighbours of each vertex lie in each part.
+
+    Args:
+        indptr: int64[num_nodes + 1]; indices: int32|int64[]: an in-edge CSR holding (at
+            least) the rows of ``vertices``.
 
     Counted over blocks of vertices with about :data:`NEIGHBOUR_COUNT_CHUNK` in-edges each,
     so the per-edge temporaries stay bounded whatever the part's size."""
     counts = np.zeros((vertices.size, parts), dtype=np.int64)
-    deg = graph.indptr[vertices + 1] - graph.indptr[vertices]
+    deg = indptr[vertices + 1] - indptr[vertices]
     ends = np.cumsum(deg)
     lo = 0
     while lo < vertices.size:
@@ -345,7 +391,7 @@ def _neighbour_part_counts(
         block_deg = deg[lo:hi]
         row = np.repeat(np.arange(hi - lo, dtype=np.int64), block_deg)
         row *= parts
-        row += part_of[graph.indices[csr_row_positions(graph.indptr[vertices[lo:hi]], block_deg)]]
+        row += part_of[indices[csr_row_positions(indptr[vertices[lo:hi]], block_deg)]]
         counts[lo:hi] = np.bincount(row, minlength=(hi - lo) * parts).reshape(hi - lo, parts)
         lo = hi
     return counts

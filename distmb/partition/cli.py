@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from distmb import progress
 from distmb.config import MAX_THREADS
 from distmb.data.format import FEATURE_LAYOUTS
 from distmb.errors import InputError, exit_on_user_error
-from distmb.partition.assign import METHODS, check_method_options
+from distmb.partition.assign import ASSIGNMENT_METHOD, METHODS, check_method_options
 from distmb.partition.pipeline import (
     DEFAULT_TRAIN_TOLERANCE,
     DEFAULT_VERTEX_TOLERANCE,
+    assignment_record,
     check_partition_args,
     default_memory_budget_gib,
     format_report,
+    load_assignment,
     partition_graph,
 )
 from distmb.progress import Progress
@@ -39,12 +42,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--method",
         choices=METHODS,
-        default="metis",
-        help="metis: min edge cut (pymetis); kaminpar: min edge cut with KaMinPar, faster "
-        "and leaner than METIS, byte-identical per seed only with --threads 1 (pip install "
+        default=None,
+        help="(default: metis) metis: min edge cut (pymetis); kaminpar: min edge cut with "
+        "KaMinPar, faster and leaner than METIS, byte-identical per seed only with --threads 1 "
+        "(pip install "
         "'distmb[kaminpar]'); random: balanced random, for graphs too big for either; "
         "parmetis: ParMETIS over the ranks of mpiexec, each reading a slice of the edges "
         "(ogb:DIR; docs/partitioning-at-scale.md)",
+    )
+    p.add_argument(
+        "--assignment",
+        metavar="FILE.npy",
+        help="instead of --method: the part of every vertex, computed elsewhere (int32 or "
+        "int64[N] .npy, values in [0, --parts)); rebalanced and written as METIS' would be. "
+        "Under mpiexec with ogb:DIR, every rank writes its own parts "
+        "(docs/partitioning-at-scale.md)",
     )
     p.add_argument(
         "--seed",
@@ -129,6 +141,13 @@ def main(argv: list[str] | None = None) -> int:
     for flag, value in (("--parts", args.parts), ("--out", args.out)):
         if value is None:
             raise InputError(f"{flag} is required (or --convert DIR to convert a partition)")
+    if args.assignment is not None and args.method is not None:
+        raise InputError(
+            f"--assignment gives the assignment; --method {args.method} cannot be used with it"
+        )
+    if args.assignment is not None:
+        args.method = ASSIGNMENT_METHOD
+    args.method = args.method or "metis"
     check_partition_args(None, args.parts, args.out, method=args.method, overwrite=args.overwrite)
     check_method_options(args.method, balance_edges=args.balance_edges)
     if args.threads is not None:
@@ -142,11 +161,17 @@ def main(argv: list[str] | None = None) -> int:
     log = Progress(quiet=args.quiet)
     if args.method == "parmetis":
         return _main_parmetis(args, log)
+    if args.assignment is not None and mpi_world_size() > 1:
+        return _main_distributed(args, log)
     log(f"loading {args.dataset}")
     graph = load_dataset(args.dataset, symmetrize=not args.no_symmetrize, seed=args.split_seed)
     log(graph.summary())
     for note in graph.notes:
         log(f"  {note}")
+    part_of, extra = None, None
+    if args.assignment is not None:
+        part_of = load_assignment(args.assignment, graph.num_nodes, args.parts)
+        extra = assignment_record(args.assignment)
     meta = partition_graph(
         graph,
         args.parts,
@@ -161,10 +186,25 @@ def main(argv: list[str] | None = None) -> int:
         features_layout=args.features_layout,
         overwrite=args.overwrite,
         progress=log,
+        part_of=part_of,
+        extra_options=extra,
     )
     print(format_report(meta, graph.nbytes))
     print(f"partition written to {args.out}")
     return 0
+
+
+def _write_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The options of the distributed writer (:mod:`distmb.partition.distwrite`)."""
+    return {
+        "balance_edges": args.balance_edges,
+        "train_tolerance": args.train_tolerance,
+        "vertex_tolerance": args.vertex_tolerance,
+        "memory_budget_gib": args.memory_budget,
+        "replicate_halo_features": args.replicate_halo_features,
+        "features_layout": args.features_layout,
+        "overwrite": args.overwrite,
+    }
 
 
 def _main_parmetis(args: argparse.Namespace, log: Progress) -> int:
@@ -172,27 +212,57 @@ def _main_parmetis(args: argparse.Namespace, log: Progress) -> int:
     ``mpiexec``); rank 0 prints the report."""
     from distmb.partition.distributed import partition_parmetis
 
-    result = partition_parmetis(
+    meta = partition_parmetis(
         args.dataset,
         args.parts,
         args.out,
         seed=args.seed,
         symmetrize=not args.no_symmetrize,
-        split_seed=args.split_seed,
         log=log,
-        balance_edges=args.balance_edges,
-        train_tolerance=args.train_tolerance,
-        vertex_tolerance=args.vertex_tolerance,
-        memory_budget_gib=args.memory_budget,
-        replicate_halo_features=args.replicate_halo_features,
-        features_layout=args.features_layout,
-        overwrite=args.overwrite,
+        **_write_options(args),
     )
-    if result is not None:
-        graph, meta = result
-        print(format_report(meta, graph.nbytes))
+    return _report(args, meta)
+
+
+def _main_distributed(args: argparse.Namespace, log: Progress) -> int:
+    """``--assignment FILE`` under ``mpiexec``: every rank writes its own parts
+    (:mod:`distmb.partition.distwrite`); rank 0 prints the report."""
+    from distmb.partition.distwrite import partition_distributed
+
+    path = args.assignment
+    meta = partition_distributed(
+        args.dataset,
+        args.parts,
+        args.out,
+        lambda num_nodes: load_assignment(path, num_nodes, args.parts),
+        method=ASSIGNMENT_METHOD,
+        seed=args.seed,
+        symmetrize=not args.no_symmetrize,
+        extra_options=assignment_record(path),
+        progress=log,
+        **_write_options(args),
+    )
+    return _report(args, meta)
+
+
+def _report(args: argparse.Namespace, meta: dict[str, Any] | None) -> int:
+    """Rank 0 (the one with ``meta``) prints the per-part table."""
+    if meta is not None:
+        print(format_report(meta))
         print(f"partition written to {args.out}")
     return 0
+
+
+def mpi_world_size() -> int:
+    """Ranks of the MPI job this process belongs to; 1 outside one (no launcher's variables
+    set: mpi4py is then not even imported)."""
+    from distmb.launch import is_mpi_launch
+
+    if not is_mpi_launch():
+        return 1
+    from mpi4py import MPI
+
+    return int(MPI.COMM_WORLD.size)
 
 
 if __name__ == "__main__":

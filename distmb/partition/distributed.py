@@ -17,9 +17,9 @@ for ogbn-papers100M). Run under ``mpiexec -n R``; every rank:
    its own vertices into the shared assignment file (``int32[N]`` ``.npy`` beside ``--out``,
    plain writes at its offset).
 
-Rank 0 then reads the assignment, loads the graph (the writer needs its CSR; features stay
-memory-mapped), moves vertices to meet the same train/vertex tolerances as the METIS path,
-and writes the partition in the usual format (:func:`partition_graph`); ``partition.json``
+Every rank then reads the assignment and the job goes on with the distributed writer
+(:mod:`distmb.partition.distwrite`): the same rebalancing as the METIS path, every rank
+writing its own parts, the usual format; no rank loads the whole graph. ``partition.json``
 records ``method: parmetis`` and the ranks. An error on any rank is raised on every rank, so
 none waits forever.
 """
@@ -55,8 +55,9 @@ def collective(comm: Any, what: str, fn: Callable[[], T]) -> T:
     error = None
     try:
         result = fn()
-    except (InputError, OSError, RuntimeError, ValueError, MemoryError) as exc:
-        error = f"rank {comm.rank}: {one_line(exc)}"
+    except Exception as exc:  # noqa: BLE001 - any failure must reach every rank
+        kind = "" if isinstance(exc, InputError | OSError) else f"{type(exc).__name__}: "
+        error = f"rank {comm.rank}: {kind}{one_line(exc)}"
     errors = [e for e in comm.allgather(error) if e]
     if errors:
         raise InputError(f"{what}: {errors[0]}")
@@ -125,26 +126,34 @@ def distributed_csr(
     return xadj, cols
 
 
-def sliced_edges(spec: str, comm: Any) -> tuple[np.ndarray, np.ndarray, int, np.ndarray]:
-    """(src, dst memory-mapped int64[E], num_nodes, train_idx) of ``spec`` on every rank.
-
-    Rank 0 reads (and, for ``ogb:DIR``, converts into the cache) first; the others follow,
-    then map the converted arrays."""
+def read_sliced(spec: str, comm: Any, what: str) -> tuple[Any, list[str], str, str]:
+    """``(arrays, notes, source, name)`` of ``spec`` on every rank, as
+    :func:`~distmb.data.ogb.read_ogb_arrays` gives them (edges and features memory-mapped),
+    with the graph's name. Rank 0 reads (and, for ``ogb:DIR``, converts into the cache)
+    first; the others follow, then map the converted arrays. ``what`` names the step that
+    needs sliced edges in the error for another dataset kind."""
     kind, arg = parse_spec(spec)
     if kind not in SLICED_KINDS:
         raise InputError(
-            f"--method parmetis reads the edges in slices from {', '.join(SLICED_KINDS)}:DIR "
-            f"datasets (memory-mapped arrays); got --dataset {spec}"
+            f"{what} reads the edges in slices from {', '.join(SLICED_KINDS)}:DIR datasets "
+            f"(memory-mapped arrays); got --dataset {spec}"
         )
-    from distmb.data.ogb import read_ogb_arrays
+    from distmb.data.ogb import dataset_name, read_ogb_arrays
 
-    def read() -> tuple[np.ndarray, np.ndarray, int, np.ndarray]:
-        arrays, _, _ = read_ogb_arrays(arg)
-        return arrays.src, arrays.dst, int(arrays.labels.shape[0]), arrays.train_idx
+    def read() -> tuple[Any, list[str], str, str]:
+        arrays, notes, source = read_ogb_arrays(arg)
+        return arrays, notes, source, dataset_name(Path(arg))
 
     first = collective(comm, f"--dataset {spec}", read if comm.rank == 0 else lambda: None)
     rest = collective(comm, f"--dataset {spec}", read if comm.rank != 0 else lambda: None)
     return first if comm.rank == 0 else rest
+
+
+def sliced_edges(spec: str, comm: Any) -> tuple[np.ndarray, np.ndarray, int, np.ndarray]:
+    """(src, dst memory-mapped int64[E], num_nodes, train_idx) of ``spec`` on every rank
+    (:func:`read_sliced`)."""
+    arrays, _, _, _ = read_sliced(spec, comm, "--method parmetis")
+    return arrays.src, arrays.dst, int(arrays.labels.shape[0]), arrays.train_idx
 
 
 def vertex_weights(train_idx: np.ndarray, lo: int, hi: int) -> np.ndarray:
@@ -240,43 +249,38 @@ def partition_parmetis(
     *,
     seed: int,
     symmetrize: bool,
-    split_seed: int,
     log: Callable[[str], None],
     **write_options: Any,
-) -> tuple[Any, dict[str, Any]] | None:
-    """The whole ``--method parmetis`` job on ``MPI.COMM_WORLD`` (module docstring).
+) -> dict[str, Any] | None:
+    """The whole ``--method parmetis`` job on ``MPI.COMM_WORLD`` (module docstring): the
+    assignment, then the distributed writer
+    (:func:`~distmb.partition.distwrite.partition_distributed`).
 
     Returns:
-        On rank 0, (the graph, the ``partition.json`` metadata); None on the other ranks.
+        The ``partition.json`` metadata on rank 0; None on the other ranks.
     """
     from mpi4py import MPI
 
-    from distmb.data import load_dataset
-    from distmb.partition.pipeline import partition_graph
+    from distmb.partition.distwrite import partition_distributed
 
     comm = MPI.COMM_WORLD
     out = Path(out)
     path, options = assign_parmetis(comm, spec, parts, out, seed, log)
-
-    def write() -> tuple[Any, dict[str, Any]] | None:
-        if comm.rank != 0:
-            return None
-        try:
-            part_of = read_assignment(path)
-            graph = load_dataset(spec, symmetrize=symmetrize, seed=split_seed)
-            meta = partition_graph(
-                graph,
-                parts,
-                out,
-                method="parmetis",
-                seed=seed,
-                part_of=part_of,
-                extra_options=options,
-                progress=log,
-                **write_options,
-            )
-            return graph, meta
-        finally:
+    try:
+        return partition_distributed(
+            spec,
+            parts,
+            out,
+            lambda _num_nodes: read_assignment(path),
+            method="parmetis",
+            seed=seed,
+            symmetrize=symmetrize,
+            extra_options=options,
+            progress=log,
+            comm=comm,
+            **write_options,
+        )
+    finally:
+        comm.Barrier()  # every rank has read the assignment
+        if comm.rank == 0:
             path.unlink(missing_ok=True)
-
-    return collective(comm, f"writing {out}", write)

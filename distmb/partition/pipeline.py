@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from contextlib import nullcontext
 from pathlib import Path
@@ -11,11 +12,14 @@ import numpy as np
 
 from distmb.data.format import META_FILE, part_dir_name
 from distmb.data.graph import Graph
+from distmb.data.loader_utils import one_line
 from distmb.data.store import STAMP_FILE, read_meta
 from distmb.errors import InputError, PartitionError
 from distmb.machine import physical_memory_bytes
 from distmb.partition.assign import (
+    ASSIGNMENT_METHOD,
     ENGINES,
+    GIVEN_METHODS,
     METHODS,
     assign_parts,
     metis_edge_fraction,
@@ -63,7 +67,8 @@ def partition_graph(
         method: ``"metis"`` (min edge cut, balanced vertices and training vertices),
             ``"random"`` (balanced, for graphs METIS cannot hold in memory) or
             ``"parmetis"`` (the assignment ``part_of`` computed by an MPI job,
-            :mod:`distmb.partition.distributed`).
+            :mod:`distmb.partition.distributed`) or ``"assignment"`` (``part_of`` computed
+            elsewhere, ``--assignment FILE``).
         seed: makes the output byte-identical across runs.
         balance_edges: also balance in-edges per part (a third METIS constraint).
         train_tolerance: after METIS, move training vertices until max/mean <= 1 + this.
@@ -79,8 +84,8 @@ def partition_graph(
         features_layout: ``"npy"`` or ``"ooc"`` (aligned raw row files for out-of-core
             reads, ``--features ooc``).
         overwrite: replace an existing ``out_dir``.
-        part_of: int[num_nodes] part of every vertex, computed elsewhere (``parmetis``); it
-            is rebalanced like METIS' and recorded as ``method``.
+        part_of: int[num_nodes] part of every vertex, computed elsewhere (``parmetis``,
+            ``assignment``); it is rebalanced like METIS' and recorded as ``method``.
         extra_options: more entries for ``partition.json``'s ``partitioner`` record.
 
     Returns:
@@ -88,25 +93,19 @@ def partition_graph(
     """
     log = progress or Progress(quiet=True)
     check_partition_args(graph.num_nodes, parts, out_dir, method=method, overwrite=overwrite)
-    for flag, value in (
-        ("--train-tolerance", train_tolerance),
-        ("--vertex-tolerance", vertex_tolerance),
-    ):
-        if not 0.0 <= value < 1.0:
-            raise InputError(f"{flag} must be in [0, 1), got {value}")
-    budget = default_memory_budget_gib() if memory_budget_gib is None else memory_budget_gib
-    if budget <= 0:
-        raise InputError(f"--memory-budget must be > 0 GiB, got {budget}")
-    if (part_of is None) == (method == "parmetis"):
-        raise InputError("part_of is given exactly when method is 'parmetis'")
+    budget = check_rebalance_args(train_tolerance, vertex_tolerance, memory_budget_gib)
+    if (part_of is None) == (method in GIVEN_METHODS):
+        raise InputError(
+            f"part_of is given exactly when method is {' or '.join(map(repr, GIVEN_METHODS))}"
+        )
+    fraction = 1.0
     if part_of is None:
         # The engines work on their own copy of the adjacency: the graph's indices and
         # features wait in memory-mapped files meanwhile (distmb.partition.spill).
         spill = spilled(graph, log) if method in ENGINES and parts > 1 else nullcontext([])
         with spill:
-            fraction = (
-                metis_edge_fraction(graph, budget * 2**30, parts) if method == "metis" else 1.0
-            )
+            if method == "metis":
+                fraction = metis_edge_fraction(graph, budget * 2**30, parts)
             if fraction < 1.0:
                 log(
                     f"METIS would exceed the {budget:.1f} GiB memory budget: it partitions a "
@@ -129,18 +128,17 @@ def partition_graph(
         graph, part_of, parts, train_tolerance=train_tolerance, vertex_tolerance=vertex_tolerance
     )
     log(f"assigned; rebalancing moved {moved_train} training and {moved_other} other vertices")
-    options = {
-        "method": method,
-        "seed": seed,
-        "balance_edges": balance_edges,
-        "train_tolerance": train_tolerance,
-        "vertex_tolerance": vertex_tolerance,
-        "memory_budget_gib": budget,
-        "metis_edge_fraction": round(fraction, 4),
-        "train_vertices_moved": moved_train,
-        "other_vertices_moved": moved_other,
-        **(extra_options or {}),
-    }
+    options = partitioner_record(
+        method=method,
+        seed=seed,
+        balance_edges=balance_edges,
+        train_tolerance=train_tolerance,
+        vertex_tolerance=vertex_tolerance,
+        memory_budget_gib=budget,
+        metis_edge_fraction=fraction,
+        moved=(moved_train, moved_other),
+        extra_options=extra_options,
+    )
     meta = write_partition(
         graph,
         part_of,
@@ -160,6 +158,107 @@ def partition_graph(
         f"{peak['feature_bytes'] / 2**30:.2f} GiB feature table)"
     )
     return meta
+
+
+def check_rebalance_args(
+    train_tolerance: float, vertex_tolerance: float, memory_budget_gib: float | None
+) -> float:
+    """Reject bad tolerances and budgets; return the budget in GiB (default filled in)."""
+    for flag, value in (
+        ("--train-tolerance", train_tolerance),
+        ("--vertex-tolerance", vertex_tolerance),
+    ):
+        if not 0.0 <= value < 1.0:
+            raise InputError(f"{flag} must be in [0, 1), got {value}")
+    budget = default_memory_budget_gib() if memory_budget_gib is None else memory_budget_gib
+    if budget <= 0:
+        raise InputError(f"--memory-budget must be > 0 GiB, got {budget}")
+    return budget
+
+
+def partitioner_record(
+    *,
+    method: str,
+    seed: int,
+    balance_edges: bool,
+    train_tolerance: float,
+    vertex_tolerance: float,
+    memory_budget_gib: float,
+    metis_edge_fraction: float,
+    moved: tuple[int, int],
+    extra_options: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """``partition.json``'s ``partitioner`` record (the writer adds
+    ``replicate_halo_features``); ``moved``: training and other vertices the rebalancing
+    moved."""
+    return {
+        "method": method,
+        "seed": seed,
+        "balance_edges": balance_edges,
+        "train_tolerance": train_tolerance,
+        "vertex_tolerance": vertex_tolerance,
+        "memory_budget_gib": memory_budget_gib,
+        "metis_edge_fraction": round(metis_edge_fraction, 4),
+        "train_vertices_moved": moved[0],
+        "other_vertices_moved": moved[1],
+        **(extra_options or {}),
+    }
+
+
+#: dtypes an ``--assignment`` file may hold.
+ASSIGNMENT_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
+
+
+def load_assignment(
+    path: str | os.PathLike[str], num_nodes: int, parts: int, flag: str = "--assignment"
+) -> np.ndarray:
+    """The vertex -> part assignment in ``path`` (a ``.npy`` of int32 or int64[num_nodes],
+    every value in ``[0, parts)``; read without pickle) as int32[num_nodes].
+
+    Raises:
+        InputError: naming ``flag``, the file and what was expected.
+    """
+    where = f"{flag} {path}"
+    try:
+        part_of = np.load(path, mmap_mode="r", allow_pickle=False)
+    except FileNotFoundError:
+        raise InputError(f"{where}: no such file") from None
+    except (OSError, ValueError, EOFError) as exc:
+        raise InputError(
+            f"{where}: not a readable .npy array of int32/int64 parts ({one_line(exc)})"
+        ) from None
+    if part_of.dtype.newbyteorder("=") not in ASSIGNMENT_DTYPES or part_of.ndim != 1:
+        raise InputError(
+            f"{where}: expected int32 or int64[{num_nodes}] (the part of every vertex), got "
+            f"{part_of.dtype}{list(part_of.shape)}"
+        )
+    if part_of.shape[0] != num_nodes:
+        raise InputError(
+            f"{where}: holds {part_of.shape[0]} parts but the graph has {num_nodes} vertices "
+            "(one part per vertex, in vertex-id order)"
+        )
+    bad = np.flatnonzero((part_of < 0) | (part_of >= parts))
+    if bad.size:
+        v = int(bad[0])
+        raise InputError(
+            f"{where}: vertex {v} is in part {int(part_of[v])}, outside [0, {parts}) of "
+            f"--parts {parts} ({bad.size} such vertices)"
+        )
+    return np.array(part_of, dtype=np.int32)
+
+
+def assignment_record(path: str | os.PathLike[str]) -> dict[str, str]:
+    """The ``partitioner`` entries recording an ``--assignment`` file: its absolute path and
+    sha256."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(ASSIGNMENT_HASH_BYTES), b""):
+            h.update(block)
+    return {"assignment_file": str(Path(path).resolve()), "assignment_sha256": h.hexdigest()}
+
+
+#: Bytes read at a time when hashing an ``--assignment`` file.
+ASSIGNMENT_HASH_BYTES = 16 << 20
 
 
 def _checked_assignment(part_of: np.ndarray, num_nodes: int, parts: int) -> np.ndarray:
@@ -187,7 +286,7 @@ def check_partition_args(
         raise InputError(f"--parts must be >= 1, got {parts}")
     if num_nodes is not None and parts > num_nodes:
         raise InputError(f"--parts {parts} exceeds the graph's {num_nodes} vertices")
-    if method not in METHODS:
+    if method not in METHODS + (ASSIGNMENT_METHOD,):
         raise InputError(f"--method must be one of {', '.join(METHODS)}, got {method!r}")
     out = Path(out_dir)
     if out.exists() and not overwrite:
