@@ -40,6 +40,14 @@ Backend = Literal["auto", "triton", "torch"]
 BACKENDS: tuple[str, ...] = ("auto", "triton", "torch")
 
 
+class RepeatedDestinationError(ValueError):
+    """A destination id occurs twice in ``keys[:n_dst]``; :attr:`key` is the id."""
+
+    def __init__(self, key: int) -> None:
+        super().__init__(f"destinations must be distinct; id {key} occurs more than once")
+        self.key = key
+
+
 @dataclass
 class MappedIds:
     """Result of :func:`fused_map`.
@@ -107,8 +115,9 @@ def fused_map(
         :class:`MappedIds` on the device of ``keys``.
 
     Raises:
+        RepeatedDestinationError: a destination occurs twice (a ValueError naming it).
         ValueError: keys not a 1-D int64 tensor, ``n_dst`` outside ``[0, m]``, a negative key,
-            a repeated destination (named), a bad ``capacity`` or back end.
+            a bad ``capacity`` or back end.
     """
     if keys.dim() != 1 or keys.dtype != torch.int64:
         raise ValueError(f"keys must be a 1-D int64 tensor (got {keys.dtype}, {keys.dim()}-D)")
@@ -151,7 +160,7 @@ def _relabel(
         raise ValueError(f"keys must be non-negative (got {bad})")
     if repeated:
         at = int(torch.nonzero(~first[:n_dst])[0, 0])
-        raise ValueError(f"destinations must be distinct; id {int(keys[at])} occurs more than once")
+        raise RepeatedDestinationError(int(keys[at]))
     positions = torch.arange(m, dtype=torch.int64, device=device)
     local_new = torch.where(new_solid, n_dst + rank_solid - 1, n_dst + n_new_solid + rank_halo - 1)
     first_local = torch.where(positions < n_dst, positions, local_new)
