@@ -17,6 +17,7 @@ set before Triton is imported), which is how CI tests it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -79,7 +80,9 @@ if triton is not None:
     _EMPTY = tl.constexpr(EMPTY)
     _HASH_MULTIPLIER = tl.constexpr(HASH_MULTIPLIER)
 
-    @triton.jit
+    # m and mask are never compile-time constants: Triton would otherwise specialise a
+    # value of 1 (one key, a 2-slot table) into a constexpr.
+    @triton.jit(do_not_specialize=["m", "mask"])
     def _insert_kernel(
         keys_ptr, m, table_keys_ptr, table_pos_ptr, slot_of_ptr, mask, BLOCK: tl.constexpr
     ):
@@ -128,8 +131,9 @@ def triton_groups(
     slot_of = torch.zeros(m, dtype=torch.int64, device=device)
     if m:
         grid = (triton.cdiv(m, BLOCK),)
-        _insert_kernel[grid](
-            keys.contiguous(), m, table_keys, table_pos, slot_of, cap - 1, BLOCK=BLOCK
-        )
+        with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+            _insert_kernel[grid](
+                keys.contiguous(), m, table_keys, table_pos, slot_of, cap - 1, BLOCK=BLOCK
+            )
     first = table_pos[slot_of] == torch.arange(m, dtype=torch.int64, device=device)
     return slot_of, first, cap
