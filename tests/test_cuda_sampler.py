@@ -339,3 +339,27 @@ def test_bad_arguments() -> None:
     sampler = device_sampler(g, [2])
     with pytest.raises(ValueError, match="iteration must be in"):
         sampler.sample(np.array([0]), 0, 2**64)
+
+
+# -- the data path -------------------------------------------------------------------------
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_plugs_into_the_batch_loader(prefetch) -> None:
+    from conftest import random_graph
+
+    from distmb.data.local import LocalGraph as PartGraph
+    from distmb.features import PartFeatures
+    from distmb.loader import BatchLoader
+
+    part = PartGraph.from_graph(random_graph(n=600, m=4000, feat_dim=7, classes=3, seed=4))
+    g = LocalGraph(part.indptr, part.indices, part.n_solid, part.n_local)
+    sampler = device_sampler(g, [3, 4], 11)
+    loader = BatchLoader(sampler, PartFeatures(part.features), part.labels, prefetch=prefetch)
+    batches = np.array_split(np.random.default_rng(0).permutation(part.train_idx), 5)
+    for batch in loader(loader.plan(2, batches)):
+        seeds = batches[batch.index]
+        check_blocks(g, seeds, [3, 4], batch.blocks)
+        assert_same_blocks(batch.blocks, sampler.sample(seeds, 2, batch.index))
+        first = batch.blocks[0]
+        want = torch.as_tensor(np.asarray(part.features)[first.src_ids[: first.n_computed]])
+        assert torch.equal(batch.x, want)
+        assert torch.equal(batch.labels, torch.as_tensor(part.labels[seeds]))
