@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +12,13 @@ import torch
 from distmb.data import Graph
 from distmb.data.datasets import BUILTIN_DATASETS
 from distmb.data.planetoid import PLANETOID_SUFFIXES
+
+# Triton kernels (distmb.cuda) run on CPU tensors under Triton's interpreter, which is chosen
+# when a kernel is defined, i.e. before distmb.cuda imports Triton: set it here, where there
+# is no GPU to compile them for (an explicit TRITON_INTERPRET is kept). No other code of the
+# project, and nothing the tests run, uses Triton.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 #: A small, fast configuration of the built-in generator for behavioural training tests.
 SMALL = "synthetic:nodes=3000,avg_degree=8,feat_dim=16,classes=4"

@@ -1,0 +1,42 @@
+"""Uniform sampling without replacement for many rows at once (vectorised Floyd).
+
+Robert Floyd's algorithm draws a uniform ``k``-subset of ``[0, d)`` with ``k`` draws: for
+``j = d-k .. d-1`` draw ``t`` uniform in ``[0, j]`` and take ``t``, or ``j`` when ``t`` was
+taken already. Here step ``q`` of the algorithm runs for every row at once (``k`` steps of a
+few tensor ops each, no loop over rows), so the cost is ``O(rows * k^2)`` element operations
+whatever the degrees: hubs cost no more than other rows.
+"""
+
+from __future__ import annotations
+
+import torch
+
+#: Random words are drawn below this bound and reduced modulo ``j + 1``; the modulo bias is
+#: below ``(j + 1) / 2^62``, under ``2^-31`` for any degree below ``2^31``.
+RANDOM_BOUND = 1 << 62
+
+
+def choose_positions(deg: torch.Tensor, k: int, generator: torch.Generator) -> torch.Tensor:
+    """``k`` distinct positions of ``[0, deg[i])`` per row, ascending, uniform over subsets.
+
+    Args:
+        deg: int64[n] row degrees.
+        k: positions per row, ``k >= 1``.
+        generator: random source on ``deg``'s device.
+
+    Returns:
+        int64[n, k]. Rows with ``deg[i] <= k`` get ``[0, k)`` (the caller keeps their first
+        ``deg[i]`` positions, i.e. the whole row).
+    """
+    n = deg.shape[0]
+    picks = torch.empty((n, k), dtype=torch.int64, device=deg.device)
+    top = torch.clamp(deg, min=k) - k  # j of step 0; rows with deg <= k run Floyd on [0, k)
+    for q in range(k):
+        j = top + q
+        t = torch.randint(0, RANDOM_BOUND, (n,), generator=generator, device=deg.device)
+        t = torch.remainder(t, j + 1)
+        if q:
+            taken = (picks[:, :q] == t.unsqueeze(1)).any(dim=1)
+            t = torch.where(taken, j, t)
+        picks[:, q] = t
+    return torch.sort(picks, dim=1).values

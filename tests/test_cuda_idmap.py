@@ -1,0 +1,163 @@
+"""Fused-Map (distmb.cuda.idmap): the Triton hash-table kernel (under the interpreter on CPU)
+and the torch-ops version against a Python-dict reference of unique + first-seen relabel."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from distmb.cuda import idmap_triton
+from distmb.cuda.idmap import RepeatedDestinationError, fused_map, resolve_backend
+
+#: Devices every test runs on: CPU here, CUDA under ``pytest -m cuda`` on a GPU node.
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
+BACKENDS = ["torch", "triton"]
+INT64_MAX = 2**63 - 1
+REPO = Path(__file__).resolve().parents[1]
+
+
+def require(backend: str, device: str) -> None:
+    """Skip, saying why, where ``backend`` cannot run on ``device``."""
+    if backend == "triton":
+        ok, why = idmap_triton.usable(torch.device(device))
+        if not ok:
+            pytest.skip(why)
+
+
+def reference_map(keys: list[int], n_dst: int, n_solid: int | None) -> tuple[list, list, int]:
+    """Python dict: (src_ids, local, n_halo): destinations, then new keys in first-seen order,
+    solid (< n_solid) before halo."""
+    order = list(keys[:n_dst])
+    seen = set(order)
+    solid, halo = [], []
+    for k in keys[n_dst:]:
+        if k not in seen:
+            seen.add(k)
+            (solid if n_solid is None or k < n_solid else halo).append(k)
+    src = order + solid + halo
+    position = {k: i for i, k in enumerate(src)}
+    return src, [position[k] for k in keys], len(halo)
+
+
+def check(keys: list[int], n_dst: int, n_solid: int | None, backend: str, device: str,
+          capacity: int | None = None) -> None:  # fmt: skip
+    require(backend, device)
+    t = torch.tensor(keys, dtype=torch.int64, device=device)
+    got = fused_map(t, n_dst, n_solid, backend=backend, capacity=capacity)  # type: ignore[arg-type]
+    src, local, n_halo = reference_map(keys, n_dst, n_solid)
+    assert got.src_ids.device.type == device and got.local.device.type == device
+    assert got.src_ids.dtype == torch.int64 and got.local.dtype == torch.int64
+    assert got.src_ids.cpu().tolist() == src
+    assert got.local.cpu().tolist() == local
+    assert got.n_halo == n_halo
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("n_solid", [None, 300])
+def test_random_keys_with_duplicates(backend: str, device: str, n_solid: int | None) -> None:
+    rng = np.random.default_rng(0)
+    dst = rng.choice(400, 50, replace=False).tolist()
+    keys = dst + rng.integers(0, 400, 1500).tolist()  # ~4 occurrences per id
+    check(keys, len(dst), n_solid, backend, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_full_table_forces_long_probe_chains(device: str) -> None:
+    # As many distinct keys as slots: every insert after the first collides until it finds
+    # the last free slots, probing wraps around the end of the table.
+    rng = np.random.default_rng(1)
+    distinct = rng.choice(10**6, 64, replace=False).tolist()
+    keys = distinct + distinct[::-1]
+    check(keys[:128], 5, 500_000, "triton", device, capacity=128)
+    check(distinct, 0, None, "triton", device, capacity=64)
+    # Keys that are equal modulo the table size collide under a mod hash too.
+    check([k * 1024 for k in range(32)] * 2, 3, None, "triton", device, capacity=64)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_ids_near_the_integer_limits(backend: str, device: str) -> None:
+    big = [INT64_MAX, INT64_MAX - 1, 2**31 - 1, 2**31, 2**32 - 1, 2**32, 2**62, 0, 1]
+    keys = [2**31, 0] + big + big[::-1] + [INT64_MAX]
+    check(keys, 2, None, backend, device)
+    check(keys, 2, 2**32, backend, device)  # halo split in the upper range
+    check(keys, 0, INT64_MAX, backend, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_empty_and_all_destinations(backend: str, device: str) -> None:
+    check([], 0, None, backend, device)
+    check([7, 3, 9], 3, 5, backend, device)  # only destinations: they keep their order
+    check([7], 0, 5, backend, device)  # a single halo key
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_errors(backend: str, device: str) -> None:
+    require(backend, device)
+    with pytest.raises(RepeatedDestinationError, match="id 4 occurs more than once") as info:
+        fused_map(torch.tensor([4, 2, 4, 1], device=device), 3, backend=backend)  # type: ignore[arg-type]
+    assert info.value.key == 4
+    with pytest.raises(ValueError, match=r"non-negative \(got -3\)"):
+        fused_map(torch.tensor([1, -3, 1], device=device), 1, backend=backend)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="1-D int64"):
+        fused_map(torch.tensor([1.0, 2.0], device=device), 0)
+    with pytest.raises(ValueError, match=r"n_dst=4 is outside \[0, len\(keys\)=3\]"):
+        fused_map(torch.tensor([1, 2, 3], device=device), 4)
+    with pytest.raises(ValueError, match="expected one of"):
+        fused_map(torch.tensor([1], device=device), 0, backend="cuckoo")  # type: ignore[arg-type]
+
+
+def test_bad_capacity() -> None:
+    with pytest.raises(ValueError, match="power of two >= the 5 keys"):
+        idmap_triton.table_capacity(5, 4)
+    with pytest.raises(ValueError, match="power of two"):
+        idmap_triton.table_capacity(5, 12)
+    assert idmap_triton.table_capacity(5) == 16 and idmap_triton.table_capacity(0) == 2
+
+
+def test_backend_choice(monkeypatch: pytest.MonkeyPatch) -> None:
+    cpu = torch.device("cpu")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert resolve_backend("auto", cpu) == "torch"
+    with pytest.raises(ValueError, match="'triton' cannot run on cpu"):
+        resolve_backend("triton", cpu)
+    monkeypatch.setattr(idmap_triton, "triton", None)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    with pytest.raises(ValueError, match="Triton is not installed"):
+        resolve_backend("triton", cpu)
+    assert resolve_backend("auto", cpu) == "torch"
+
+
+def test_kernel_compiles_for_hopper() -> None:
+    """The interpreter accepts Python the compiler rejects (e.g. non-constexpr globals):
+    compile the kernel to a cubin for sm_90 (no GPU needed) and check its atomics."""
+    pytest.importorskip("triton")
+    code = """
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from distmb.cuda.idmap_triton import BLOCK, _insert_kernel
+sig = {n: "*i64" for n in ("keys_ptr", "table_keys_ptr", "table_pos_ptr", "slot_of_ptr")}
+sig.update(m="i64", mask="i64", BLOCK="constexpr")
+src = ASTSource(_insert_kernel, sig, constexprs={"BLOCK": BLOCK})
+kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32))
+ptx = kernel.asm["ptx"]
+assert "atom.global.acq_rel.gpu.cas.b64" in ptx and "min.s64" in ptx, ptx
+assert len(kernel.asm["cubin"]) > 0
+"""
+    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(REPO)}
+    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=300)  # fmt: skip
+    if "No module named 'triton.backends.nvidia'" in out.stderr:
+        pytest.skip("Triton's NVIDIA back end is not installed")
+    assert out.returncode == 0, out.stderr[-3000:]

@@ -1,0 +1,365 @@
+"""DeviceNeighborSampler (distmb.cuda): the C++ sampler's block contract and its sampling
+distribution, on CPU tensors here and on CUDA under ``pytest -m cuda``.
+
+The contract checks are test_sampler's (an exact brute-force relabel reference and every
+invariant), applied to the device sampler's blocks; the distribution is tested by chi-square
+statistics that a biased sampler cannot pass, and against the C++ sampler on the same graph.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from itertools import combinations
+
+import numpy as np
+import pytest
+import torch
+from test_sampler import (
+    P_MIN,
+    LocalGraph,
+    assert_same_blocks,
+    block_neighbours,
+    check_blocks,
+    hand_graph,
+    random_local_graph,
+    reference_full,
+    star_graph,
+)
+
+from distmb.cuda import idmap_triton
+from distmb.cuda.placement import mapped_view
+from distmb.cuda.sampler import DeviceNeighborSampler, batch_seed
+from distmb.data.synthetic import SyntheticConfig, generate
+from distmb.sampling import FANOUT_ALL, Block
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
+#: (Fused-Map back end, graph placement) combinations.
+VARIANTS = [("torch", "device"), ("torch", "host"), ("triton", "device"), ("triton", "host")]
+
+
+def device_sampler(
+    g: LocalGraph,
+    fanouts: list[int],
+    seed: int = 0,
+    device: str = "cpu",
+    backend: str = "torch",
+    placement: str = "device",
+) -> DeviceNeighborSampler:
+    if backend == "triton":
+        ok, why = idmap_triton.usable(torch.device(device))
+        if not ok:
+            pytest.skip(why)
+    return DeviceNeighborSampler(
+        g.indptr, g.indices, g.n_solid, g.n_local, fanouts, seed,
+        device=device, placement=placement, backend=backend,  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
+def on_cpu(blocks: list[Block], device: str) -> list[Block]:
+    """The blocks with their tensors on the CPU, after checking they were on ``device``."""
+    out = []
+    for b in blocks:
+        for t in (b.indptr, b.indices, b.src_ids):
+            assert t.device.type == device
+        out.append(Block(b.n_dst, b.n_src, b.n_halo, b.indptr.cpu(), b.indices.cpu(),
+                         b.src_ids.cpu()))  # fmt: skip
+    return out
+
+
+def power_law_graph(nodes: int, avg_degree: float, seed: int, halo_fraction: float = 0.1):
+    """A synthetic power-law graph (uncapped hubs) as a part: the last ``halo_fraction`` of
+    the vertices are halo leaves (no rows)."""
+    graph = generate(SyntheticConfig(nodes=nodes, avg_degree=avg_degree, hub_cap=0.0,
+                                     feat_dim=1, classes=2, seed=seed))  # fmt: skip
+    n_solid = int(nodes * (1 - halo_fraction))
+    indptr = np.ascontiguousarray(graph.indptr[: n_solid + 1])
+    indices = np.ascontiguousarray(graph.indices[: indptr[-1]])
+    return LocalGraph(indptr, indices, n_solid, nodes)
+
+
+# -- contract ------------------------------------------------------------------------------
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("backend", "placement"), VARIANTS)
+@pytest.mark.parametrize("fanouts", [[2, 2], [1, 3, 2], [FANOUT_ALL, 2], [3, FANOUT_ALL]])
+def test_hand_graph_invariants(fanouts, backend, placement, device) -> None:
+    g = hand_graph()
+    sampler = device_sampler(g, fanouts, 5, device, backend, placement)
+    for it in range(6):
+        seeds = np.array([1, 4, 3]) if it % 2 else np.array([0])
+        blocks = on_cpu(sampler.sample(seeds, epoch=0, iteration=it), device)
+        check_blocks(g, seeds, fanouts, blocks)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("backend", "placement"), VARIANTS)
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+def test_random_graph_invariants(dtype, backend, placement, device) -> None:
+    g = random_local_graph(300, 40, 12, seed=1, dtype=dtype)
+    fanouts = [4, 3, 6]
+    sampler = device_sampler(g, fanouts, 11, device, backend, placement)
+    rng = np.random.default_rng(2)
+    for it in range(4):
+        seeds = rng.choice(g.n_solid, 25, replace=False)  # unsorted: they keep their order
+        check_blocks(g, seeds, fanouts, on_cpu(sampler.sample(seeds, 1, it), device))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_power_law_invariants(backend, device) -> None:
+    g = power_law_graph(3000, 12.0, seed=3)
+    assert np.diff(g.indptr).max() > 100, "no hub: the graph does not test the hub path"
+    fanouts = [5, 10, 15]
+    sampler = device_sampler(g, fanouts, 7, device, backend)
+    rng = np.random.default_rng(4)
+    for it in range(2):
+        seeds = rng.choice(g.n_solid, 64, replace=False)
+        blocks = on_cpu(sampler.sample(seeds, 0, it), device)
+        check_blocks(g, seeds, fanouts, blocks)
+        assert sum(b.n_halo for b in blocks) > 0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("backend", "placement"), VARIANTS)
+def test_fanout_all_is_the_cpp_sampler_block(backend, placement, device) -> None:
+    # No randomness: the blocks equal the reference and the C++ sampler's, bit for bit.
+    g = random_local_graph(200, 30, 10, seed=3)
+    seeds = np.array([5, 17, 0, 199, 42])
+    fanouts = [FANOUT_ALL, FANOUT_ALL]
+    blocks = on_cpu(device_sampler(g, fanouts, 0, device, backend, placement)
+                    .sample(seeds, 0, 0), device)  # fmt: skip
+    check_blocks(g, seeds, fanouts, blocks)
+    assert_same_blocks([blocks[1]], [reference_full(g, seeds)])
+    assert_same_blocks(blocks, g.sampler(fanouts).sample(seeds, 0, 0))
+    big = int(np.diff(g.indptr).max())  # a fan-out >= every degree takes whole rows too
+    sampler = device_sampler(g, [big, big], 1, device, backend, placement)
+    assert_same_blocks(on_cpu(sampler.sample(seeds, 3, 4), device), blocks)
+    full = on_cpu([sampler.full_block(torch.arange(0, 60))], device)
+    assert_same_blocks(full, [reference_full(g, np.arange(0, 60))])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_halo_leaves_empty_and_isolated_seeds(device) -> None:
+    g = LocalGraph(np.array([0, 3, 4]), np.array([2, 3, 4, 0]), 2, 5)
+    for b in on_cpu(device_sampler(g, [FANOUT_ALL] * 3, device=device)
+                    .sample(np.array([0]), 0, 0), device):  # fmt: skip
+        assert b.dst_ids.tolist() == [0] and b.src_ids.tolist() == [0, 2, 3, 4]
+        assert b.n_halo == 3 and b.num_edges == 3
+    h = hand_graph()
+    sampler = device_sampler(h, [3, 3], device=device)
+    blocks = on_cpu(sampler.sample(np.zeros(0, dtype=np.int64), 0, 0), device)
+    assert all(b.n_dst == 0 and b.n_src == 0 and b.num_edges == 0 for b in blocks)
+    blocks = on_cpu(sampler.sample(torch.tensor([4], device=device), 0, 0), device)
+    assert all(b.src_ids.tolist() == [4] and b.indptr.tolist() == [0, 0] for b in blocks)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_deterministic_per_batch(device) -> None:
+    g = random_local_graph(2_000, 200, 30, seed=9, dtype=np.int32)
+    fanouts = [10, 10]
+    seeds = np.random.default_rng(0).choice(g.n_solid, 200, replace=False)
+    sampler = device_sampler(g, fanouts, 123, device)
+    one = on_cpu(sampler.sample(seeds, epoch=3, iteration=7), device)
+    check_blocks(g, seeds, fanouts, one)
+    assert_same_blocks(one, on_cpu(sampler.sample(seeds, 3, 7), device))
+    fresh = device_sampler(g, fanouts, 123, device, placement="host")
+    assert_same_blocks(one, on_cpu(fresh.sample(seeds, 3, 7), device))
+    for other in (
+        sampler.sample(seeds, epoch=3, iteration=8),
+        sampler.sample(seeds, epoch=4, iteration=7),
+        device_sampler(g, fanouts, 124, device).sample(seeds, 3, 7),
+    ):
+        assert not torch.equal(other[-1].indices.cpu(), one[-1].indices)
+    assert len({batch_seed(s, e, i) for s in range(3) for e in range(3) for i in range(3)}) == 27
+    assert 0 <= batch_seed(2**64 - 1, 2**64 - 1, 2**64 - 1) < 2**63
+
+
+@pytest.mark.cuda
+def test_host_placement_reads_pinned_memory_in_place() -> None:
+    host = torch.arange(1000, dtype=torch.int64).pin_memory()
+    view = mapped_view(host, torch.device("cuda"))
+    assert view.is_cuda and view.data_ptr() == host.data_ptr()
+    assert torch.equal(view[torch.tensor([999, 0, 500], device="cuda")].cpu(),
+                       torch.tensor([999, 0, 500]))  # fmt: skip
+    host[500] = -7  # the same bytes: a host write is seen by the device
+    assert int(view[500]) == -7
+
+
+def test_host_placement_on_cpu_is_the_host_array() -> None:
+    host = torch.arange(10)
+    assert mapped_view(host, torch.device("cpu")) is host
+    with pytest.raises(ValueError, match="supports cpu and cuda"):
+        mapped_view(host, torch.device("meta"))
+
+
+# -- distribution --------------------------------------------------------------------------
+def inclusion_pvalue(inclusion: np.ndarray, n: int, fanout: int) -> float:
+    """p-value of ``inclusion`` (times each of the d positions was taken in ``n`` uniform
+    draws of ``fanout`` of d): inclusion indicators have mean p = k/d and covariance
+    p(1-p) d/(d-1) (I - 11^T/d), so the statistic is chi-square with d-1 dof."""
+    from scipy import stats
+
+    d = inclusion.shape[0]
+    p = fanout / d
+    stat = ((inclusion - n * p) ** 2).sum() / (n * p * (1 - p)) * (d - 1) / d
+    return float(stats.chi2.sf(stat, d - 1))
+
+
+def test_the_inclusion_test_rejects_biased_samplers() -> None:
+    # The statistic (at the sample sizes of test_inclusion_is_uniform's degree-20 cases)
+    # fails a sampler that favours some positions: the first k always, or the first
+    # position 20 % more often than the others (a 10 % tilt of one position out of 20 is
+    # at the edge of what 10^4 draws resolve: p ~ 0.02).
+    n, d, k = 10_000, 20, 5
+    first_k = np.zeros(d)
+    first_k[:k] = n
+    assert inclusion_pvalue(first_k, n, k) < 1e-100
+    tilted = np.full(d, n * k / d)
+    tilted[0] *= 1.2
+    tilted[1:] -= (tilted.sum() - n * k) / (d - 1)
+    assert inclusion_pvalue(tilted, n, k) < P_MIN
+
+
+def star_inclusion(degree: int, fanout: int, n_hubs: int, calls: int, device: str) -> np.ndarray:
+    g = star_graph(n_hubs, degree)
+    sampler = device_sampler(g, [fanout], 3, device)
+    inclusion = np.zeros(degree)
+    for it in range(calls):
+        (block,) = on_cpu(sampler.sample(np.arange(n_hubs), epoch=1, iteration=it), device)
+        leaves = block.src_ids[block.indices].numpy() - n_hubs
+        assert len(leaves) == n_hubs * fanout
+        assert np.all(np.diff(leaves.reshape(n_hubs, fanout), axis=1) > 0), "not CSR order"
+        inclusion += np.bincount(leaves, minlength=degree)
+    return inclusion
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("degree", "fanout"), [(20, 5), (20, 19), (300, 100), (3_000, 40)])
+def test_inclusion_is_uniform(degree, fanout, device) -> None:
+    n_hubs, calls = 1_000, 10 if fanout < 40 else 3  # Floyd costs O(fanout^2) per row
+    inclusion = star_inclusion(degree, fanout, n_hubs, calls, device)
+    p = inclusion_pvalue(inclusion, n_hubs * calls, fanout)
+    assert p > P_MIN, f"inclusion of {fanout} of {degree} not uniform: p = {p:.2e}"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("degree", "fanout"), [(8, 3), (6, 4), (7, 1)])
+def test_subsets_are_uniform(degree, fanout, device) -> None:
+    from scipy import stats
+
+    g = star_graph(2_000, degree)
+    sampler = device_sampler(g, [fanout], 99, device)
+    counts: Counter = Counter()
+    for it in range(20):
+        (block,) = on_cpu(sampler.sample(np.arange(2_000), 0, it), device)
+        leaves = block.src_ids[block.indices].numpy().reshape(2_000, fanout) - 2_000
+        counts.update(map(tuple, leaves.tolist()))
+    subsets = list(combinations(range(degree), fanout))
+    assert set(counts) == set(subsets) and len(subsets) == math.comb(degree, fanout)
+    p = stats.chisquare(np.array([counts[s] for s in subsets])).pvalue
+    assert p > P_MIN, f"C({degree},{fanout}) subsets not uniform: p = {p:.2e}"
+
+
+def edge_inclusion(sample, g: LocalGraph, seeds: np.ndarray, calls: int) -> list[np.ndarray]:
+    """Per seed, how often each of its CSR positions was sampled over ``calls`` batches."""
+    position = [{u: k for k, u in enumerate(g.row(int(v)).tolist())} for v in seeds]
+    counts = [np.zeros(g.degree(int(v))) for v in seeds]
+    for it in range(calls):
+        for i, nbrs in enumerate(block_neighbours(sample(it))):
+            counts[i][[position[i][u] for u in nbrs.tolist()]] += 1
+    return counts
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_edge_inclusion_matches_the_cpp_sampler(device) -> None:
+    """On a power-law graph, every edge of a seed above the fan-out is taken k/d of the
+    time by both samplers (one chi-square over all seeds each), and the two samplers'
+    frequencies agree (a two-sample chi-square of their differences)."""
+    from scipy import stats
+
+    g = power_law_graph(3000, 12.0, seed=5)
+    fanout, calls = 4, 150
+    deg = np.diff(g.indptr)
+    seeds = np.flatnonzero((deg > fanout) & (deg <= 400))[:300]
+    assert len(seeds) == 300 and deg[seeds].max() > 100
+    ours = device_sampler(g, [fanout], 21, device)
+    cpp = g.sampler([fanout], seed=21)
+    a = edge_inclusion(lambda it: on_cpu(ours.sample(seeds, 0, it), device)[0], g, seeds, calls)
+    b = edge_inclusion(lambda it: cpp.sample(seeds, 0, it)[0], g, seeds, calls)
+    stat_a = stat_b = stat_ab = 0.0
+    dof = 0
+    for x, y in zip(a, b, strict=True):
+        d = x.shape[0]
+        p = fanout / d
+        scale = (d - 1) / d / (calls * p * (1 - p))
+        stat_a += ((x - calls * p) ** 2).sum() * scale
+        stat_b += ((y - calls * p) ** 2).sum() * scale
+        stat_ab += ((x - y) ** 2).sum() * scale / 2
+        dof += d - 1
+    for name, stat in (("device", stat_a), ("C++", stat_b), ("device - C++", stat_ab)):
+        pvalue = stats.chi2.sf(stat, dof)
+        assert pvalue > P_MIN, f"{name}: chi2 = {stat:.0f} on {dof} dof, p = {pvalue:.2e}"
+
+
+# -- errors --------------------------------------------------------------------------------
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    ("seeds", "message"),
+    [
+        ([5], "is a halo vertex"),
+        ([0, 7], "outside the solid range"),
+        ([-1], "outside the solid range"),
+        ([1, 2, 1], "must be distinct; VID_p 1"),
+        ([[0, 1]], "must be 1-D"),
+        ([0.5], "must hold integers"),
+    ],
+)
+def test_bad_seeds(seeds, message, device) -> None:
+    sampler = device_sampler(hand_graph(), [2, 2], 0, device)
+    before = on_cpu(sampler.sample(np.array([0, 3]), 0, 0), device)
+    with pytest.raises(ValueError, match=message):
+        sampler.sample(np.array(seeds), 0, 0)
+    with pytest.raises(ValueError, match=message):
+        sampler.sample(torch.tensor(seeds, device=device), 0, 0)
+    assert_same_blocks(on_cpu(sampler.sample(np.array([0, 3]), 0, 0), device), before)
+
+
+def test_bad_arguments() -> None:
+    g = hand_graph()
+    with pytest.raises(ValueError, match="positive or FANOUT_ALL"):
+        device_sampler(g, [2, 0])
+    with pytest.raises(ValueError, match="graph placement 'disk'"):
+        device_sampler(g, [2], placement="disk")
+    with pytest.raises(ValueError, match=r"is outside \[0, n_local=7\)"):
+        DeviceNeighborSampler(g.indptr, np.where(g.indices == 6, 7, g.indices), 5, 7, [2], 0)
+    with pytest.raises(ValueError, match="indptr decreases at row 1"):
+        DeviceNeighborSampler(np.array([0, 3, 2, 8, 13, 13]), g.indices, 5, 7, [2], 0)
+    with pytest.raises(ValueError, match="indices must be int32 or int64"):
+        DeviceNeighborSampler(g.indptr, g.indices.astype(np.float32), 5, 7, [2], 0)
+    sampler = device_sampler(g, [2])
+    with pytest.raises(ValueError, match="iteration must be in"):
+        sampler.sample(np.array([0]), 0, 2**64)
+
+
+# -- the data path -------------------------------------------------------------------------
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_plugs_into_the_batch_loader(prefetch) -> None:
+    from conftest import random_graph
+
+    from distmb.data.local import LocalGraph as PartGraph
+    from distmb.features import PartFeatures
+    from distmb.loader import BatchLoader
+
+    part = PartGraph.from_graph(random_graph(n=600, m=4000, feat_dim=7, classes=3, seed=4))
+    g = LocalGraph(part.indptr, part.indices, part.n_solid, part.n_local)
+    sampler = device_sampler(g, [3, 4], 11)
+    loader = BatchLoader(sampler, PartFeatures(part.features), part.labels, prefetch=prefetch)
+    batches = np.array_split(np.random.default_rng(0).permutation(part.train_idx), 5)
+    for batch in loader(loader.plan(2, batches)):
+        seeds = batches[batch.index]
+        check_blocks(g, seeds, [3, 4], batch.blocks)
+        assert_same_blocks(batch.blocks, sampler.sample(seeds, 2, batch.index))
+        first = batch.blocks[0]
+        want = torch.as_tensor(np.asarray(part.features)[first.src_ids[: first.n_computed]])
+        assert torch.equal(batch.x, want)
+        assert torch.equal(batch.labels, torch.as_tensor(part.labels[seeds]))
