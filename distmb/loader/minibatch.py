@@ -56,6 +56,22 @@ class MiniBatch:
         """Number of seeds."""
         return int(self.seeds.size)
 
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> MiniBatch:
+        """Move the blocks, labels, input rows and halo rows to ``device``, in place; returns
+        the batch. ``non_blocking`` copies from pinned host memory overlap with the caller
+        (the copy is ordered on the device's current stream). ``seeds`` stay a host array.
+        When ``x`` moves, the recycled host ``buffer`` is released with it (the device copy
+        does not alias it)."""
+        device = torch.device(device)
+        self.blocks = [block.to(device, non_blocking) for block in self.blocks]
+        self.labels = self.labels.to(device, non_blocking=non_blocking)
+        if self.x is not None and self.x.device != device:
+            self.x = self.x.to(device, non_blocking=non_blocking)
+        if self.x_halo is not None and self.x_halo.device != device:
+            self.x_halo = self.x_halo.to(device, non_blocking=non_blocking)
+        self.halo_rows = [rows.to(device, non_blocking=non_blocking) for rows in self.halo_rows]
+        return self
+
     def solid_ids(self, layer: int) -> torch.Tensor:
         """int64[n_computed]: ids of ``blocks[layer]``'s computed (solid) sources."""
         block = self.blocks[layer]

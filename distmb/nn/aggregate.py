@@ -96,10 +96,12 @@ class _CSRMatMul(torch.autograd.Function):
         indptr, indices, values = ctx.saved_tensors
         n_dst, n_src = indptr.numel() - 1, ctx.n_src
         order = torch.sort(indices, stable=True).indices
-        t_indptr = torch.zeros(n_src + 1, dtype=torch.int64)
+        t_indptr = torch.zeros(n_src + 1, dtype=torch.int64, device=indptr.device)
         torch.cumsum(torch.bincount(indices, minlength=n_src), 0, out=t_indptr[1:])
         counts = indptr[1:] - indptr[:-1]
-        dst = torch.repeat_interleave(torch.arange(n_dst, dtype=torch.int64), counts)
+        dst = torch.repeat_interleave(
+            torch.arange(n_dst, dtype=torch.int64, device=indptr.device), counts
+        )
         a_t = _csr(t_indptr, dst[order], values[order], (n_src, n_dst))
         return None, None, None, a_t @ grad_out.contiguous()
 
@@ -153,7 +155,7 @@ def _torch_aggregate(block: Block, x_src: Tensor, kind: str) -> Tensor:
     x2d = x_src.reshape(block.n_src, -1)
     deg = in_degrees(block)
     if kind == "sum":
-        values = torch.ones(block.num_edges, dtype=x_src.dtype)
+        values = torch.ones(block.num_edges, dtype=x_src.dtype, device=x_src.device)
     else:
         denom = deg.clamp(min=1) if kind == "mean" else deg + 1
         values = torch.repeat_interleave(1.0 / denom.to(x_src.dtype), deg)
@@ -194,7 +196,9 @@ def _torch_edge_softmax(block: Block, scores: Tensor) -> Tensor:
         )
     dst = edge_dst(block)
     exp = torch.exp(scores - seg_max[dst])
-    denom = torch.zeros((block.n_dst, *scores.shape[1:]), dtype=scores.dtype).index_add(0, dst, exp)
+    denom = torch.zeros(
+        (block.n_dst, *scores.shape[1:]), dtype=scores.dtype, device=scores.device
+    ).index_add(0, dst, exp)
     return exp / denom[dst]
 
 
@@ -223,7 +227,7 @@ def weighted_aggregate(block: Block, weights: Tensor, x_src: Tensor) -> Tensor:
 def _torch_weighted_aggregate(block: Block, weights: Tensor, x_src: Tensor) -> Tensor:
     """The ``"torch"`` implementation of :func:`weighted_aggregate` (arguments checked)."""
     messages = x_src.index_select(0, block.indices) * weights.unsqueeze(-1)
-    out = torch.zeros((block.n_dst, *x_src.shape[1:]), dtype=x_src.dtype)
+    out = torch.zeros((block.n_dst, *x_src.shape[1:]), dtype=x_src.dtype, device=x_src.device)
     return out.index_add(0, edge_dst(block), messages)
 
 
@@ -272,9 +276,11 @@ def add_self_loops(block: Block) -> Block:
     """
     n_dst = block.n_dst
     deg = in_degrees(block)
-    indptr = torch.zeros(n_dst + 1, dtype=torch.int64)
+    device = block.indptr.device
+    indptr = torch.zeros(n_dst + 1, dtype=torch.int64, device=device)
     torch.cumsum(deg + 1, 0, out=indptr[1:])
-    indices = torch.empty(block.num_edges + n_dst, dtype=torch.int64)
-    indices[torch.arange(block.num_edges, dtype=torch.int64) + edge_dst(block)] = block.indices
-    indices[indptr[1:] - 1] = torch.arange(n_dst, dtype=torch.int64)
+    indices = torch.empty(block.num_edges + n_dst, dtype=torch.int64, device=device)
+    edge_pos = torch.arange(block.num_edges, dtype=torch.int64, device=device)
+    indices[edge_pos + edge_dst(block)] = block.indices
+    indices[indptr[1:] - 1] = torch.arange(n_dst, dtype=torch.int64, device=device)
     return Block(n_dst, block.n_src, block.n_halo, indptr, indices, block.src_ids)

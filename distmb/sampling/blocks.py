@@ -47,7 +47,27 @@ class Block:
     def dst_of_edges(self) -> torch.Tensor:
         """int64[num_edges]: destination position of every edge (CSR expanded)."""
         counts = self.indptr[1:] - self.indptr[:-1]
-        return torch.repeat_interleave(torch.arange(self.n_dst, dtype=torch.int64), counts)
+        positions = torch.arange(self.n_dst, dtype=torch.int64, device=self.indptr.device)
+        return torch.repeat_interleave(positions, counts)
+
+    @property
+    def device(self) -> torch.device:
+        """Where the block's index tensors live."""
+        return self.indptr.device
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> Block:
+        """The block with its index tensors on ``device`` (itself when they are there)."""
+        device = torch.device(device)
+        if self.indptr.device == device and self.src_ids.device == device:
+            return self
+        return Block(
+            self.n_dst,
+            self.n_src,
+            self.n_halo,
+            self.indptr.to(device, non_blocking=non_blocking),
+            self.indices.to(device, non_blocking=non_blocking),
+            self.src_ids.to(device, non_blocking=non_blocking),
+        )
 
     def drop_sources(self, keep: torch.Tensor) -> Block:
         """The block without the edges whose source has ``keep[src] == False``.
@@ -60,9 +80,9 @@ class Block:
             keep: bool[n_src].
         """
         edge_keep = keep[self.indices]
-        counts = torch.zeros(self.n_dst + 1, dtype=torch.int64)
+        counts = torch.zeros(self.n_dst + 1, dtype=torch.int64, device=self.device)
         counts[1:] = torch.cumsum(
-            torch.zeros(self.n_dst, dtype=torch.int64).index_add_(
+            torch.zeros(self.n_dst, dtype=torch.int64, device=self.device).index_add_(
                 0, self.dst_of_edges(), edge_keep.to(torch.int64)
             ),
             0,
