@@ -137,6 +137,8 @@ class HostRows:
     ) -> None:
         source = as_host_tensor(table)
         self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self.num_rows, self.dim = int(source.shape[0]), int(source.shape[1])
         self.dtype = source.dtype
         itemsize = source.element_size()
