@@ -46,10 +46,13 @@ __all__ = [
     "DESCRIPTION",
     "GENERATED_NOTE",
     "CACHE_POLICIES",
+    "DEFAULT_DEVICE_CACHE_MB",
     "DEFAULT_FEATURE_CACHE_MB",
+    "DEVICE_CACHE_POLICIES",
     "DEFAULT_SUPERBATCH",
     "FEATURE_SOURCES",
     "GRAPH_LAYOUTS",
+    "GROUP_CUDA",
     "GROUP_DATA_LOADING",
     "GROUP_FEATURES",
     "GROUP_HEC",
@@ -115,6 +118,11 @@ MAX_FANOUT = 2**31 - 1
 FEATURE_SOURCES: tuple[str, ...] = ("memory", "mmap", "ooc")
 #: Replacement policies of the out-of-core feature cache (``--cache-policy``).
 CACHE_POLICIES: tuple[str, ...] = ("belady", "presc", "degree", "lru", "none")
+#: Policies of the device feature cache (``--device-cache-policy``,
+#: :mod:`distmb.cuda.feature_cache`).
+DEVICE_CACHE_POLICIES: tuple[str, ...] = ("presc", "degree", "none")
+#: Default size of the device feature cache, MiB (clamped to the table).
+DEFAULT_DEVICE_CACHE_MB = 4096.0
 #: Where the in-neighbour lists (``indices``) are read from (``--graph-layout``).
 GRAPH_LAYOUTS: tuple[str, ...] = ("mmap", "ooc")
 #: Orders in which the static neighbour cache takes vertices (``--neighbor-cache-order``).
@@ -137,6 +145,7 @@ DEFAULT_PARTITION_CACHE = ".cache/distmb-parts"
 GROUP_MAIN = "options"
 GROUP_DATA_LOADING = "data loading"
 GROUP_FEATURES = "input features: in memory, memory-mapped or out of core"
+GROUP_CUDA = "one GPU: device feature cache, Match-Reorder (not wired into training yet)"
 GROUP_HEC = "multi-rank (mpirun -np P): historical embedding cache"
 GROUP_SELECTION = "model selection: best epoch, early stopping, lr schedule, feature normalisation"
 
@@ -470,6 +479,27 @@ class TrainConfig:
         group=GROUP_FEATURES,
         choices=NEIGHBOR_CACHE_ORDERS,
     )
+    device_cache_mb: float = option(
+        DEFAULT_DEVICE_CACHE_MB,
+        "MiB of feature rows cached in GPU memory (rows in the table's dtype; clamped to the "
+        "table); the other rows are read by the GPU from pinned host memory (zero-copy)",
+        group=GROUP_CUDA,
+        min=0,
+    )
+    device_cache_policy: str = option(
+        "presc",
+        "rows the device cache holds: presc (most used in pre-sampling, own random stream), "
+        "degree (highest in-degree) or none (every row from host memory)",
+        group=GROUP_CUDA,
+        choices=DEVICE_CACHE_POLICIES,
+    )
+    match_reorder: bool = option(
+        False,
+        "FastGL's Match-Reorder: reorder the batches within each --superbatch so consecutive "
+        "batches share the most input rows, and reuse the previous batch's rows on the GPU "
+        "(same batches, another order)",
+        group=GROUP_CUDA,
+    )
     hec_size: int = option(
         DEFAULT_HEC_SIZE,
         "cache lines per layer (cs)",
@@ -571,6 +601,24 @@ class TrainConfig:
             self._only_with(
                 ("feature_cache_mb", "cache_policy", "presample_epochs"),
                 f"--features ooc, not --features {self.features}",
+            )
+
+    def refuse_unwired(self) -> None:
+        """Stop a training run given options of code that training does not use yet (the
+        :data:`GROUP_CUDA` options): a flag must never be silently ignored.
+
+        Raises:
+            InputError: naming the flags.
+        """
+        given = [
+            o.flag
+            for o in OPTIONS
+            if o.spec.group == GROUP_CUDA and getattr(self, o.name) != o.default
+        ]
+        if given:
+            raise InputError(
+                f"{', '.join(given)}: the device feature cache and Match-Reorder "
+                "(distmb.cuda) are not wired into training yet (issue 12); see docs/cuda.md"
             )
 
     def _only_with(self, names: tuple[str, ...], where: str) -> None:

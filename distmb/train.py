@@ -68,6 +68,7 @@ def run_distributed(args: argparse.Namespace, comm) -> None:
     from distmb.launch import ensure_partition, open_part
 
     config = config_from_args(args)
+    config.refuse_unwired()
     prepare_outputs(config, comm.rank)  # before partitioning or loading anything
     progress.configure(config.progress and comm.rank == 0, config.progress_every)
     warning = set_threads(config)
@@ -160,6 +161,7 @@ def main_single(argv: list[str] | None = None) -> int:
     from distmb.launch import check_srun_mpi
 
     config = config_from_args(build_parser().parse_args(argv))
+    config.refuse_unwired()
     check_srun_mpi()  # srun --mpi=none: P lone ranks, not one job
     prepare_outputs(config, rank=0)  # before loading anything
     progress.configure(config.progress, config.progress_every)  # the loaders' progress

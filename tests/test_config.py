@@ -75,6 +75,9 @@ FLAG_FIELDS = {
     "--graph-layout": "graph_layout",
     "--neighbor-cache-mb": "neighbor_cache_mb",
     "--neighbor-cache-order": "neighbor_cache_order",
+    "--device-cache-mb": "device_cache_mb",
+    "--device-cache-policy": "device_cache_policy",
+    "--match-reorder": "match_reorder",
     "--hec-size": "hec_size",
     "--hec-nc": "hec_nc",
     "--hec-lifespan": "hec_lifespan",
@@ -113,6 +116,7 @@ BAD_VALUES = [
     ("--progress-every", "-1", "--progress-every must be >= 0, got -1.0"),
     ("--superbatch", "0", "--superbatch must be >= 1, got 0"),
     ("--presample-epochs", "0", "--presample-epochs must be >= 1, got 0"),
+    ("--device-cache-mb", "-1", "--device-cache-mb must be >= 0, got -1.0"),
     ("--neighbor-cache-mb", "-1", "--neighbor-cache-mb must be >= 0, got -1.0"),
     ("--hec-size", "0", "--hec-size must be >= 1, got 0"),
     ("--hec-nc", "0", "--hec-nc must be >= 1, got 0"),
@@ -175,6 +179,7 @@ def test_every_flag_maps_to_one_field_and_back():
         "--lr-gamma": ["0.5", "--lr-schedule", "step"],
         "--lr-min": ["0.001", "--lr-schedule", "cosine"],
         "--normalize-features": ["row"],
+        "--device-cache-policy": ["degree"],
     }
     for flag, name in FLAG_FIELDS.items():
         action = next(a for a in _actions(parser) if flag in a.option_strings)
@@ -191,9 +196,10 @@ def test_parser_shape():
     assert parser.prog == "python -m distmb.train"
     assert parser.formatter_class is argparse.ArgumentDefaultsHelpFormatter
     titles = [g.title for g in parser._action_groups]
-    assert titles[-3:] == [
+    assert titles[-4:] == [
         "data loading",
         "input features: in memory, memory-mapped or out of core",
+        "one GPU: device feature cache, Match-Reorder (not wired into training yet)",
         "multi-rank (mpirun -np P): historical embedding cache",
     ]
     [exclusive] = parser._mutually_exclusive_groups
@@ -215,7 +221,8 @@ def test_cli_defaults_equal_dataclass_defaults():
         lr_schedule="none", lr_step_size=10, lr_gamma=0.1, lr_min=0.0, normalize_features="none",
         prefetch=2, loader_threads=None, features=None, feature_cache_mb=1024.0,
         cache_policy="belady", superbatch=32, presample_epochs=1, graph_layout="mmap",
-        neighbor_cache_mb=256.0, neighbor_cache_order="degree", hec_size=1_000_000,
+        neighbor_cache_mb=256.0, neighbor_cache_order="degree", device_cache_mb=4096.0,
+        device_cache_policy="presc", match_reorder=False, hec_size=1_000_000,
         hec_nc=2000, hec_lifespan=2, hec_delay=1,
         no_hec=False, exact_remote=False, partition_cache=".cache/distmb-parts",
         collective_timeout=300.0,
@@ -321,6 +328,26 @@ def test_lr_default_per_model():
 def test_relations(argv, message):
     with pytest.raises(InputError, match=message):
         parse_config(argv)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--match-reorder"], "--match-reorder: the device feature cache .* not wired"),
+        (
+            ["--device-cache-mb", "10", "--device-cache-policy", "degree"],
+            "--device-cache-mb, --device-cache-policy: .* not wired into training yet",
+        ),
+    ],
+)
+def test_unwired_cuda_options_stop_training(argv, message):
+    with pytest.raises(InputError, match=message):
+        parse_config(argv).refuse_unwired()
+    with pytest.raises(SystemExit):  # the trainer refuses them before loading anything
+        from distmb.train import main_single
+
+        main_single([*argv, "--epochs", "1", "--no-progress"])
+    TrainConfig().refuse_unwired()
 
 
 def test_dataset_and_part_dir_exclude_each_other():

@@ -56,11 +56,12 @@ DIRECTORY_BYTES: dict[str, tuple[int, int]] = {
 }
 
 
-def cache_rows(cache_mb: float, dim: int, num_rows: int) -> int:
-    """Rows a cache of ``cache_mb`` MiB holds (float32 rows of ``dim``), at most the table."""
+def cache_rows(cache_mb: float, dim: int, num_rows: int, itemsize: int = FLOAT32_BYTES) -> int:
+    """Rows a cache of ``cache_mb`` MiB holds (rows of ``dim`` values of ``itemsize`` bytes,
+    float32 by default), at most the table."""
     if cache_mb < 0:
         raise ValueError(f"cache size must be >= 0 MiB, got {cache_mb}")
-    return int(min(num_rows, (cache_mb * 2**20) // (dim * FLOAT32_BYTES)))
+    return int(min(num_rows, (cache_mb * 2**20) // (max(dim, 1) * itemsize)))
 
 
 class CachedFeatures(FeatureSource):

@@ -9,6 +9,8 @@ hot set.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from distmb.sampling.neighbor import NeighborSampler
@@ -66,3 +68,36 @@ def hot_rows(scores: np.ndarray, tie_break: np.ndarray | None = None) -> np.ndar
         keys.append(-np.asarray(tie_break, dtype=np.float64))
     keys.append(-scores.astype(np.float64))
     return np.lexsort(keys).astype(np.int64)
+
+
+def static_hot_ids(
+    policy: str,
+    degree: np.ndarray,
+    make_sampler: Callable[[int], NeighborSampler],
+    train_idx: np.ndarray,
+    batch_size: int,
+    epochs: int,
+    seed: int,
+) -> np.ndarray:
+    """int64[len(degree)]: a static cache's rows by decreasing priority, the one ranking of
+    every static feature cache (host ``--cache-policy``, device ``--device-cache-policy``).
+
+    Args:
+        policy: ``presc`` (pre-sampling counts, ties by in-degree) or ``degree``.
+        degree: in-degree of every row of the table (its length is the table's rows).
+        make_sampler: builds a sampler over the training graph and fan-outs for a seed; called
+            once, with :func:`presample_seed` of ``seed`` (``presc`` only).
+        train_idx, batch_size: the training seeds and batch size pre-sampling batches.
+        epochs: pre-sampled epochs (``--presample-epochs``).
+        seed: the run's seed (pre-sampling derives its own stream from it).
+    """
+    degree = np.asarray(degree)
+    if policy == "degree":
+        return hot_rows(degree)
+    if policy != "presc":
+        raise ValueError(f"static cache policy must be presc or degree, got {policy!r}")
+    stream = presample_seed(seed)
+    counts = presample_counts(
+        make_sampler(stream), train_idx, batch_size, epochs, degree.size, stream
+    )
+    return hot_rows(counts, tie_break=degree)

@@ -14,7 +14,7 @@ from distmb.features.base import FeatureSource
 from distmb.features.cached import STATIC_POLICIES, CachedFeatures, cache_rows
 from distmb.features.memory import PartFeatures
 from distmb.features.normalize import FeatureNormalization, NormalizedFeatures
-from distmb.features.presample import hot_rows, presample_counts, presample_seed
+from distmb.features.presample import static_hot_ids
 from distmb.machine import check_fits
 from distmb.sampling.neighbor import NeighborSampler
 from distmb.units import FLOAT32_BYTES
@@ -136,14 +136,19 @@ def _hot_ids(
     store = local.store
     assert store is not None
     degree = np.asarray(store.in_degree[:num_rows])
-    if config.cache_policy == "degree":
-        return hot_rows(degree)
-    seed = presample_seed(config.seed)
     indices = adjacency if adjacency is not None else local.indices
-    sampler = NeighborSampler(
-        local.indptr, indices, local.n_solid, local.n_local, config.fanout, seed
+
+    def make_sampler(seed: int) -> NeighborSampler:
+        return NeighborSampler(
+            local.indptr, indices, local.n_solid, local.n_local, config.fanout, seed
+        )
+
+    return static_hot_ids(
+        config.cache_policy,
+        degree,
+        make_sampler,
+        local.train_idx,
+        config.batch_size,
+        config.presample_epochs,
+        config.seed,
     )
-    counts = presample_counts(
-        sampler, local.train_idx, config.batch_size, config.presample_epochs, num_rows, seed
-    )
-    return hot_rows(counts, tie_break=degree)
