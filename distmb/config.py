@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import numbers
+import re
 import sys
 import types
 import typing
@@ -123,6 +124,13 @@ CACHE_POLICIES: tuple[str, ...] = ("belady", "presc", "degree", "lru", "none")
 DEVICE_CACHE_POLICIES: tuple[str, ...] = ("presc", "degree", "none")
 #: Default size of the device feature cache, MiB (clamped to the table).
 DEFAULT_DEVICE_CACHE_MB = 4096.0
+#: ``--sampler``: ``auto`` (``device`` on a GPU, else ``cpp``), the C++ sampler, or the GPU
+#: path's PyTorch-ops sampler (:mod:`distmb.cuda.sampler`; on the CPU too, for tests).
+SAMPLERS: tuple[str, ...] = ("auto", "cpp", "device")
+#: ``--graph-placement``: the CSR in GPU memory, or in pinned host memory read zero-copy.
+GRAPH_PLACEMENTS: tuple[str, ...] = ("device", "host")
+#: ``--device`` values: ``cpu``, ``auto``, ``cuda`` or ``cuda:N``.
+DEVICE_PATTERN = re.compile(r"cpu|auto|cuda(:[0-9]+)?")
 #: Where the in-neighbour lists (``indices``) are read from (``--graph-layout``).
 GRAPH_LAYOUTS: tuple[str, ...] = ("mmap", "ooc")
 #: Orders in which the static neighbour cache takes vertices (``--neighbor-cache-order``).
@@ -145,7 +153,10 @@ DEFAULT_PARTITION_CACHE = ".cache/distmb-parts"
 GROUP_MAIN = "options"
 GROUP_DATA_LOADING = "data loading"
 GROUP_FEATURES = "input features: in memory, memory-mapped or out of core"
-GROUP_CUDA = "one GPU: device feature cache, Match-Reorder (not wired into training yet)"
+GROUP_CUDA = (
+    "GPU path (--device cuda; or --sampler device on the CPU): graph placement, device feature "
+    "cache, Match-Reorder"
+)
 GROUP_HEC = "multi-rank (mpirun -np P): historical embedding cache"
 GROUP_SELECTION = "model selection: best epoch, early stopping, lr schedule, feature normalisation"
 
@@ -321,6 +332,12 @@ class TrainConfig:
     threads: int | None = option(
         None, "threads for sampling and PyTorch (default: all cores)", min=1, max=MAX_THREADS
     )
+    device: str = option(
+        "cpu",
+        "where training runs: cpu; cuda or cuda:N (one rank on one GPU: GPU sampling, a device "
+        "feature cache over zero-copy host rows, PyTorch ops; docs/cuda.md); auto (cuda when "
+        "torch sees a GPU, else cpu)",
+    )
     eval_every: int = option(1, "evaluate every N epochs", min=1)
     eval_batch_size: int = option(4096, "destinations per block in layer-wise evaluation", min=1)
     checkpoint_dir: str | None = option(None, "write a checkpoint here after every epoch (atomic)")
@@ -413,6 +430,14 @@ class TrainConfig:
         group=GROUP_DATA_LOADING,
         min=0,
     )
+    sampler: str = option(
+        "auto",
+        "neighbour sampler: cpp (thread-parallel C++), device (the GPU path's PyTorch-ops "
+        "sampler with the device feature cache; on the CPU it runs that path on CPU tensors, "
+        "for testing) or auto (device with --device cuda, else cpp)",
+        group=GROUP_DATA_LOADING,
+        choices=SAMPLERS,
+    )
     loader_threads: int | None = option(
         None,
         "OpenMP threads of the prefetch thread's sampling kernels (default: --threads); "
@@ -452,7 +477,8 @@ class TrainConfig:
     )
     presample_epochs: int = option(
         1,
-        "epochs pre-sampled (own random stream) to pick the presc cache's rows",
+        "epochs pre-sampled (own random stream) to pick the presc cache's rows (--cache-policy "
+        "and --device-cache-policy)",
         group=GROUP_FEATURES,
         min=1,
     )
@@ -478,6 +504,14 @@ class TrainConfig:
         "directed graphs)",
         group=GROUP_FEATURES,
         choices=NEIGHBOR_CACHE_ORDERS,
+    )
+    graph_placement: str = option(
+        "device",
+        "where the GPU sampler reads the graph's CSR: device (copied into GPU memory) or host "
+        "(pinned host memory read by the GPU in place, zero-copy: for graphs larger than the "
+        "GPU's memory)",
+        group=GROUP_CUDA,
+        choices=GRAPH_PLACEMENTS,
     )
     device_cache_mb: float = option(
         DEFAULT_DEVICE_CACHE_MB,
@@ -597,28 +631,22 @@ class TrainConfig:
             )
         if self.graph_layout != "ooc":
             self._only_with(("neighbor_cache_mb", "neighbor_cache_order"), "--graph-layout ooc")
-        if self.features in ("memory", "mmap"):
-            self._only_with(
-                ("feature_cache_mb", "cache_policy", "presample_epochs"),
-                f"--features ooc, not --features {self.features}",
-            )
-
-    def refuse_unwired(self) -> None:
-        """Stop a training run given options of code that training does not use yet (the
-        :data:`GROUP_CUDA` options): a flag must never be silently ignored.
-
-        Raises:
-            InputError: naming the flags.
-        """
-        given = [
-            o.flag
-            for o in OPTIONS
-            if o.spec.group == GROUP_CUDA and getattr(self, o.name) != o.default
-        ]
-        if given:
+        if not DEVICE_PATTERN.fullmatch(self.device):
             raise InputError(
-                f"{', '.join(given)}: the device feature cache and Match-Reorder "
-                "(distmb.cuda) are not wired into training yet (issue 12); see docs/cuda.md"
+                f"--device must be cpu, cuda, cuda:N (a GPU index) or auto, got {self.device!r}"
+            )
+        if self.device == "cpu" and self.sampler != "device":
+            self._only_with(
+                tuple(o.name for o in OPTIONS if o.spec.group == GROUP_CUDA),
+                "the GPU path (--device cuda, or --sampler device)",
+            )
+        if self.features in ("memory", "mmap"):
+            # --presample-epochs also ranks the device cache's rows (--device-cache-policy).
+            device_path = self.device != "cpu" or self.sampler == "device"
+            self._only_with(
+                ("feature_cache_mb", "cache_policy")
+                + (() if device_path else ("presample_epochs",)),
+                f"--features ooc, not --features {self.features}",
             )
 
     def _only_with(self, names: tuple[str, ...], where: str) -> None:

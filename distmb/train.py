@@ -68,7 +68,6 @@ def run_distributed(args: argparse.Namespace, comm) -> None:
     from distmb.launch import ensure_partition, open_part
 
     config = config_from_args(args)
-    config.refuse_unwired()
     prepare_outputs(config, comm.rank)  # before partitioning or loading anything
     progress.configure(config.progress and comm.rank == 0, config.progress_every)
     warning = set_threads(config)
@@ -132,6 +131,8 @@ def train(local, config: TrainConfig, *, comm=None, halo=None, log=print) -> lis
     )
     note = trainer.feature_sources.note + describe_adjacency(trainer.adjacency, config)
     log(note + (" (rank 0)" if trainer.num_ranks > 1 else ""))
+    if trainer.gpu is not None:
+        log(trainer.gpu.note)
     history = trainer.fit()
     last = next((r for r in reversed(history) if "test_acc" in r), None)
     if last is not None:
@@ -161,7 +162,6 @@ def main_single(argv: list[str] | None = None) -> int:
     from distmb.launch import check_srun_mpi
 
     config = config_from_args(build_parser().parse_args(argv))
-    config.refuse_unwired()
     check_srun_mpi()  # srun --mpi=none: P lone ranks, not one job
     prepare_outputs(config, rank=0)  # before loading anything
     progress.configure(config.progress, config.progress_every)  # the loaders' progress

@@ -48,6 +48,7 @@ FLAG_FIELDS = {
     "--epochs": "epochs",
     "--seed": "seed",
     "--threads": "threads",
+    "--device": "device",
     "--eval-every": "eval_every",
     "--eval-batch-size": "eval_batch_size",
     "--checkpoint-dir": "checkpoint_dir",
@@ -66,6 +67,7 @@ FLAG_FIELDS = {
     "--lr-min": "lr_min",
     "--normalize-features": "normalize_features",
     "--prefetch": "prefetch",
+    "--sampler": "sampler",
     "--loader-threads": "loader_threads",
     "--features": "features",
     "--feature-cache-mb": "feature_cache_mb",
@@ -75,6 +77,7 @@ FLAG_FIELDS = {
     "--graph-layout": "graph_layout",
     "--neighbor-cache-mb": "neighbor_cache_mb",
     "--neighbor-cache-order": "neighbor_cache_order",
+    "--graph-placement": "graph_placement",
     "--device-cache-mb": "device_cache_mb",
     "--device-cache-policy": "device_cache_policy",
     "--match-reorder": "match_reorder",
@@ -135,6 +138,11 @@ ALSO_CHANGED = {
     "--lr-step-size": {"lr_schedule"},
     "--lr-gamma": {"lr_schedule"},
     "--lr-min": {"lr_schedule"},
+    # The GPU path's options apply with --sampler device (or --device cuda).
+    "--graph-placement": {"sampler"},
+    "--device-cache-mb": {"sampler"},
+    "--device-cache-policy": {"sampler"},
+    "--match-reorder": {"sampler"},
 }
 
 
@@ -179,7 +187,12 @@ def test_every_flag_maps_to_one_field_and_back():
         "--lr-gamma": ["0.5", "--lr-schedule", "step"],
         "--lr-min": ["0.001", "--lr-schedule", "cosine"],
         "--normalize-features": ["row"],
-        "--device-cache-policy": ["degree"],
+        "--device-cache-policy": ["degree", "--sampler", "device"],
+        "--device-cache-mb": ["10", "--sampler", "device"],
+        "--graph-placement": ["host", "--sampler", "device"],
+        "--match-reorder": ["--sampler", "device"],
+        "--device": ["auto"],
+        "--sampler": ["device"],
     }
     for flag, name in FLAG_FIELDS.items():
         action = next(a for a in _actions(parser) if flag in a.option_strings)
@@ -199,7 +212,8 @@ def test_parser_shape():
     assert titles[-4:] == [
         "data loading",
         "input features: in memory, memory-mapped or out of core",
-        "one GPU: device feature cache, Match-Reorder (not wired into training yet)",
+        "GPU path (--device cuda; or --sampler device on the CPU): graph placement, device "
+        "feature cache, Match-Reorder",
         "multi-rank (mpirun -np P): historical embedding cache",
     ]
     [exclusive] = parser._mutually_exclusive_groups
@@ -221,7 +235,8 @@ def test_cli_defaults_equal_dataclass_defaults():
         lr_schedule="none", lr_step_size=10, lr_gamma=0.1, lr_min=0.0, normalize_features="none",
         prefetch=2, loader_threads=None, features=None, feature_cache_mb=1024.0,
         cache_policy="belady", superbatch=32, presample_epochs=1, graph_layout="mmap",
-        neighbor_cache_mb=256.0, neighbor_cache_order="degree", device_cache_mb=4096.0,
+        neighbor_cache_mb=256.0, neighbor_cache_order="degree", device="cpu", sampler="auto",
+        graph_placement="device", device_cache_mb=4096.0,
         device_cache_policy="presc", match_reorder=False, hec_size=1_000_000,
         hec_nc=2000, hec_lifespan=2, hec_delay=1,
         no_hec=False, exact_remote=False, partition_cache=".cache/distmb-parts",
@@ -331,23 +346,16 @@ def test_relations(argv, message):
 
 
 @pytest.mark.parametrize(
-    ("argv", "message"),
-    [
-        (["--match-reorder"], "--match-reorder: the device feature cache .* not wired"),
-        (
-            ["--device-cache-mb", "10", "--device-cache-policy", "degree"],
-            "--device-cache-mb, --device-cache-policy: .* not wired into training yet",
-        ),
-    ],
+    "argv", [["--match-reorder"], ["--device-cache-mb", "10", "--device-cache-policy", "degree"]]
 )
-def test_unwired_cuda_options_stop_training(argv, message):
-    with pytest.raises(InputError, match=message):
-        parse_config(argv).refuse_unwired()
+def test_gpu_path_options_stop_a_cpu_run(argv):
+    with pytest.raises(InputError, match=r"appl(y|ies) only to the GPU path \(--device cuda"):
+        parse_config(argv)
     with pytest.raises(SystemExit):  # the trainer refuses them before loading anything
         from distmb.train import main_single
 
         main_single([*argv, "--epochs", "1", "--no-progress"])
-    TrainConfig().refuse_unwired()
+    parse_config([*argv, "--sampler", "device"])  # the GPU path on the CPU takes them
 
 
 def test_dataset_and_part_dir_exclude_each_other():

@@ -36,6 +36,7 @@ def layerwise_inference(
     layer_table: LayerTable | None = None,
     on_layer: LayerOutput | None = None,
     progress: ProgressSettings | None = None,
+    device: torch.device | str | None = None,
 ) -> torch.Tensor:
     """Outputs of ``model`` for every solid vertex, computed layer by layer over all
     in-neighbours (as DGL's and PyG's ``inference`` do), so the result is exact.
@@ -49,6 +50,9 @@ def layerwise_inference(
             the same layers in the same order.
         progress: how to report each layer's progress (this part's vertices done; default
             :func:`distmb.progress.settings`).
+        device: where the model's parameters are (default: the CPU): each block and its input
+            rows go there, each layer's output comes back to host memory (whole-graph layer
+            outputs are kept on the host, whatever the device's memory).
 
     Returns:
         float32[n_solid, num_classes] logits.
@@ -67,10 +71,13 @@ def layerwise_inference(
             for start in range(0, n_solid, batch_size):
                 dst = torch.arange(start, min(start + batch_size, n_solid))
                 block = sampler.full_block(dst)
-                y = model.forward_layer(layer, block, table.gather(block.src_ids))
+                x = table.gather(block.src_ids)
+                if device is not None:
+                    block, x = block.to(device), x.to(device)
+                y = model.forward_layer(layer, block, x)
                 if out is None:
                     out = torch.empty((n_solid, y.shape[1]), dtype=y.dtype)
-                out[start : start + dst.numel()] = y
+                out[start : start + dst.numel()] = y.cpu()
                 bar.update(dst.numel())
             bar.close()
             assert out is not None

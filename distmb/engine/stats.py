@@ -121,6 +121,26 @@ def cache_record(comm: Communicator | SingleProcess, counters: dict[str, float])
     return out
 
 
+#: Counters of the device feature cache (GPU path), summed over ranks.
+DEVICE_CACHE_SUMS = (
+    "lookups", "hits", "misses", "rows_loaded", "rows_reused", "bytes_h2d", "memory_bytes",
+)  # fmt: skip
+
+
+def device_cache_record(
+    comm: Communicator | SingleProcess, counters: dict[str, int], policy: str
+) -> dict[str, Any]:
+    """The epoch record of the GPU path's device feature cache (``device_cache``): ids
+    looked up, cache hits and the ``hit_rate``, rows read from host memory (``rows_loaded``)
+    and taken from the previous batch instead (``rows_reused``, Match), host->device bytes
+    and the cache's device memory, summed over ranks."""
+    total = allreduce_named(comm, {k: np.array([counters[k]]) for k in DEVICE_CACHE_SUMS})
+    out: dict[str, Any] = {k: int(total[k][0]) for k in DEVICE_CACHE_SUMS}
+    out["hit_rate"] = out["hits"] / out["lookups"] if out["lookups"] else None
+    out["policy"] = policy
+    return out
+
+
 def format_epoch(r: dict[str, Any]) -> str:
     """One line per epoch: loss, accuracies, time and its MBC/FWD/BWD/ARed split, and how
     long the loop waited for batches (``wait``: MBC not hidden by prefetching)."""
@@ -147,6 +167,10 @@ def format_feature_cache(r: dict[str, Any]) -> str:
         if c["inspect_time"]:
             text += f"  inspect {c['inspect_time']:.2f}s"
         parts.append(text)
+    d = r.get("device_cache")
+    if d:
+        rate = "-" if d["hit_rate"] is None else f"{100 * d['hit_rate']:.1f}%"
+        parts.append(f"device cache hit {rate}  host->device {d['bytes_h2d'] / 2**20:.1f} MiB")
     return "".join(f"  |  {p}" for p in parts)
 
 

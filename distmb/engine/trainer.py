@@ -27,6 +27,8 @@ import torch.nn.functional as F
 
 from distmb.comm import Communicator, SingleProcess
 from distmb.config import MODELS, RESUME_APPLIED, TrainConfig, flag_of
+from distmb.cuda.device import check_gpu_path, resolve_device, synchronize, uses_gpu_path
+from distmb.cuda.path import GpuData, gpu_data, match_reorder
 from distmb.data.local import LocalGraph
 from distmb.data.neighborfile import NeighborFile
 from distmb.engine.budget import GraphShape, check_memory
@@ -44,6 +46,7 @@ from distmb.engine.schedule import SCHEDULER_KEY, build_scheduler, restore_sched
 from distmb.engine.selection import SELECTION_KEY, ModelSelection
 from distmb.engine.stats import (
     append_jsonl,
+    device_cache_record,
     drop_records_from,
     format_epoch,
     format_feature_cache,
@@ -116,7 +119,14 @@ class Trainer:
         self.num_ranks = self.comm.size
         self.log = log
         prepare_outputs(config, self.rank)
-        set_kernels(config.kernels)
+        set_kernels(config.kernels)  # the fused kernels run on the CPU; on a GPU, torch ops
+        #: Where the model trains (``--device``); :attr:`gpu_path`: the GPU path's sampler and
+        #: device feature cache (``--device cuda``, or ``--sampler device`` on the CPU).
+        self.device = resolve_device(config.device)
+        check_gpu_path(config, self.device, self.num_ranks)
+        self.gpu_path = uses_gpu_path(config, self.device)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
         #: What the model is in checkpoints and records: ``config.model`` (a built-in's name
         #: or a ``--model package.module:Class``), or ``model=``'s class as such a spec.
         self.model_spec = config.model if model is None else model_spec(model)
@@ -134,7 +144,7 @@ class Trainer:
             check_memory(
                 config, shape, self.num_ranks, params=sum(p.numel() for p in model.parameters())
             )
-        self.model = model
+        self.model = model.to(self.device)
         if optimizer is None:
             optimizer = torch.optim.Adam(
                 model.parameters(), lr=config.lr, weight_decay=config.weight_decay
@@ -152,17 +162,24 @@ class Trainer:
         )
         self.feature_sources = open_features(local, config, self.adjacency, self.normalization)
         self.features = self.feature_sources.train
+        self.gpu: GpuData | None = None
+        if self.gpu_path:
+            self.gpu = gpu_data(local, config, self.device, self.adjacency, self.normalization)
+            self.sampler = self.gpu.sampler  # training and evaluation blocks on the device
         self.halo = halo if halo is not None else HaloScheme()
         self.halo.setup(self.model.layer_dims())
         self.loader = BatchLoader(
             self.halo.batch_sampler(self.sampler),
-            self.halo.feature_source(self.features),
+            self.halo.feature_source(self.gpu.features if self.gpu else self.features),
             local.labels,
             prefetch=config.prefetch,
             superbatch=config.superbatch,
             threads=config.loader_threads or config.threads,
             reuse_buffers=True,  # the loop holds one batch at a time
+            device=self.device,
         )
+        if self.gpu is not None and config.match_reorder:
+            self.loader.reorder = match_reorder(self.loader, self.gpu.features)
         self.eval_table = part_layer_table(self.comm, local, self.features)
         # --collective-timeout: a rank that stops mid-run aborts the job instead of hanging it.
         self.watchdog: CollectiveWatchdog | None = None
@@ -194,6 +211,10 @@ class Trainer:
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "torch_rng": torch.get_rng_state(),
+            # Dropout on a GPU draws from the device's generator (one rank per GPU).
+            "cuda_rng": (
+                torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None
+            ),
             "args": self.cfg.as_dict(),
             "model_spec": self.model_spec,
             "identity": self.local.identity,
@@ -271,6 +292,8 @@ class Trainer:
             self.log(f"resume: applied {', '.join(changed + notes)}")
         rng_states = state.get("torch_rng_per_rank", [state["torch_rng"]])
         torch.set_rng_state(rng_states[self.rank])
+        if self.device.type == "cuda" and state.get("cuda_rng") is not None:
+            torch.cuda.set_rng_state(state["cuda_rng"], self.device)
         self.start_epoch = int(state["epoch"]) + 1
         self.run_id = str(state.get("run_id", self.run_id))
         self.started = str(state.get("started", self.started))
@@ -331,6 +354,8 @@ class Trainer:
         self.loader.load_wait = 0.0
         if self.feature_sources.cache is not None:
             self.feature_sources.cache.reset_counters()
+        if self.gpu is not None:
+            self.gpu.features.reset_counters()
         if isinstance(self.adjacency, NeighborFile):
             self.adjacency.reset_counters()  # evaluation's reads are not this epoch's
         self.halo.begin_epoch(epoch)
@@ -368,6 +393,7 @@ class Trainer:
                 self.work.add_used(batch.blocks)  # after the halo scheme dropped missed leaves
                 loss_sum = F.cross_entropy(logits, batch.labels, reduction="sum")
                 loss = loss_sum * self.loss_weight(step)
+                synchronize(self.device)
             loss_value = loss_sum.item() / max(batch.size, 1)
             if not math.isfinite(loss_value):
                 kept = (
@@ -382,10 +408,12 @@ class Trainer:
             with self.timer("bwd"):
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
+                synchronize(self.device)  # the phase's queued GPU work, not only its launch
             with self.timer("ared"):
                 self.comm.allreduce_gradients(self.model)
             with self.timer("opt"):
                 self.optimizer.step()
+                synchronize(self.device)
             self.halo.end_iteration()
             total_loss += loss_value * batch.size
             correct += int((logits.argmax(1) == batch.labels).sum())
@@ -498,6 +526,7 @@ class Trainer:
             self.cfg.eval_batch_size,
             self.eval_table,
             progress=self.progress_settings(),
+            device=self.device,
         )
         acc = split_accuracies(
             self.comm,
@@ -548,6 +577,13 @@ class Trainer:
                 )
             )
             record.update(rank_records(self.comm, *own))
+            if self.gpu is not None:
+                cache = self.gpu.features
+                record["device_cache"] = device_cache_record(
+                    self.comm,
+                    {**cache.counters(), "memory_bytes": cache.memory_bytes},
+                    self.cfg.device_cache_policy,
+                )
             if "feature_cache" in record:
                 record["feature_cache"]["policy"] = self.cfg.cache_policy
             if "neighbor_cache" in record:

@@ -111,6 +111,12 @@ class BatchLoader:
         superbatch: K, batches per superbatch (the unit a reorder policy permutes).
         reorder: optional production-order policy applied to each superbatch.
         threads: OpenMP threads of the background thread's kernels (``None``: this thread's).
+        device: the **to device** stage: where batches are delivered (``None``: where the
+            sampler made them, CPU for the C++ sampler). A source with ``gather_device``
+            (:class:`~distmb.cuda.feature_cache.DeviceFeatures`) gathers straight onto its
+            device; rows gathered on the host are copied there (synchronously, on the thread
+            that made the batch, so a recycled host buffer is never refilled while a copy
+            reads it).
         reuse_buffers: gather into recycled buffers (no page faults for a fresh tensor, no
             unmapping when it is freed). The consumer must then hold one batch at a time: a
             batch's ``x`` is valid until the next batch is requested (then the batch's ``x``
@@ -129,6 +135,7 @@ class BatchLoader:
         reorder: Reorder | None = None,
         threads: int | None = None,
         reuse_buffers: bool = False,
+        device: torch.device | str | None = None,
     ) -> None:
         if prefetch < 0:
             raise ValueError(f"prefetch must be >= 0, got {prefetch}")
@@ -144,6 +151,8 @@ class BatchLoader:
         self.reorder = reorder
         self.threads = threads if threads is not None else int(_C.get_num_threads())
         self._gather_halo = bool(getattr(features, "has_halo", False))
+        self.device = torch.device(device) if device is not None else None
+        self._on_device = callable(getattr(features, "gather_device", None))
         self.reuse_buffers = reuse_buffers
         self._free: list[torch.Tensor] = []  # flat float32 buffers ready for reuse
         self._free_lock = threading.Lock()
@@ -210,6 +219,11 @@ class BatchLoader:
         start, cpu_start = time.perf_counter(), time.thread_time()
         first = batch.blocks[0]
         ids = self.gather_ids(batch.blocks)
+        if self._on_device:  # rows land on the source's device: no host buffer
+            rows = self.features.gather_device(ids)  # type: ignore[attr-defined]
+            batch.x = rows[: first.n_computed]
+            batch.x_halo = rows[first.n_computed :] if self._gather_halo and first.n_halo else None
+            return self._to_device(batch, start, cpu_start)
         dim = self.features.dim
         buffer = self._take_buffer(int(ids.numel()) * dim)
         rows = buffer[: int(ids.numel()) * dim].view(int(ids.numel()), dim)
@@ -217,6 +231,15 @@ class BatchLoader:
         batch.x = rows[: first.n_computed]
         batch.x_halo = rows[first.n_computed :] if self._gather_halo and first.n_halo else None
         batch.buffer = buffer if self.reuse_buffers else None
+        return self._to_device(batch, start, cpu_start)
+
+    def _to_device(self, batch: MiniBatch, start: float, cpu_start: float) -> MiniBatch:
+        """The to-device stage (timed with the gather): the batch on :attr:`device`."""
+        if self.device is not None:
+            on_host = batch.x is not None and batch.x.device.type == "cpu"
+            batch.to(self.device)
+            if on_host and batch.x is not None and batch.x.device.type != "cpu":
+                self._recycle(batch, keep_rows=True)  # the device holds copies now
         batch.gather_s = time.perf_counter() - start
         batch.gather_cpu_s = time.thread_time() - cpu_start
         return batch
@@ -255,14 +278,16 @@ class BatchLoader:
         size = numel if not self.reuse_buffers else int(numel * BUFFER_GROWTH)
         return torch.empty(max(size, 1), dtype=torch.float32)
 
-    def _recycle(self, batch: MiniBatch | None) -> None:
-        """Give ``batch``'s gather buffer back (the consumer has moved on)."""
+    def _recycle(self, batch: MiniBatch | None, keep_rows: bool = False) -> None:
+        """Give ``batch``'s gather buffer back (the consumer has moved on, or, with
+        ``keep_rows``, the batch's rows are device copies that do not alias it)."""
         if batch is not None and batch.buffer is not None:
             with self._free_lock:
                 self._free.append(batch.buffer)
             batch.buffer = None
-            batch.x = None  # a consumer that kept the batch fails loudly, never reads new rows
-            batch.x_halo = None
+            if not keep_rows:
+                batch.x = None  # a consumer that kept the batch fails loudly, never reads new rows
+                batch.x_halo = None
 
     # -- the epoch -------------------------------------------------------------------------------
     def __call__(self, plan: EpochPlan) -> Iterator[MiniBatch]:

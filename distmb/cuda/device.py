@@ -1,0 +1,111 @@
+"""``--device`` and ``--sampler``: which device a run trains on and whether it takes the GPU path.
+
+The *GPU path* is the data path of issue 12 (docs/cuda.md): the PyTorch-ops sampler
+(:class:`~distmb.cuda.sampler.DeviceNeighborSampler`), the device feature cache over host rows
+(:class:`~distmb.cuda.feature_cache.DeviceFeatures`), optionally Match-Reorder, and the model
+in PyTorch ops on the device. It is taken with ``--device cuda`` (``--sampler auto`` or
+``device``), and on the CPU with ``--sampler device``: the same code on CPU tensors, which is
+how CI trains through it without a GPU.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from distmb.config import GROUP_CUDA, OPTIONS, TrainConfig
+from distmb.errors import InputError
+
+#: How to get a CUDA build of torch (the README's "GPU nodes" section).
+CUDA_BUILD_HINT = (
+    "on a GPU node install torch's CUDA build (PyPI's Linux torch wheels are CUDA builds: "
+    "make TORCH_SPEC=torch==2.13.0 where pip reaches PyPI; README, 'GPU nodes')"
+)
+
+
+def resolve_device(spec: str) -> torch.device:
+    """The ``torch.device`` of ``--device`` ``spec`` (``cpu``, ``cuda``, ``cuda:N``, ``auto``).
+
+    Raises:
+        InputError: ``cuda`` where torch sees no GPU (a CPU build, no driver, hidden
+            devices), or a GPU index it does not have.
+    """
+    if spec == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(spec)
+    if device.type != "cuda":
+        return device
+    if not torch.cuda.is_available():
+        build = torch.version.cuda
+        why = (
+            f"this torch ({torch.__version__}) is a CPU build"
+            if build is None
+            else f"torch {torch.__version__} (CUDA {build}) sees no GPU (driver, "
+            "CUDA_VISIBLE_DEVICES)"
+        )
+        raise InputError(f"--device {spec}: {why}; {CUDA_BUILD_HINT}")
+    count = torch.cuda.device_count()
+    index = 0 if device.index is None else device.index
+    if index >= count:
+        raise InputError(
+            f"--device {spec}: torch sees {count} GPU(s), indices 0 to {count - 1}"
+        )
+    return torch.device("cuda", index)
+
+
+def uses_gpu_path(config: TrainConfig, device: torch.device) -> bool:
+    """Whether the run takes the GPU path: a CUDA device with ``--sampler`` auto or device,
+    or ``--sampler device`` on the CPU."""
+    if config.sampler == "device":
+        return True
+    return device.type == "cuda" and config.sampler == "auto"
+
+
+def check_gpu_path(config: TrainConfig, device: torch.device, ranks: int) -> None:
+    """Refuse the combinations the GPU path does not support (yet), naming the flags.
+
+    Raises:
+        InputError: more than one rank on a GPU (issue 13: the device HEC and NCCL push), the
+            GPU options outside the GPU path, ``--sampler cpp`` on a GPU, out-of-core
+            features or graph with the GPU path.
+    """
+    gpu_path = uses_gpu_path(config, device)
+    if device.type == "cuda" and ranks > 1:
+        raise InputError(
+            f"--device {config.device} with {ranks} ranks: training across GPUs (device "
+            "historical embedding cache, push over NCCL) is not built yet; run one rank on "
+            "one GPU, or --device cpu"
+        )
+    if device.type == "cuda" and config.sampler == "cpp":
+        raise InputError(
+            f"--device {config.device} --sampler cpp: the C++ sampler's blocks are host "
+            "tensors; on a GPU use --sampler auto or device"
+        )
+    if not gpu_path:
+        given = [
+            o.flag
+            for o in OPTIONS
+            if o.spec.group == GROUP_CUDA and getattr(config, o.name) != o.default
+        ]
+        if given:
+            raise InputError(
+                f"{', '.join(given)} apply only to the GPU path (--device cuda, or --sampler "
+                f"device); this run uses --device {device} with the C++ sampler"
+            )
+        return
+    if config.features == "ooc":
+        raise InputError(
+            "--features ooc with the GPU path: the device cache reads its misses from an "
+            "in-memory host table; use --features memory or mmap"
+        )
+    if config.graph_layout == "ooc":
+        raise InputError(
+            "--graph-layout ooc with the GPU path: the GPU sampler reads the CSR from device "
+            "or pinned host memory (--graph-placement); use --graph-layout mmap"
+        )
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work (CUDA), so that a phase timer measures it; nothing
+    on the CPU."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
