@@ -20,7 +20,7 @@ from distmb.comm import Communicator
 from distmb.data.format import NODE_PART_FILE
 from distmb.data.store import PartitionStore, read_meta
 from distmb.errors import DistmbError, InputError, PartitionError
-from distmb.mpienv import MPI_LAUNCH_MARKERS, is_mpi_launch  # noqa: F401 - re-exported
+from distmb.mpienv import is_mpi_launch  # noqa: F401 - re-exported (train, predict)
 
 #: Part of the ``--partition-cache`` key: bump it when a loader's output or the partition
 #: format changes, so that no run reuses a partition of the old data (the key is computed
