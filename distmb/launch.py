@@ -20,21 +20,12 @@ from distmb.comm import Communicator
 from distmb.data.format import NODE_PART_FILE
 from distmb.data.store import PartitionStore, read_meta
 from distmb.errors import DistmbError, InputError, PartitionError
+from distmb.mpienv import is_mpi_launch  # noqa: F401 - re-exported (train, predict)
 
 #: Part of the ``--partition-cache`` key: bump it when a loader's output or the partition
 #: format changes, so that no run reuses a partition of the old data (the key is computed
 #: before any rank loads the dataset). 2: the synthetic generator's features were rescaled.
 PARTITION_CACHE_REVISION = 2
-
-#: Environment variables that MPI launchers (mpirun, mpiexec, srun) set in every rank.
-MPI_LAUNCH_MARKERS = (
-    "PMI_RANK",
-    "PMI_SIZE",
-    "PMIX_RANK",
-    "OMPI_COMM_WORLD_SIZE",
-    "MPI_LOCALNRANKS",
-)
-
 
 def open_part(comm: Communicator, part_dir: str, *, verify: bool = True) -> PartitionStore:
     """Open part ``rank`` of ``part_dir`` on every rank, after checking on every rank that
@@ -129,11 +120,6 @@ def ensure_partition(comm: Communicator, spec: str, cache_root: str, seed: int, 
     if error is not None:
         raise InputError(f"--dataset {spec}: partitioning on rank 0 failed: {error}")
     return str(out)
-
-
-def is_mpi_launch() -> bool:
-    """Whether this process was started by an MPI launcher (mpirun, mpiexec, srun)."""
-    return any(m in os.environ for m in MPI_LAUNCH_MARKERS)
 
 
 #: Seconds a failing rank waits after writing its message and before ``MPI_Abort``, so the

@@ -256,7 +256,7 @@ def _report(args: argparse.Namespace, meta: dict[str, Any] | None) -> int:
 def mpi_world_size() -> int:
     """Ranks of the MPI job this process belongs to; 1 outside one (no launcher's variables
     set: mpi4py is then not even imported)."""
-    from distmb.launch import is_mpi_launch
+    from distmb.mpienv import is_mpi_launch
 
     if not is_mpi_launch():
         return 1
