@@ -176,8 +176,10 @@ class DeviceHistoricalCache:
         if isinstance(values, torch.Tensor):
             if values.dim() != 1:
                 raise ValueError(f"{name} must be 1-D (got shape {list(values.shape)})")
-            if values.dtype.is_floating_point or values.dtype.is_complex or (
-                values.dtype == torch.bool
+            if (
+                values.dtype.is_floating_point
+                or values.dtype.is_complex
+                or (values.dtype == torch.bool)
             ):
                 raise ValueError(f"{name} must hold integers (got dtype {values.dtype})")
             return values.detach().to(self.device, torch.int64)
@@ -265,7 +267,9 @@ class DeviceHistoricalCache:
             bad = (slot_t < 0) | (slot_t >= self._used)
             if bool(bad.any()):
                 i = int(torch.nonzero(bad)[0, 0])
-                what = "is HEC_MISS" if int(slot_t[i]) == HEC_MISS else "is not a line holding a tag"
+                what = (
+                    "is HEC_MISS" if int(slot_t[i]) == HEC_MISS else "is not a line holding a tag"
+                )
                 raise ValueError(
                     f"load: slots[{i}] = {int(slot_t[i])} {what} (load only the hits of search)"
                 )
@@ -402,7 +406,11 @@ class DeviceHistoricalCache:
         nxt[rows_at:] = torch.where(next_row >= 0, next_row + rows_at, none)
 
         real = torch.cat(
-            [old_real, torch.zeros(1, dtype=torch.bool, device=dev), torch.ones_like(tags, dtype=torch.bool)]
+            [
+                old_real,
+                torch.zeros(1, dtype=torch.bool, device=dev),
+                torch.ones_like(tags, dtype=torch.bool),
+            ]
         )
         # Position a is replaced when the distinct tags written in (a, b] reach `need[a]`,
         # i.e. at the first b with #{j <= b : prev[j] <= a} >= need[a] + #{real j <= a}.
