@@ -8,10 +8,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import SMALL
+from test_distributed import SCRIPTS, mpirun
 from test_hec import ReferenceHEC, rows_for
 
 from distmb.cuda.hec import DeviceHistoricalCache, _first_reaching
+from distmb.data import load_dataset
 from distmb.halo.cache import COUNTER_KEYS, HEC_MISS, LIFESPAN_UNBOUNDED, HistoricalEmbeddingCache
+from distmb.partition import partition_graph
 
 #: Devices every equality test runs on: the CPU always, a GPU under ``pytest -m cuda``.
 DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=pytest.mark.cuda)]
@@ -336,3 +340,14 @@ def test_hot_path_never_synchronises_on_cuda() -> None:
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert dev.counters()["lookups"] == 3 * 2 * 2000
+
+
+# -- the halo scheme -----------------------------------------------------------------------------
+def test_halo_scheme_with_device_cache_trains_identically(tmp_path) -> None:
+    """2 ranks under mpiexec: HistoricalCache(cache_device="cpu") and the C++ caches give the
+    same records, halo loads and cache states (tests/mpi_scripts/device_hec_twin.py)."""
+    parts = tmp_path / "p2"
+    partition_graph(load_dataset(SMALL), 2, parts, seed=0)
+    proc = mpirun(2, [str(SCRIPTS / "device_hec_twin.py"), str(parts), "2", "cpu"], 240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "loads equal" in proc.stdout
