@@ -351,3 +351,18 @@ def test_halo_scheme_with_device_cache_trains_identically(tmp_path) -> None:
     proc = mpirun(2, [str(SCRIPTS / "device_hec_twin.py"), str(parts), "2", "cpu"], 240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "loads equal" in proc.stdout
+
+
+def test_incremental_index_equals_a_fresh_sort() -> None:
+    """After every store, the merged ``tag -> slot`` index is the index sorted from scratch."""
+    rng = np.random.default_rng(4)
+    for cap, universe in [(1, 4), (6, 20), (50, 60), (50, 400)]:
+        dev = DeviceHistoricalCache(cap, 1, 1)
+        for _ in range(40):
+            tags = rng.integers(0, universe, int(rng.integers(0, 2 * cap + 3)))
+            dev.store(tags, np.zeros((tags.size, 1), np.float32))
+            keys, slots = dev._sorted_index()
+            np.testing.assert_array_equal(host(dev._keys), host(keys))
+            np.testing.assert_array_equal(host(dev._slots), host(slots))
+            if rng.random() < 0.1:
+                dev.clear()

@@ -327,6 +327,7 @@ class DeviceHistoricalCache:
         last[:-1] = sorted_slot[1:] != sorted_slot[:-1]
         dest = torch.empty_like(slot)
         dest[order] = torch.where(last, sorted_slot, self.capacity)
+        old_tag = self._tag[dest]
         self._data.index_copy_(0, dest, row_t)
         self._tag.index_copy_(0, dest, tag_t)
         self._written_at.index_fill_(0, dest, self._clock)
@@ -337,14 +338,56 @@ class DeviceHistoricalCache:
         self._counters[_STORES] += m
         self._counters[_EVICTIONS] += evictions
         self._counters[_EXPIRED] += replacements - evictions
-        self._rebuild_index()
+        self._update_index(dest, old_tag, tag_t)
 
-    def _rebuild_index(self) -> None:
-        """Sort the lines' tags into the ``tag -> slot`` index."""
+    def _update_index(self, dest: torch.Tensor, old_tag: torch.Tensor, tag: torch.Tensor) -> None:
+        """Merge a store's changes into the sorted ``tag -> slot`` index in ``O(C + m log C)``
+        (no sort of the whole index): row ``i`` wrote ``tag[i]`` over ``old_tag[i]`` in line
+        ``dest[i]`` (int64[m] each; ``dest == capacity``: a row that was not kept).
+
+        Entries of lines whose tag changed are removed, the new ``(tag, line)`` entries
+        inserted; every remaining entry moves by the removals before it and the insertions
+        below it, every inserted one by the remaining entries below it (a stable merge of two
+        sorted lists, the index's first), so that one scatter writes the new index.
+        """
+        cap, m, dev = self.capacity, tag.numel(), self.device
+        changed = (dest < cap) & (old_tag != tag)
+        removed_key = torch.where(changed & (old_tag >= 0), old_tag, INT64_MAX)
+        at = torch.searchsorted(self._keys, removed_key).clamp_(max=cap - 1)
+        removed = torch.zeros(cap + 1, dtype=torch.bool, device=dev)
+        removed[torch.where(removed_key != INT64_MAX, at, cap)] = True
+        removed = removed[:cap]
+        removed_upto = torch.zeros(cap + 1, dtype=torch.int64, device=dev)
+        torch.cumsum(removed, 0, out=removed_upto[1:])  # removed_upto[j]: among the first j
+        new_key, order = torch.sort(torch.where(changed, tag, INT64_MAX))
+        new_slot = torch.where(new_key != INT64_MAX, dest[order], HEC_MISS)
+
+        size = cap + m + 1  # the last position receives the removed entries
+        # Insertions strictly below each entry: a histogram of where the inserted keys fall,
+        # summed (a remaining entry never equals an inserted key; padding is above them all).
+        valid = new_key != INT64_MAX
+        falls_at = torch.searchsorted(self._keys, new_key)
+        inserted_below = torch.zeros(cap + 1, dtype=torch.int64, device=dev)
+        inserted_below.index_add_(0, torch.where(valid, falls_at, cap), valid.long())
+        inserted_below = torch.cumsum(inserted_below[:cap], 0)
+        old_pos = torch.arange(cap, device=dev) - removed_upto[:cap] + inserted_below
+        old_pos = torch.where(removed, size - 1, old_pos)
+        below = torch.searchsorted(self._keys, new_key, right=True)
+        new_pos = torch.arange(m, device=dev) + below - removed_upto[below]
+        keys = torch.empty(size, dtype=torch.int64, device=dev)
+        slots = torch.empty(size, dtype=torch.int64, device=dev)
+        keys[old_pos] = self._keys
+        slots[old_pos] = self._slots
+        keys[new_pos] = new_key
+        slots[new_pos] = new_slot
+        self._keys, self._slots = keys[:cap].clone(), slots[:cap].clone()
+
+    def _sorted_index(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The ``tag -> slot`` index sorted from scratch out of the lines' tags (what
+        :meth:`_update_index` maintains incrementally; for tests)."""
         tag = self._tag[: self.capacity]
-        keys = torch.where(tag >= 0, tag, INT64_MAX)
-        self._keys, order = torch.sort(keys)
-        self._slots = torch.where(self._keys != INT64_MAX, order, HEC_MISS)
+        keys, order = torch.sort(torch.where(tag >= 0, tag, INT64_MAX))
+        return keys, torch.where(keys != INT64_MAX, order, HEC_MISS)
 
     def _assign(
         self, tags: torch.Tensor

@@ -17,12 +17,13 @@ Per iteration (step) ``k`` of ``M`` (all ranks run the same ``M``), for every la
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 
 from distmb.comm import Communicator, EmbeddingPush
 from distmb.config import HecSettings
-from distmb.cuda.hec import DeviceHistoricalCache
 from distmb.data.graph import csr_row_positions
 from distmb.data.store import PartitionStore
 from distmb.halo.base import HaloScheme
@@ -32,9 +33,12 @@ from distmb.sampling.blocks import Block
 
 #: The arrays of one cache's checkpoint (:meth:`HistoricalEmbeddingCache.state`).
 CACHE_STATE_KEYS = ("tags", "ages", "rows")
-#: Either cache: the C++ one (host memory) or the device-resident one; same contract, same
-#: results, interchangeable checkpoints.
-AnyCache = HistoricalEmbeddingCache | DeviceHistoricalCache
+if TYPE_CHECKING:  # distmb.cuda.hec imports distmb.halo.cache: imported where used
+    from distmb.cuda.hec import DeviceHistoricalCache
+
+    #: Either cache: the C++ one (host memory) or the device-resident one; same contract,
+    #: same results, interchangeable checkpoints.
+    AnyCache = HistoricalEmbeddingCache | DeviceHistoricalCache
 
 
 class HistoricalCache(HaloScheme):
@@ -99,6 +103,8 @@ class HistoricalCache(HaloScheme):
     def _new_cache(self, dim: int, lifespan: int) -> AnyCache:
         if self.cache_device is None:
             return HistoricalEmbeddingCache(self.capacity, dim, lifespan)
+        from distmb.cuda.hec import DeviceHistoricalCache
+
         return DeviceHistoricalCache(
             self.capacity,
             dim,
