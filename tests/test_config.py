@@ -82,6 +82,7 @@ FLAG_FIELDS = {
     "--no-hec": "no_hec",
     "--exact-remote": "exact_remote",
     "--partition-cache": "partition_cache",
+    "--comm": "comm",
     "--collective-timeout": "collective_timeout",
 }
 
@@ -175,6 +176,7 @@ def test_every_flag_maps_to_one_field_and_back():
         "--lr-gamma": ["0.5", "--lr-schedule", "step"],
         "--lr-min": ["0.001", "--lr-schedule", "cosine"],
         "--normalize-features": ["row"],
+        "--comm": ["torch"],
     }
     for flag, name in FLAG_FIELDS.items():
         action = next(a for a in _actions(parser) if flag in a.option_strings)
@@ -218,7 +220,7 @@ def test_cli_defaults_equal_dataclass_defaults():
         neighbor_cache_mb=256.0, neighbor_cache_order="degree", hec_size=1_000_000,
         hec_nc=2000, hec_lifespan=2, hec_delay=1,
         no_hec=False, exact_remote=False, partition_cache=".cache/distmb-parts",
-        collective_timeout=300.0,
+        comm="mpi", collective_timeout=300.0,
     )  # fmt: skip
     assert dataclasses.asdict(TrainConfig()) == expected
 
