@@ -4,7 +4,9 @@ Every collective is a method call visible at its call site, and every rank calls
 collectives in the same order (the trainer guarantees equal iteration counts).
 
 - :meth:`Communicator.allreduce_gradients`: one ``Allreduce`` over a flat buffer of all
-  gradients, then averaged.
+  gradients, then averaged; through ``torch.distributed`` (gloo on CPU) after
+  :meth:`Communicator.use_torch_distributed` (``--comm torch``), whose process group is set
+  up from the MPI launch (rank, size and the rendezvous address agreed over MPI).
 - :class:`EmbeddingPush`: the non-blocking all-to-all-v of (``VID_o``, embedding rows) of
   the Asynchronous Embedding Push, with a queue of depth ``d`` and reusable buffers.
 - :meth:`Communicator.halo_exchange`: the synchronous exchange of exact evaluation.
@@ -14,6 +16,8 @@ collectives in the same order (the trainer guarantees equal iteration counts).
 
 from __future__ import annotations
 
+import datetime
+import socket
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -33,6 +37,13 @@ if TYPE_CHECKING:
 BUFFER_GROWTH = 1.5
 #: Bytes of rows per message of :meth:`Communicator.gather_rows` (rank 0 holds one at a time).
 GATHER_CHUNK_BYTES = 64 << 20
+
+#: torch.distributed backend of ``--comm torch`` for host tensors.
+TORCH_CPU_BACKEND = "gloo"
+#: Seconds a rank waits for the others while the torch.distributed group is set up.
+TORCH_RENDEZVOUS_TIMEOUT_S = 120.0
+#: Address of rank 0's rendezvous store when every rank runs on the same host.
+LOOPBACK = "127.0.0.1"
 
 #: ``sink(ids, rows)``: takes one chunk of gathered rows: int64[k] ids and their rows.
 RowSink = Callable[[np.ndarray, np.ndarray], None]
@@ -73,6 +84,57 @@ class Communicator:
         #: Marks each collective below while set (:mod:`distmb.watchdog`; the trainer sets it
         #: for ``--collective-timeout``).
         self.watchdog: CollectiveWatchdog | None = None
+        #: The torch.distributed group of the same ranks once :meth:`use_torch_distributed`
+        #: ran (``--comm torch``), else None.
+        self.torch_group = None
+
+    # -- torch.distributed -----------------------------------------------------------------
+    def use_torch_distributed(self, backend: str = TORCH_CPU_BACKEND) -> None:
+        """Set up a ``torch.distributed`` process group over these ranks (same rank numbers)
+        and route the gradient all-reduce through it from now on.
+
+        No launcher support is needed: rank 0 opens the group's rendezvous store on a port
+        the OS picks and sends its address and port to the others over MPI (the loopback
+        address when every rank runs on rank 0's host, else rank 0's host name).
+
+        Args:
+            backend: ``gloo`` (host tensors).
+
+        Raises:
+            RuntimeError: torch.distributed is unavailable, or a group is already set up.
+        """
+        import torch.distributed as dist
+
+        if not dist.is_available():
+            raise RuntimeError("--comm torch: this torch build has no torch.distributed")
+        if dist.is_initialized():
+            raise RuntimeError("--comm torch: a torch.distributed group is already set up")
+        hosts = self.allgather(socket.gethostname())
+        host = LOOPBACK if len(set(hosts)) == 1 else hosts[0]
+        timeout = datetime.timedelta(seconds=TORCH_RENDEZVOUS_TIMEOUT_S)
+        store = None
+        port = None
+        if self.rank == 0:
+            store = dist.TCPStore(
+                host, 0, self.size, is_master=True, timeout=timeout, wait_for_workers=False
+            )
+            port = store.port
+        with self.watched("torch.distributed rendezvous"):
+            port = self.comm.bcast(port, root=0)
+            if self.rank != 0:
+                store = dist.TCPStore(host, port, self.size, is_master=False, timeout=timeout)
+            dist.init_process_group(
+                backend, store=store, rank=self.rank, world_size=self.size, timeout=timeout
+            )
+        self.torch_group = dist.group.WORLD
+
+    def close_torch_distributed(self) -> None:
+        """Tear the ``torch.distributed`` group down (nothing when there is none)."""
+        if self.torch_group is not None:
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
+            self.torch_group = None
 
     def watched(self, collective: str) -> AbstractContextManager[None]:
         """The watchdog's mark of a wait in ``collective`` (nothing without a watchdog)."""
@@ -127,9 +189,13 @@ class Communicator:
             else:
                 flat[offset : offset + n].copy_(p.grad.reshape(-1))
             offset += n
-        buf = flat.numpy()
         with self.watched("gradient allreduce"):
-            self.comm.Allreduce(_mpi().IN_PLACE, buf, op=_mpi().SUM)
+            if self.torch_group is not None:
+                import torch.distributed as dist
+
+                dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.torch_group)
+            else:
+                self.comm.Allreduce(_mpi().IN_PLACE, flat.numpy(), op=_mpi().SUM)
         self.allreduce_stats.calls += 1
         self.allreduce_stats.payload_bytes += total * FLOAT32_BYTES
         flat.div_(self.size)

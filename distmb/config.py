@@ -98,6 +98,8 @@ DEFAULT_LR: dict[str, float] = {"sage": 0.003, "gat": 0.001, "gcn": 0.003, "gin"
 MODELS: tuple[str, ...] = tuple(DEFAULT_LR)
 #: Learning rate of a user's model (``--model package.module:Class``) without ``--lr``.
 DEFAULT_USER_MODEL_LR = 0.003
+#: ``--comm``: the collectives' library (torch: Communicator.use_torch_distributed).
+COMM_BACKENDS: tuple[str, ...] = ("mpi", "torch")
 #: The implementations of ``--kernels``.
 KERNELS: tuple[str, ...] = ("fused", "torch")
 #: Neighbours sampled per layer, input layer first (paper's Table 2; three layers).
@@ -575,6 +577,14 @@ class TrainConfig:
         DEFAULT_PARTITION_CACHE,
         "where --dataset is partitioned for P ranks (rank 0 writes it)",
         group=GROUP_HEC,
+    )
+    comm: str = option(
+        "mpi",
+        "library of the collectives: mpi (mpi4py), or torch (torch.distributed, gloo on CPU, "
+        "its group set up from the MPI launch); with torch, the gradient all-reduce goes "
+        "through torch.distributed so far, everything else through MPI",
+        group=GROUP_HEC,
+        choices=COMM_BACKENDS,
     )
     collective_timeout: float = option(
         DEFAULT_COLLECTIVE_TIMEOUT_S,

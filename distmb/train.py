@@ -84,7 +84,13 @@ def run_distributed(args: argparse.Namespace, comm) -> None:
     store = open_part(comm, part_dir, verify=config.verify)
     log(f"{comm.size} ranks on {part_dir}; rank 0: {store}")
     halo = make_halo_scheme(comm, store, config)
-    train(LocalGraph.from_store(store), config, comm=comm, halo=halo, log=log)
+    if config.comm == "torch":
+        comm.use_torch_distributed()
+        log(f"--comm torch: gradient all-reduce over torch.distributed ({comm.size} ranks, gloo)")
+    try:
+        train(LocalGraph.from_store(store), config, comm=comm, halo=halo, log=log)
+    finally:
+        comm.close_torch_distributed()
 
 
 def set_threads(config: TrainConfig) -> str | None:

@@ -88,6 +88,7 @@ FLAG_FIELDS = {
     "--no-hec": "no_hec",
     "--exact-remote": "exact_remote",
     "--partition-cache": "partition_cache",
+    "--comm": "comm",
     "--collective-timeout": "collective_timeout",
 }
 
@@ -193,6 +194,7 @@ def test_every_flag_maps_to_one_field_and_back():
         "--match-reorder": ["--sampler", "device"],
         "--device": ["auto"],
         "--sampler": ["device"],
+        "--comm": ["torch"],
     }
     for flag, name in FLAG_FIELDS.items():
         action = next(a for a in _actions(parser) if flag in a.option_strings)
@@ -240,7 +242,7 @@ def test_cli_defaults_equal_dataclass_defaults():
         device_cache_policy="presc", match_reorder=False, hec_size=1_000_000,
         hec_nc=2000, hec_lifespan=2, hec_delay=1,
         no_hec=False, exact_remote=False, partition_cache=".cache/distmb-parts",
-        collective_timeout=300.0,
+        comm="mpi", collective_timeout=300.0,
     )  # fmt: skip
     assert dataclasses.asdict(TrainConfig()) == expected
 

@@ -8,6 +8,10 @@
 - :class:`~distmb.cuda.feature_cache.DeviceFeatures`: a static device cache of hot feature
   rows (PreSC / degree) over rows read by the GPU from pinned host memory
   (:mod:`distmb.cuda.zero_copy`); :mod:`distmb.cuda.reorder`: FastGL's Match-Reorder.
+- :class:`~distmb.cuda.hec.DeviceHistoricalCache`: the historical embedding cache with its
+  tables on a device (same results as the C++ one).
+- :mod:`distmb.cuda.device` and :mod:`distmb.cuda.path`: ``--device`` and the GPU path's
+  data stages as the trainer builds them.
 
 Everything runs on CPU tensors too (Triton kernels under ``TRITON_INTERPRET=1``), which is how
 CI tests it; ``pytest -m cuda`` runs the same tests on a GPU.

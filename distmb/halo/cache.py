@@ -37,6 +37,7 @@ Contract (the project design notes, docs/design.md; made precise here):
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -283,24 +284,7 @@ class HistoricalEmbeddingCache:
         Raises:
             ValueError: arrays of the wrong shape or dtype, or a negative age.
         """
-        tags = _index_array(state["tags"], "tags")
-        ages = _index_array(state["ages"], "ages")
-        rows = np.asarray(state["rows"])
-        if ages.shape != tags.shape or (ages.size and int(ages.min()) < 0):
-            raise ValueError("ages must be non-negative and match tags in length")
-        self.clear()
-        if tags.size == 0:
-            return
-        order = np.argsort(-ages, kind="stable")
-        tags, ages, rows = tags[order], ages[order], rows[order]
-        bounds = np.flatnonzero(np.diff(ages)) + 1
-        starts = np.concatenate([[0], bounds]).astype(np.int64)
-        ends = np.concatenate([bounds, [tags.size]]).astype(np.int64)
-        for start, end in zip(starts, ends, strict=True):
-            self.store(tags[start:end], rows[start:end])
-            next_age = int(ages[end]) if end < tags.size else 0
-            for _ in range(int(ages[start]) - next_age):
-                self.advance()
+        replay_state(self, state)
 
     # -- statistics --------------------------------------------------------------------------
     def counters(self) -> dict[str, int]:
@@ -324,3 +308,43 @@ class HistoricalEmbeddingCache:
         indexed by slot (expired lines included). For tests and diagnostics."""
         tags, ages = self._core.snapshot()
         return tags, ages
+
+
+class Replayable(Protocol):
+    """What :func:`replay_state` needs of a cache (the C++-backed one and the device one)."""
+
+    def clear(self) -> None: ...
+
+    def store(self, tags: np.ndarray, rows: np.ndarray) -> None: ...
+
+    def advance(self) -> None: ...
+
+
+def replay_state(cache: Replayable, state: dict[str, np.ndarray]) -> None:
+    """Replace the contents of ``cache`` by ``state`` (``tags`` int64[v], ``ages`` int64[v],
+    ``rows`` float32[v, dim], as :meth:`HistoricalEmbeddingCache.state` returns them): clear,
+    then store the lines oldest first, with :meth:`advance` between age groups, so that the
+    clock moves on by the largest age. The one restore procedure of every HEC variant: the
+    same state restored into either leaves the same tags in the same slots.
+
+    Raises:
+        ValueError: arrays of the wrong shape or dtype, or a negative age.
+    """
+    tags = _index_array(state["tags"], "tags")
+    ages = _index_array(state["ages"], "ages")
+    rows = np.asarray(state["rows"])
+    if ages.shape != tags.shape or (ages.size and int(ages.min()) < 0):
+        raise ValueError("ages must be non-negative and match tags in length")
+    cache.clear()
+    if tags.size == 0:
+        return
+    order = np.argsort(-ages, kind="stable")
+    tags, ages, rows = tags[order], ages[order], rows[order]
+    bounds = np.flatnonzero(np.diff(ages)) + 1
+    starts = np.concatenate([[0], bounds]).astype(np.int64)
+    ends = np.concatenate([bounds, [tags.size]]).astype(np.int64)
+    for start, end in zip(starts, ends, strict=True):
+        cache.store(tags[start:end], rows[start:end])
+        next_age = int(ages[end]) if end < tags.size else 0
+        for _ in range(int(ages[start]) - next_age):
+            cache.advance()

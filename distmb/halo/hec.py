@@ -17,6 +17,8 @@ Per iteration (step) ``k`` of ``M`` (all ranks run the same ``M``), for every la
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 
@@ -31,6 +33,12 @@ from distmb.sampling.blocks import Block
 
 #: The arrays of one cache's checkpoint (:meth:`HistoricalEmbeddingCache.state`).
 CACHE_STATE_KEYS = ("tags", "ages", "rows")
+if TYPE_CHECKING:  # distmb.cuda.hec imports distmb.halo.cache: imported where used
+    from distmb.cuda.hec import DeviceHistoricalCache
+
+    #: Either cache: the C++ one (host memory) or the device-resident one; same contract,
+    #: same results, interchangeable checkpoints.
+    AnyCache = HistoricalEmbeddingCache | DeviceHistoricalCache
 
 
 class HistoricalCache(HaloScheme):
@@ -41,15 +49,27 @@ class HistoricalCache(HaloScheme):
         store: this rank's part (send lists, ``orig_ids``, ``in_degree``, halo features).
         config: cache size, push cap, life-span, delay.
         seed: seed of the degree-weighted push sampling.
+        cache_device: ``None`` (the default) keeps the caches in the C++
+            :class:`HistoricalEmbeddingCache`; a device puts them in
+            :class:`~distmb.cuda.hec.DeviceHistoricalCache` tables there (same lines, hits and
+            counters). Halo rows then come back as tensors on that device; the tags pushed
+            by peers are validated once by the partition loader, so a GPU cache runs
+            unchecked (no synchronisation per call).
     """
 
     name = "hec"
     stateful = True
 
     def __init__(
-        self, comm: Communicator, store: PartitionStore, config: HecSettings, seed: int
+        self,
+        comm: Communicator,
+        store: PartitionStore,
+        config: HecSettings,
+        seed: int,
+        cache_device: torch.device | str | None = None,
     ) -> None:
         super().__init__()
+        self.cache_device = None if cache_device is None else torch.device(cache_device)
         self.comm = comm
         self.cfg = config
         self.seed = seed
@@ -60,7 +80,7 @@ class HistoricalCache(HaloScheme):
         #: Lines per cache: only this part's halo vertices are ever pushed here, so more than
         #: ``n_halo`` lines would never be used (``--hec-size`` is an upper bound).
         self.capacity = max(1, min(config.size, store.n_halo))
-        self.caches: list[HistoricalEmbeddingCache | None] = []
+        self.caches: list[AnyCache | None] = []
         self.pushes: list[EmbeddingPush | None] = []
         #: Optional recorder for tests: receives ("push"|"load", k, layer, tags, rows, hit).
         self.record = None
@@ -70,9 +90,7 @@ class HistoricalCache(HaloScheme):
         # Layer 0 needs no cache when halo features are replicated.
         uses_cache = [not (layer == 0 and self.replicated_halo) for layer in range(self.num_layers)]
         self.caches = [
-            HistoricalEmbeddingCache(
-                self.capacity, dim, LIFESPAN_UNBOUNDED if layer == 0 else self.cfg.lifespan
-            )
+            self._new_cache(dim, LIFESPAN_UNBOUNDED if layer == 0 else self.cfg.lifespan)
             if uses_cache[layer]
             else None
             for layer, dim in enumerate(layer_dims)
@@ -82,10 +100,24 @@ class HistoricalCache(HaloScheme):
             for layer, dim in enumerate(layer_dims)
         ]
 
+    def _new_cache(self, dim: int, lifespan: int) -> AnyCache:
+        if self.cache_device is None:
+            return HistoricalEmbeddingCache(self.capacity, dim, lifespan)
+        from distmb.cuda.hec import DeviceHistoricalCache
+
+        return DeviceHistoricalCache(
+            self.capacity,
+            dim,
+            lifespan,
+            device=self.cache_device,
+            checked=self.cache_device.type == "cpu",
+        )
+
     def describe(self) -> str:
         cfg = self.cfg
+        where = "" if self.cache_device is None else f" on {self.cache_device}"
         return (
-            f"HEC cs={self.capacity} (--hec-size {cfg.size}, at most the part's halo "
+            f"HEC cs={self.capacity}{where} (--hec-size {cfg.size}, at most the part's halo "
             f"vertices; rank {self.comm.rank}) nc={cfg.nc} ls={cfg.lifespan} d={cfg.delay}"
         )
 
@@ -113,14 +145,19 @@ class HistoricalCache(HaloScheme):
     def _fill(self, layer: int, block: Block, step: int) -> tuple[Block, torch.Tensor]:
         halo_p = block.src_ids[block.n_computed :].numpy()
         tags = self.orig_ids[halo_p]
-        full = torch.empty((block.n_halo, self.layer_dims[layer]))
-        hit = self.caches[layer].lookup_into(tags, full)  # misses come back as zeros
+        cache = self.caches[layer]
+        device = "cpu" if self.cache_device is None else self.cache_device
+        full = torch.empty((block.n_halo, self.layer_dims[layer]), device=device)
+        hit = cache.lookup_into(tags, full)  # misses come back as zeros
         if self.record is not None:
-            self.record("load", step, layer, tags, full.numpy().copy(), hit.numpy().copy())
+            self.record(
+                "load", step, layer, tags, full.cpu().numpy().copy(), hit.cpu().numpy().copy()
+            )
         if bool(hit.all()):
             return block, full
+        # The blocks are host structures: their edge filter needs the hit mask there.
         keep = torch.ones(block.n_src, dtype=torch.bool)
-        keep[block.n_computed :] = hit
+        keep[block.n_computed :] = hit.cpu()
         return block.drop_sources(keep), full
 
     # -- during the forward pass -----------------------------------------------------------

@@ -1,6 +1,6 @@
 """Run under mpiexec: rank 1 raises in its second epoch; the job must abort, not hang.
 
-argv: PART_DIR
+argv: PART_DIR [EXTRA_TRAIN_FLAGS...]
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ sys.exit(
             "--epochs",
             "50",
             "--no-progress",
+            *sys.argv[2:],
         ]
     )
 )
