@@ -65,6 +65,7 @@ __all__ = [
     "MAX_THREADS",
     "MODELS",
     "OPTIONS",
+    "PRECISIONS",
     "PROG",
     "RESUME_APPLIED",
     "RESUME_MUST_MATCH",
@@ -101,7 +102,10 @@ DEFAULT_USER_MODEL_LR = 0.003
 #: ``--comm``: the collectives' library (torch: Communicator.use_torch_distributed).
 COMM_BACKENDS: tuple[str, ...] = ("mpi", "torch")
 #: The implementations of ``--kernels``.
-KERNELS: tuple[str, ...] = ("fused", "torch")
+KERNELS: tuple[str, ...] = ("fused", "torch", "triton")
+#: ``--precision``: the model's forward in float32, or under autocast to bfloat16 / float16
+#: (:mod:`distmb.engine.precision`).
+PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16")
 #: Neighbours sampled per layer, input layer first (paper's Table 2; three layers).
 DEFAULT_FANOUT: tuple[int, ...] = (5, 10, 15)
 #: HEC defaults of the paper (docs/design.md): lines per layer (cs), rows pushed per peer and
@@ -370,8 +374,18 @@ class TrainConfig:
     )
     kernels: str = option(
         "fused",
-        "UPDATE/AGG implementation: fused C++ kernels or PyTorch ops",
+        "UPDATE/AGG implementation: fused (C++ kernels on the CPU, float32; PyTorch ops on a "
+        "GPU), torch (PyTorch ops) or triton (the Triton CSR aggregation on CUDA tensors, "
+        "PyTorch ops for the rest; needs Triton)",
         choices=KERNELS,
+        resume_applied=True,
+    )
+    precision: str = option(
+        "fp32",
+        "the model's forward in float32, or under autocast: bf16 (GPU; CPU with --kernels "
+        "torch) or fp16 (GPU only, with a gradient scaler); loss, gradients, optimizer and "
+        "evaluation stay float32",
+        choices=PRECISIONS,
         resume_applied=True,
     )
     early_stop: int = option(
@@ -650,6 +664,10 @@ class TrainConfig:
                 tuple(o.name for o in OPTIONS if o.spec.group == GROUP_CUDA),
                 "the GPU path (--device cuda, or --sampler device)",
             )
+        if self.device == "cpu":
+            problem = precision_problem(self.precision, self.kernels, "cpu")
+            if problem:
+                raise InputError(problem)
         if self.features in ("memory", "mmap"):
             # --presample-epochs also ranks the device cache's rows (--device-cache-policy).
             device_path = self.device != "cpu" or self.sampler == "device"
@@ -692,6 +710,23 @@ class TrainConfig:
             value = getattr(self, f.name)
             record[f.name] = list(value) if isinstance(value, tuple) else value
         return record
+
+
+def precision_problem(precision: str, kernels: str, device_type: str) -> str | None:
+    """Why ``--precision`` cannot run with ``--kernels`` on a ``device_type`` device
+    (``"cpu"`` or ``"cuda"``), or None when it can."""
+    if precision == "fp16" and device_type != "cuda":
+        return (
+            "--precision fp16 needs a GPU (--device cuda): float16 autocast with a gradient "
+            "scaler is a CUDA feature; on the CPU use --precision bf16 --kernels torch"
+        )
+    if precision == "bf16" and device_type == "cpu" and kernels == "fused":
+        return (
+            "--precision bf16 with --kernels fused on the CPU: the fused C++ kernels compute "
+            "in float32 only (autocast would not reach them); add --kernels torch to train "
+            "the PyTorch-ops layers under CPU bfloat16 autocast"
+        )
+    return None
 
 
 @dataclass(frozen=True)

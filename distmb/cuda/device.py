@@ -104,6 +104,21 @@ def check_gpu_path(config: TrainConfig, device: torch.device, ranks: int) -> Non
         )
 
 
+def check_kernels(config: TrainConfig, device: torch.device) -> None:
+    """Refuse ``--kernels triton`` where its kernel cannot run on ``device``.
+
+    Raises:
+        InputError: Triton not installed, or a CPU device outside Triton's interpreter.
+    """
+    if config.kernels != "triton":
+        return
+    from distmb.cuda.idmap_triton import usable
+
+    ok, why = usable(device)
+    if not ok:
+        raise InputError(f"--kernels triton with --device {config.device}: {why}")
+
+
 def synchronize(device: torch.device) -> None:
     """Wait for the device's queued work (CUDA), so that a phase timer measures it; nothing
     on the CPU."""

@@ -27,7 +27,13 @@ import torch.nn.functional as F
 
 from distmb.comm import Communicator, SingleProcess
 from distmb.config import MODELS, RESUME_APPLIED, TrainConfig, flag_of
-from distmb.cuda.device import check_gpu_path, resolve_device, synchronize, uses_gpu_path
+from distmb.cuda.device import (
+    check_gpu_path,
+    check_kernels,
+    resolve_device,
+    synchronize,
+    uses_gpu_path,
+)
 from distmb.cuda.path import GpuData, gpu_data, match_reorder
 from distmb.data.local import LocalGraph
 from distmb.data.neighborfile import NeighborFile
@@ -63,6 +69,7 @@ from distmb.features.select import open_features
 from distmb.halo.base import HaloScheme
 from distmb.loader.loader import BatchLoader, shuffled, split_batches
 from distmb.loader.minibatch import MiniBatch
+from distmb.engine.precision import MixedPrecision
 from distmb.nn.backend import set_kernels
 from distmb.nn.user import check_block_model, model_from_config, model_spec
 from distmb.progress import ProgressSettings, meter
@@ -124,7 +131,10 @@ class Trainer:
         #: device feature cache (``--device cuda``, or ``--sampler device`` on the CPU).
         self.device = resolve_device(config.device)
         check_gpu_path(config, self.device, self.num_ranks)
+        check_kernels(config, self.device)
         self.gpu_path = uses_gpu_path(config, self.device)
+        #: ``--precision``: autocast of the training forward, fp16's gradient scaler.
+        self.precision = MixedPrecision(config.precision, config.kernels, self.device)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         #: What the model is in checkpoints and records: ``config.model`` (a built-in's name
@@ -224,6 +234,7 @@ class Trainer:
             SELECTION_KEY: self.selection.state(),
             SCHEDULER_KEY: self.scheduler.state_dict() if self.scheduler is not None else None,
             "feature_norm": self.normalization.state() if self.normalization else None,
+            "grad_scaler": self.precision.state_dict(),
         }
 
     def _save(self, epoch: int, best: bool = False) -> None:
@@ -270,6 +281,7 @@ class Trainer:
             )
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+        self.precision.load_state_dict(state.get("grad_scaler"))
         # The optimizer state carries the old lr and weight decay: this run's values win
         # (the lr through the schedule, when there is one).
         for group in self.optimizer.param_groups:
@@ -389,7 +401,9 @@ class Trainer:
             gather_cpu += batch.gather_cpu_s
             self.work.add_sampled(batch.blocks)
             with self.timer("fwd"):
-                logits = self.forward(batch, step, num_steps)
+                with self.precision.autocast():
+                    logits = self.forward(batch, step, num_steps)
+                logits = logits.float()  # the loss in float32 whatever --precision
                 self.work.add_used(batch.blocks)  # after the halo scheme dropped missed leaves
                 loss_sum = F.cross_entropy(logits, batch.labels, reduction="sum")
                 loss = loss_sum * self.loss_weight(step)
@@ -407,12 +421,13 @@ class Trainer:
                 )
             with self.timer("bwd"):
                 self.optimizer.zero_grad(set_to_none=True)
-                loss.backward()
+                self.precision.backward(loss)
                 synchronize(self.device)  # the phase's queued GPU work, not only its launch
             with self.timer("ared"):
+                self.precision.unscale(self.optimizer)
                 self.comm.allreduce_gradients(self.model)
             with self.timer("opt"):
-                self.optimizer.step()
+                self.precision.step(self.optimizer)
                 synchronize(self.device)
             self.halo.end_iteration()
             total_loss += loss_value * batch.size

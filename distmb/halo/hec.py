@@ -180,7 +180,8 @@ class HistoricalCache(HaloScheme):
         pos = np.repeat(np.arange(solid.size), counts_per_src)
         peer = self.peer_ids[csr_row_positions(self.peer_ptr[solid], counts_per_src)]
         chosen_pos, counts = self._cap_per_peer(pos, peer, solid, k, layer)
-        rows = x_computed.detach()[torch.from_numpy(chosen_pos)].numpy()
+        # float32 whatever --precision (a bf16 tensor has no numpy view).
+        rows = x_computed.detach()[torch.from_numpy(chosen_pos)].float().numpy()
         tags = self.orig_ids[solid[chosen_pos]]
         if self.record is not None:
             self.record("push", k, layer, tags, rows.copy(), counts.copy())

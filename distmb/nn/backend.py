@@ -1,12 +1,18 @@
-"""Which implementation the layers use: ``"fused"`` C++ kernels or plain ``"torch"`` ops.
+"""Which implementation the layers use: ``"fused"`` C++ kernels, plain ``"torch"`` ops, or
+``"triton"`` kernels.
 
-Both paths sit behind the same layer modules (``distmb.nn.sage``, ``distmb.nn.gat``,
-``distmb.nn.aggregate``), so one run can compare them (``--kernels fused|torch``).
+All sit behind the same layer modules (``distmb.nn.sage``, ``distmb.nn.gat``,
+``distmb.nn.aggregate``), so one run can compare them (``--kernels fused|torch|triton``).
+Each is chosen per call, for the tensors at hand: ``"fused"`` takes float32 CPU tensors (other
+tensors, e.g. on a GPU, go through PyTorch ops); ``"triton"`` runs
+:func:`~distmb.nn.aggregate.aggregate` with the Triton kernel of
+:mod:`distmb.cuda.aggregate_triton` on CUDA tensors (float32, bf16, fp16; CPU tensors only
+under Triton's interpreter) and everything else through PyTorch ops.
 """
 
 from __future__ import annotations
 
-KERNELS = ("fused", "torch")
+KERNELS = ("fused", "torch", "triton")
 
 _current = "fused"
 

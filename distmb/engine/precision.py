@@ -1,0 +1,93 @@
+"""``--precision``: the model's forward under autocast, the loss and the update in float32.
+
+- ``fp32``: nothing changes.
+- ``bf16``: the training forward runs under ``torch.autocast(device_type, torch.bfloat16)``
+  (CUDA, or the CPU's autocast, which reaches the PyTorch-ops layers: ``--kernels torch``).
+  bfloat16 has float32's exponent range, so gradients need no scaling.
+- ``fp16``: ``torch.autocast("cuda", torch.float16)`` with a :class:`torch.amp.GradScaler`
+  (loss scaled before the backward, gradients unscaled before the all-reduce and the
+  optimizer, steps with non-finite gradients skipped); CUDA only.
+
+The parameters, their gradients and the optimizer state stay float32 (autocast casts copies
+for the matrix products); the logits are cast to float32 before the loss; evaluation
+(layer-wise inference) runs in float32. Which combinations are refused, and why:
+:func:`distmb.config.precision_problem`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from distmb.config import precision_problem
+from distmb.errors import InputError
+
+#: The autocast dtype of every ``--precision`` other than ``fp32``.
+AUTOCAST_DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class MixedPrecision:
+    """The training step's precision handling for one ``--precision`` on one device.
+
+    Args:
+        precision: ``"fp32"``, ``"bf16"`` or ``"fp16"``.
+        kernels: ``--kernels`` (bf16 on the CPU needs ``torch``).
+        device: the device the model trains on.
+
+    Raises:
+        InputError: a combination that cannot work (:func:`distmb.config.precision_problem`).
+    """
+
+    def __init__(self, precision: str, kernels: str, device: torch.device) -> None:
+        problem = precision_problem(precision, kernels, device.type)
+        if problem:
+            raise InputError(problem)
+        self.precision = precision
+        self.device = device
+        self.dtype = AUTOCAST_DTYPES.get(precision)
+        #: The fp16 loss scaler (None otherwise).
+        self.scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
+
+    @contextlib.contextmanager
+    def autocast(self) -> Iterator[None]:
+        """The context of the training forward (nothing for ``fp32``)."""
+        if self.dtype is None:
+            yield
+            return
+        with torch.autocast(self.device.type, dtype=self.dtype):
+            yield
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """``loss.backward()``, scaled for ``fp16``."""
+        if self.scaler is None:
+            loss.backward()
+        else:
+            self.scaler.scale(loss).backward()
+
+    def unscale(self, optimizer: torch.optim.Optimizer) -> None:
+        """Divide the gradients by the loss scale (``fp16``), before they are all-reduced or
+        clipped; nothing otherwise."""
+        if self.scaler is not None:
+            self.scaler.unscale_(optimizer)
+
+    def step(self, optimizer: torch.optim.Optimizer) -> None:
+        """The optimizer step (``fp16``: skipped when a gradient is not finite, then the scale
+        is updated)."""
+        if self.scaler is None:
+            optimizer.step()
+            return
+        self.scaler.step(optimizer)
+        self.scaler.update()
+
+    def state_dict(self) -> dict[str, Any] | None:
+        """The scaler's state for checkpoints (None without one)."""
+        return self.scaler.state_dict() if self.scaler is not None else None
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        """Restore the scaler's state (a checkpoint of another precision has none: the
+        scaler then starts afresh)."""
+        if self.scaler is not None and state:
+            self.scaler.load_state_dict(state)
