@@ -60,6 +60,7 @@ FLAG_FIELDS = {
     "--tensorboard": "tensorboard",
     "--no-verify": "verify",
     "--kernels": "kernels",
+    "--precision": "precision",
     "--early-stop": "early_stop",
     "--lr-schedule": "lr_schedule",
     "--lr-step-size": "lr_step_size",
@@ -134,6 +135,7 @@ ALSO_CHANGED = {
     "--resume": {"checkpoint_dir"},
     "--layers": {"fanout"},
     "--model": {"lr"},
+    "--precision": {"kernels"},
     "--neighbor-cache-mb": {"graph_layout"},
     "--neighbor-cache-order": {"graph_layout"},
     "--lr-step-size": {"lr_schedule"},
@@ -177,6 +179,7 @@ def test_every_flag_maps_to_one_field_and_back():
         "--results": ["r.jsonl"],
         "--tensorboard": ["tb"],
         "--kernels": ["torch"],
+        "--precision": ["bf16", "--kernels", "torch"],
         "--partition-cache": ["pc"],
         "--features": ["memory"],
         "--cache-policy": ["lru"],
@@ -233,7 +236,8 @@ def test_cli_defaults_equal_dataclass_defaults():
         lr=0.003, weight_decay=0.0,
         dropout=0.5, epochs=40, seed=0, threads=None, eval_every=1, eval_batch_size=4096,
         checkpoint_dir=None, resume=False, overwrite_checkpoint=False, results=None,
-        progress=True, progress_every=10.0, tensorboard=None, kernels="fused", early_stop=0,
+        progress=True, progress_every=10.0, tensorboard=None, kernels="fused", precision="fp32",
+        early_stop=0,
         lr_schedule="none", lr_step_size=10, lr_gamma=0.1, lr_min=0.0, normalize_features="none",
         prefetch=2, loader_threads=None, features=None, feature_cache_mb=1024.0,
         cache_policy="belady", superbatch=32, presample_epochs=1, graph_layout="mmap",
@@ -380,7 +384,8 @@ def test_resume_must_match():
         "normalize_features", "hec_size", "hec_lifespan",
     )  # fmt: skip
     assert RESUME_APPLIED == (
-        "lr", "weight_decay", "kernels", "hec_nc", "hec_delay", "collective_timeout",
+        "lr", "weight_decay", "kernels", "precision", "hec_nc", "hec_delay",
+        "collective_timeout",
     )  # fmt: skip
 
 

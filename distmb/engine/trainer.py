@@ -48,6 +48,7 @@ from distmb.engine.checkpoint import (
 )
 from distmb.engine.evaluate import layerwise_inference, part_layer_table, split_accuracies
 from distmb.engine.outputs import prepare_checkpoint_dir, prepare_results_file
+from distmb.engine.precision import MixedPrecision
 from distmb.engine.schedule import SCHEDULER_KEY, build_scheduler, restore_schedule
 from distmb.engine.selection import SELECTION_KEY, ModelSelection
 from distmb.engine.stats import (
@@ -69,7 +70,6 @@ from distmb.features.select import open_features
 from distmb.halo.base import HaloScheme
 from distmb.loader.loader import BatchLoader, shuffled, split_batches
 from distmb.loader.minibatch import MiniBatch
-from distmb.engine.precision import MixedPrecision
 from distmb.nn.backend import set_kernels
 from distmb.nn.user import check_block_model, model_from_config, model_spec
 from distmb.progress import ProgressSettings, meter

@@ -1,0 +1,124 @@
+"""``--precision`` (distmb.engine.precision): CPU bf16 autocast reaches the PyTorch-ops layers
+and trains about as well as fp32; the combinations that cannot work are refused; fp16 and
+bf16 on a GPU under ``pytest -m cuda``."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import FAST_FLAGS, SMALL
+
+from distmb.config import parse_config
+from distmb.data import load_dataset
+from distmb.data.local import LocalGraph
+from distmb.engine.precision import MixedPrecision
+from distmb.errors import InputError
+from distmb.nn.backend import get_kernels, set_kernels
+from distmb.nn.models import GraphSAGE
+from distmb.sampling import NeighborSampler
+from distmb.train import main as train_main
+
+#: A graph on which four epochs of the small model separate learning from guessing.
+LEARNABLE = (
+    "synthetic:nodes=4000,avg_degree=10,feat_dim=16,classes=4,train_fraction=0.3,"
+    "val_fraction=0.1,test_fraction=0.6"
+)
+FAST = [*FAST_FLAGS, "--eval-every", "1", "--prefetch", "0"]
+
+
+def records(tmp_path, name: str, argv: list[str]) -> list[dict]:
+    results = tmp_path / f"{name}.jsonl"
+    assert train_main([*argv, "--results", str(results)]) == 0
+    return [json.loads(line) for line in results.read_text().splitlines()]
+
+
+def test_cpu_bf16_autocast_reaches_the_torch_layers():
+    graph = LocalGraph.from_graph(load_dataset(SMALL))
+    sampler = NeighborSampler(graph.indptr, graph.indices, graph.n_solid, graph.n_local, (4, 4), 0)
+    blocks = sampler.sample(graph.train_idx[:50], 0, 0)
+    x = torch.from_numpy(graph.features[blocks[0].src_ids.numpy()])
+    model = GraphSAGE(graph.feat_dim, 16, graph.num_classes, 2, dropout=0.0)
+    seen: list[torch.dtype] = []
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear):
+            module.register_forward_hook(lambda _m, _i, out: seen.append(out.dtype))
+    before = get_kernels()
+    try:
+        set_kernels("torch")
+        fp32 = model(blocks, x)
+        assert seen and set(seen) == {torch.float32}
+        seen.clear()
+        with MixedPrecision("bf16", "torch", torch.device("cpu")).autocast():
+            bf16 = model(blocks, x)
+    finally:
+        set_kernels(before)
+    assert seen and set(seen) == {torch.bfloat16}  # every projection ran in bf16
+    assert not torch.equal(bf16.float(), fp32)  # computed in bf16, not cast at the end
+    torch.testing.assert_close(bf16.float(), fp32, rtol=0.05, atol=0.05)
+
+
+@pytest.mark.parametrize("sampler", ["cpp", "device"])
+def test_bf16_trains_within_a_few_points_of_fp32(tmp_path, sampler):
+    base = ["--dataset", LEARNABLE, *FAST, "--epochs", "4", "--kernels", "torch",
+            "--sampler", sampler]  # fmt: skip
+    fp32 = records(tmp_path, "fp32", base)
+    bf16 = records(tmp_path, "bf16", [*base, "--precision", "bf16"])
+    assert [r["loss"] for r in bf16] != [r["loss"] for r in fp32]  # bf16 did compute
+    assert bf16[-1]["loss"] < bf16[0]["loss"]
+    assert bf16[-1]["test_acc"] > 0.25 + 0.2  # chance is 1/4
+    assert abs(bf16[-1]["test_acc"] - fp32[-1]["test_acc"]) < 0.03
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--precision", "fp16"], r"--precision fp16 needs a GPU \(--device cuda\)"),
+        (["--precision", "fp16", "--kernels", "torch", "--sampler", "device"],
+         "--precision fp16 needs a GPU"),
+        (["--precision", "bf16"], "--kernels fused on the CPU: the fused C.. kernels compute "
+         "in float32 only.*add --kernels torch"),
+    ],
+)  # fmt: skip
+def test_refused_combinations(argv, message):
+    with pytest.raises(InputError, match=message):
+        parse_config(argv)
+
+
+def test_auto_device_is_checked_once_resolved():
+    # --device auto on a CPU-only machine: the config cannot know; MixedPrecision refuses.
+    parse_config(["--device", "auto", "--precision", "fp16"])
+    with pytest.raises(InputError, match="--precision fp16 needs a GPU"):
+        MixedPrecision("fp16", "torch", torch.device("cpu"))
+    with pytest.raises(InputError, match="--kernels fused on the CPU"):
+        MixedPrecision("bf16", "fused", torch.device("cpu"))
+    assert MixedPrecision("bf16", "fused", torch.device("cuda")).scaler is None
+
+
+def test_fp32_changes_nothing():
+    mp = MixedPrecision("fp32", "fused", torch.device("cpu"))
+    with mp.autocast():
+        y = torch.nn.Linear(3, 2)(torch.randn(4, 3))
+    assert y.dtype == torch.float32 and mp.state_dict() is None
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+@pytest.mark.parametrize("kernels", ["fused", "triton"])
+def test_cuda_low_precision_trains(tmp_path, precision, kernels):
+    base = ["--dataset", LEARNABLE, *FAST, "--epochs", "4", "--device", "cuda"]
+    fp32 = records(tmp_path, "fp32", base)
+    low = records(tmp_path, "low", [*base, "--precision", precision, "--kernels", kernels])
+    assert low[-1]["test_acc"] > 0.25 + 0.2
+    assert abs(low[-1]["test_acc"] - fp32[-1]["test_acc"]) < 0.05
+
+
+@pytest.mark.cuda
+def test_cuda_fp16_scaler_state_in_checkpoints(tmp_path):
+    base = ["--dataset", SMALL, *FAST, "--device", "cuda", "--precision", "fp16"]
+    ckpt = ["--checkpoint-dir", str(tmp_path / "ck")]
+    straight = records(tmp_path, "straight", [*base, "--epochs", "2"])
+    records(tmp_path, "first", [*base, "--epochs", "1", *ckpt])
+    second = records(tmp_path, "second", [*base, "--epochs", "2", *ckpt, "--resume"])
+    assert second[-1]["loss"] == pytest.approx(straight[-1]["loss"], rel=1e-3)
