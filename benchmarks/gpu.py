@@ -1,0 +1,298 @@
+"""The one-GPU benchmark of issue 12: epoch split, sampling, host->device bytes, cache, bandwidth.
+
+On a products-shaped synthetic graph (default 2.4M vertices, ~62M in-edges, 100 float32
+features, 47 classes, 8 % training vertices; GraphSAGE 3 layers, hidden 256, fan-out 5,10,15,
+batch 1000):
+
+1. **Epoch time and its split** (:class:`distmb.engine.Trainer` on the GPU path, one run per
+   ``--kernels`` value): the last of ``--epochs`` epochs' wall time and its phases: sample
+   and feature movement (the BatchLoader's stages; with ``--prefetch`` > 0 they overlap the
+   compute), compute (forward + backward + optimizer), plus the device cache's hit rate and
+   host->device bytes of that epoch.
+2. **Sampling throughput** (sampled edges per second): the device sampler against the C++
+   sampler on the same machine and seeds (``benchmarks/gpu_sampling.py``'s configurations).
+3. **Host->device bytes per epoch** with and without Match-Reorder and **device-cache hit
+   rate** per policy at 5, 10 and 20 % of the features (``benchmarks/gpu_features.py``'s
+   cache part; device-independent counts).
+4. **Zero-copy gather bandwidth** against the pinned host->device copy bandwidth (CUDA only;
+   ``benchmarks/gpu_features.py``'s bandwidth part).
+
+``--device cuda`` (default where torch sees a GPU) is the benchmark. ``--device cpu`` runs the
+same code on CPU tensors (``--sampler device``) as a smoke test: its times are **not GPU
+figures** (the JSON says so in ``"figures"``). Records the device name, driver and the torch,
+CUDA and Triton versions. Writes ``results/gpu.json`` + ``.png`` only when run on a GPU, or
+to ``--out`` (then ``--out`` with ``.png``) when given.
+
+    python benchmarks/gpu.py                                   # the issue's size, on a GPU
+    python benchmarks/gpu.py --quick --device cpu --out /tmp/gpu.json   # smoke test
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import gpu_features  # noqa: E402  (benchmarks/ is not a package)
+import gpu_sampling  # noqa: E402
+
+from distmb import _C  # noqa: E402
+from distmb.config import DEFAULT_FANOUT, DEFAULT_SUPERBATCH, TrainConfig  # noqa: E402
+from distmb.data.local import LocalGraph  # noqa: E402
+from distmb.data.synthetic import SyntheticConfig, generate  # noqa: E402
+from distmb.engine import Trainer  # noqa: E402
+from distmb.plotting import panels  # noqa: E402
+from distmb.report import save_figure, write_json  # noqa: E402
+
+RESULTS = HERE.parent / "results"
+#: ``--quick``: a graph and a run small enough for a CPU smoke test of every part.
+QUICK = {"nodes": 10_000, "avg_degree": 10.0, "feat_dim": 16, "hidden": 32, "epochs": 1,
+         "batches": 3, "warmup": 1, "repeats": 3, "superbatch": 4, "batch_size": 500}  # fmt: skip
+#: The issue's goals, checked in the record.
+EPOCH_GOAL_S = 1.0
+SAMPLING_GOAL = 10.0
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    cuda = torch.cuda.is_available()
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if cuda else "cpu")
+    p.add_argument("--quick", action="store_true", help=f"small run: {QUICK}")
+    p.add_argument("--nodes", type=float, default=2.4e6)
+    p.add_argument("--avg-degree", type=float, default=26.0, help="in-edges ~ nodes x this")
+    p.add_argument("--feat-dim", type=int, default=100)
+    p.add_argument("--classes", type=int, default=47)
+    p.add_argument("--train-fraction", type=float, default=0.08)
+    p.add_argument("--fanout", type=str, default=",".join(map(str, DEFAULT_FANOUT)))
+    p.add_argument("--batch-size", type=int, default=1000)
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--epochs", type=int, default=2, help="the last one is reported")
+    p.add_argument(
+        "--kernels", type=str, default=None,
+        help="comma-separated --kernels values, one training run each (default: fused, "
+        "plus triton on CUDA)",
+    )  # fmt: skip
+    p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32")
+    p.add_argument("--device-cache-percent", type=float, default=10.0)
+    p.add_argument("--match-reorder", action="store_true", help="in the training runs")
+    p.add_argument("--prefetch", type=int, default=2)
+    p.add_argument("--superbatch", type=int, default=DEFAULT_SUPERBATCH)
+    p.add_argument("--presample-epochs", type=int, default=1)
+    p.add_argument("--batches", type=int, default=20, help="sampling part: measured batches")
+    p.add_argument("--warmup", type=int, default=3, help="sampling part: unmeasured batches")
+    p.add_argument("--repeats", type=int, default=20, help="bandwidth part: medians of")
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=None, help="JSON path (PNG beside it)")
+    args = p.parse_args(argv)
+    if args.quick:
+        for key, value in QUICK.items():
+            if p.get_default(key) == getattr(args, key):  # flags given explicitly win
+                setattr(args, key, value)
+    if args.device == "cuda" and not cuda:
+        p.error(f"--device cuda: torch {torch.__version__} sees no GPU; --device cpu is the "
+                "CPU smoke test")  # fmt: skip
+    if args.kernels is None:
+        args.kernels = "fused,triton" if args.device == "cuda" else "fused"
+    args.fanouts = [int(f) for f in args.fanout.split(",")]  # gpu_sampling's name
+    return args
+
+
+def machine(device: str) -> dict[str, Any]:
+    """gpu_sampling's facts, plus the driver (nvidia-smi) and CUDA build on a GPU."""
+    facts = gpu_sampling.machine()
+    facts["threads"] = int(_C.get_num_threads())
+    if device == "cuda":
+        facts["cuda"] = torch.version.cuda
+        try:
+            out = subprocess.run(
+                ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                capture_output=True, text=True, timeout=30, check=True,
+            )  # fmt: skip
+            facts["driver"] = out.stdout.strip().splitlines()[0]
+        except (OSError, subprocess.SubprocessError, IndexError) as exc:
+            facts["driver"] = f"unknown ({type(exc).__name__})"
+    return facts
+
+
+def training_part(args: argparse.Namespace, graph, kernels: str) -> dict[str, Any]:
+    """Train ``--epochs`` epochs on the GPU path; the last epoch's time split."""
+    row_bytes = graph.features.shape[1] * graph.features.itemsize
+    cache_mb = graph.num_nodes * args.device_cache_percent / 100 * row_bytes / 2**20
+    config = TrainConfig(
+        layers=len(args.fanouts), fanout=tuple(args.fanouts), hidden=args.hidden,
+        batch_size=args.batch_size, epochs=args.epochs, seed=args.seed, progress=False,
+        device=args.device, sampler="device", kernels=kernels, precision=args.precision,
+        device_cache_mb=cache_mb, match_reorder=args.match_reorder, prefetch=args.prefetch,
+        superbatch=args.superbatch, presample_epochs=args.presample_epochs,
+        threads=args.threads,
+    )  # fmt: skip
+    t0 = time.perf_counter()
+    trainer = Trainer(LocalGraph.from_graph(graph), config, log=lambda _: None)
+    setup_s = time.perf_counter() - t0
+    epochs = [trainer.train_epoch(e) for e in range(args.epochs)]
+    last = epochs[-1]
+    cache = trainer.gpu.features.counters() if trainer.gpu is not None else {}
+    compute = last["fwd"] + last["bwd"] + last["opt"]
+    record = {
+        "kernels": kernels,
+        "precision": args.precision,
+        "match_reorder": args.match_reorder,
+        "setup_s": round(setup_s, 2),
+        "epoch_times_s": [r["epoch_time"] for r in epochs],
+        "epoch_s": last["epoch_time"],
+        "sample_s": last["sample"],
+        "feature_movement_s": last["gather"],
+        "compute_s": round(compute, 4),
+        "load_wait_s": last["load_wait"],
+        "iterations": last["iterations"],
+        "loss": round(last["loss"], 4),
+        "device_cache_percent": args.device_cache_percent,
+        "device_cache_hit_rate": round(cache["hits"] / max(cache["lookups"], 1), 4)
+        if cache else None,
+        "h2d_bytes": cache.get("bytes_h2d"),
+    }  # fmt: skip
+    print(f"train [{kernels}]: {record}", flush=True)
+    return record
+
+
+def sampling_part(args: argparse.Namespace, graph) -> list[dict[str, Any]]:
+    """gpu_sampling's interleaved timing of every sampler configuration this device runs."""
+    samplers = {
+        name: s
+        for name, s in gpu_sampling.configurations(args, graph).items()
+        if name == "cpp" or name.split("/")[1] == args.device
+    }
+    rng = np.random.default_rng(args.seed)
+    seconds: dict[str, list[float]] = {name: [] for name in samplers}
+    edges: dict[str, list[int]] = {name: [] for name in samplers}
+    names = list(samplers)
+    for it in range(args.warmup + args.batches):
+        seeds = rng.choice(graph.num_nodes, size=args.batch_size, replace=False)
+        for name in names if it % 2 == 0 else names[::-1]:
+            s, e = gpu_sampling.time_batch(samplers[name], seeds, it)
+            if it >= args.warmup:
+                seconds[name].append(s)
+                edges[name].append(e)
+    base = np.median(np.asarray(edges["cpp"]) / np.asarray(seconds["cpp"]))
+    records = []
+    for name in names:
+        rec = {"sampler": name, **gpu_sampling.summary(seconds[name], edges[name])}
+        rec["speedup_vs_cpp"] = round(float(rec["edges_per_s"] / base), 3)
+        records.append(rec)
+        print(f"sampling: {rec}", flush=True)
+    return records
+
+
+def goals(result: dict[str, Any]) -> dict[str, str]:
+    """The issue's goals against what this run measured (GPU runs only)."""
+    if result["figures"] != "gpu":
+        return {"note": "CPU smoke test: no goal applies"}
+    out = {}
+    best_epoch = min(r["epoch_s"] for r in result["training"])
+    out["epoch"] = f"GraphSAGE epoch <= {EPOCH_GOAL_S} s: {best_epoch:.2f} s"
+    device_rates = [r["speedup_vs_cpp"] for r in result["sampling"] if r["sampler"] != "cpp"]
+    if device_rates:
+        out["sampling"] = f"GPU sampling >= {SAMPLING_GOAL:.0f}x C++: {max(device_rates):.1f}x"
+    bandwidth = result["bandwidth"]
+    if "goal" in bandwidth:
+        out["gather"] = bandwidth["goal"]
+    return out
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    """Four panels: epoch split per kernels, sampling edges/s, h2d bytes (plain, Match,
+    Match-Reorder) and hit rate per policy and cache size."""
+    fig, (ax_epoch, ax_sample, ax_bytes, ax_hit) = panels(4, max_columns=2)
+    label = "" if result["figures"] == "gpu" else " (CPU smoke test, not a GPU figure)"
+    training = result["training"]
+    names = [r["kernels"] for r in training]
+    bottom = np.zeros(len(training))
+    for key, name in (("sample_s", "sample"), ("feature_movement_s", "features"),
+                      ("compute_s", "compute")):  # fmt: skip
+        values = np.array([r[key] for r in training])
+        ax_epoch.bar(names, values, bottom=bottom, label=name)
+        bottom += values
+    ax_epoch.scatter(names, [r["epoch_s"] for r in training], color="k", label="epoch", zorder=3)
+    ax_epoch.set(title=f"epoch split{label}", ylabel="seconds")
+    ax_epoch.legend(fontsize="small")
+    sampling = result["sampling"]
+    ax_sample.barh([r["sampler"] for r in sampling], [r["edges_per_s"] for r in sampling])
+    ax_sample.set(title="sampled edges / s", xscale="log")
+    runs = result["cache"]["runs"]
+    presc = [r for r in runs if r["policy"] == "presc"]
+    x = np.arange(len(presc))
+    for i, (key, name) in enumerate((("h2d_bytes_plain", "plain"), ("h2d_bytes_match", "Match"),
+                                     ("h2d_bytes_match_reorder", "Match-Reorder"))):  # fmt: skip
+        ax_bytes.bar(x + (i - 1) * 0.27, [r[key] / 1e9 for r in presc], 0.27, label=name)
+    ax_bytes.set(title="host->device GB / epoch (presc)", xticks=x,
+                 xticklabels=[f"{r['cache_percent']} %" for r in presc])  # fmt: skip
+    ax_bytes.legend(fontsize="small")
+    for policy in gpu_features.POLICIES:
+        mine = [r for r in runs if r["policy"] == policy]
+        ax_hit.plot([r["cache_percent"] for r in mine], [r["hit_rate"] for r in mine],
+                    marker="o", label=policy)  # fmt: skip
+    ax_hit.set(title="device cache hit rate", xlabel="% of feature rows cached", ylim=(0, 1))
+    ax_hit.legend(fontsize="small")
+    save_figure(fig, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    _C.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads)
+    spec = (
+        f"shape=products,nodes={int(args.nodes)},avg_degree={args.avg_degree},"
+        f"feat_dim={args.feat_dim},classes={args.classes},"
+        f"train_fraction={args.train_fraction},test_fraction=0.5,seed={args.seed}"
+    )
+    t0 = time.perf_counter()
+    graph = generate(SyntheticConfig.from_spec(spec))
+    print(f"graph: {graph.num_nodes} vertices, {graph.indices.size} in-edges "
+          f"({time.perf_counter() - t0:.1f} s)", flush=True)  # fmt: skip
+    on_gpu = args.device == "cuda"
+    result: dict[str, Any] = {
+        "benchmark": "gpu",
+        "figures": "gpu" if on_gpu else "cpu smoke test: not GPU figures",
+        "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
+        "machine": machine(args.device),
+        "dataset": f"synthetic:{spec}",
+        "graph": {"nodes": graph.num_nodes, "in_edges": int(graph.indices.size),
+                  "feat_dim": args.feat_dim, "classes": args.classes},  # fmt: skip
+        "model": {"model": "sage", "layers": len(args.fanouts), "hidden": args.hidden,
+                  "fanout": args.fanouts, "batch_size": args.batch_size},  # fmt: skip
+    }
+    result["training"] = [training_part(args, graph, k) for k in args.kernels.split(",")]
+    result["sampling"] = sampling_part(args, graph)
+    result["cache"] = gpu_features.cache_part(args, graph)
+    if on_gpu:
+        rows = int(result["cache"]["mean_inputs_per_batch"])
+        result["bandwidth"] = gpu_features.bandwidth_part(args, graph, rows)
+    else:
+        result["bandwidth"] = {"skipped": "zero-copy bandwidth needs CUDA"}
+    result["goals"] = goals(result)
+    print(f"goals: {result['goals']}")
+    out = args.out if args.out is not None else (RESULTS / "gpu.json" if on_gpu else None)
+    if out is None:
+        print("not written: CPU run without --out (results/gpu.json holds GPU figures only)")
+        return 0
+    write_json(out, result)
+    plot(result, out.with_suffix(".png"))
+    print(f"wrote {out} and {out.with_suffix('.png')}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
