@@ -266,7 +266,9 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {
         "benchmark": "gpu",
         "figures": "gpu" if on_gpu else "cpu smoke test: not GPU figures",
-        "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
+        "command": " ".join(
+            [Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]
+        ),
         "machine": machine(args.device),
         "dataset": f"synthetic:{spec}",
         "graph": {"nodes": graph.num_nodes, "in_edges": int(graph.indices.size),
