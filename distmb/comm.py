@@ -160,11 +160,17 @@ class Communicator:
         self.torch_device = torch.device(device)
 
     def close_torch_distributed(self) -> None:
-        """Tear the ``torch.distributed`` group down (nothing when there is none)."""
+        """Tear the ``torch.distributed`` group down (nothing when there is none), on every
+        rank together: a barrier of the group first, so that no rank destroys its end while
+        a peer's last collective still moves data through it (gloo aborts then)."""
         if self.torch_group is not None:
             import torch.distributed as dist
 
-            self._buckets = None  # its hooks would launch into a group that is gone
+            if self._buckets is not None:  # its hooks would start into a group that is gone
+                self._buckets.remove()
+                self._buckets = None
+            with self.watched("torch.distributed teardown"):
+                dist.barrier(group=self.torch_group)
             dist.destroy_process_group()
             self.torch_group = None
 
@@ -509,9 +515,7 @@ class EmbeddingPush:
     def __len__(self) -> int:
         return len(self._inflight)
 
-    def start(
-        self, counts: np.ndarray, ids: np.ndarray, rows: np.ndarray | torch.Tensor
-    ) -> None:
+    def start(self, counts: np.ndarray, ids: np.ndarray, rows: np.ndarray | torch.Tensor) -> None:
         """Send ``ids[k]`` (int64 VID_o) and ``rows[k]`` (float32[dim]; a tensor on any
         device, copied to host memory first) grouped by peer: the first ``counts[0]`` entries
         go to rank 0, the next ``counts[1]`` to rank 1, ..."""
@@ -732,10 +736,12 @@ class BucketedAllreduce:
         self._missing = [len(members) for members in self.buckets]
 
     def remove(self) -> None:
-        """Unregister the hooks."""
+        """Unregister the hooks and let go of the group (a process group kept alive past
+        ``destroy_process_group`` aborts the process when it is freed at exit)."""
         for hook in self.hooks:
             hook.remove()
         self.hooks = []
+        self.group = None
 
 
 class TorchEmbeddingPush:

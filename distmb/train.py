@@ -66,8 +66,10 @@ def run_distributed(args: argparse.Namespace, comm) -> None:
 
     from distmb.cuda.device import (
         check_gpu_path,
+        gpu_identity,
         resolve_comm,
         resolve_device,
+        shares_gpu,
         torch_backend,
         uses_gpu_path,
     )
@@ -98,7 +100,13 @@ def run_distributed(args: argparse.Namespace, comm) -> None:
     gpu_path = uses_gpu_path(config, device)
     # On the GPU path the HEC's tables live on the training device: halo rows arrive there.
     halo = make_halo_scheme(comm, store, config, cache_device=device if gpu_path else None)
-    if resolve_comm(config.comm, device) == "torch":
+    shared = False
+    if device.type == "cuda":
+        import socket
+
+        shared = shares_gpu(comm.allgather((socket.gethostname(), gpu_identity(device))))
+        log(f"{comm.size} ranks on GPUs" + (" (shared by several ranks)" if shared else ""))
+    if resolve_comm(config.comm, device, shared) == "torch":
         if device.type == "cuda":
             torch.cuda.set_device(device)  # NCCL's communicator binds to the current GPU
         backend = torch_backend(device)
@@ -108,10 +116,9 @@ def run_distributed(args: argparse.Namespace, comm) -> None:
             f"({comm.size} ranks, {backend}; in buckets during the backward pass), HEC push "
             "over its all-to-all"
         )
-    try:
-        train(LocalGraph.from_store(store), config, comm=comm, halo=halo, log=log)
-    finally:
-        comm.close_torch_distributed()
+    train(LocalGraph.from_store(store), config, comm=comm, halo=halo, log=log)
+    # Not on an error: the job is aborted then (a teardown barrier would wait for the dead).
+    comm.close_torch_distributed()
 
 
 def set_threads(config: TrainConfig) -> str | None:

@@ -10,6 +10,8 @@ how CI trains through it without a GPU.
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from distmb.config import GROUP_CUDA, OPTIONS, TrainConfig
@@ -109,9 +111,39 @@ def check_gpu_path(config: TrainConfig, device: torch.device) -> None:
         )
 
 
-def resolve_comm(spec: str, device: torch.device) -> str:
+def gpu_identity(device: torch.device) -> str:
+    """Which physical GPU ``device`` is, the same string in every process that sees it
+    (its UUID; with CUDA_VISIBLE_DEVICES, index 0 of two ranks may be two GPUs)."""
+    uuid = getattr(torch.cuda.get_device_properties(device), "uuid", None)
+    if uuid is not None:
+        return str(uuid)
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    return f"{visible}:{device.index}"
+
+
+def shares_gpu(identities: list[tuple[str, str]]) -> bool:
+    """Whether two ranks train on one GPU, given every rank's ``(host, gpu_identity)``."""
+    return len(set(identities)) < len(identities)
+
+
+def resolve_comm(spec: str, device: torch.device, shared_gpu: bool = False) -> str:
     """The collectives' library of ``--comm`` ``spec`` on ``device``: ``auto`` is ``torch`` on
-    a GPU (NCCL moves device tensors without a host copy) and ``mpi`` on the CPU."""
+    a GPU (NCCL moves device tensors without a host copy) and ``mpi`` on the CPU, and ``mpi``
+    when ranks share a GPU (NCCL refuses two ranks of one group on one GPU).
+
+    Args:
+        shared_gpu: whether some GPU trains more than one rank (:func:`shares_gpu`).
+
+    Raises:
+        InputError: ``--comm torch`` on GPUs shared by several ranks.
+    """
+    if device.type == "cuda" and shared_gpu:
+        if spec == "torch":
+            raise InputError(
+                "--comm torch: several ranks train on one GPU, and NCCL allows one rank per "
+                "GPU in a group; use --comm mpi (or auto) to share GPUs, or one rank per GPU"
+            )
+        return "mpi"
     if spec != "auto":
         return spec
     return "torch" if device.type == "cuda" else "mpi"
