@@ -4,7 +4,7 @@ rows as the MPI push (``EmbeddingPush``) on the same random traces, including em
 messages, and caches fed from each (the C++ one from MPI, the device one from torch) end
 with the same contents; every row received is one its sender pushed.
 
-argv: DELAY
+argv: DELAY [DEVICE]  (``cuda``: NCCL between one GPU per rank, device tensors end to end)
 """
 
 from __future__ import annotations
@@ -20,11 +20,15 @@ from distmb.halo.cache import HistoricalEmbeddingCache
 
 DIM, STEPS, CAPACITY, LIFESPAN = 5, 9, 40, 3
 delay = int(sys.argv[1])
+on_gpu = len(sys.argv) > 2 and sys.argv[2] == "cuda"
 comm = Communicator()
-comm.use_torch_distributed()
+device = torch.device("cuda", comm.local_rank()) if on_gpu else torch.device("cpu")
+if on_gpu:
+    torch.cuda.set_device(device)
+comm.use_torch_distributed("nccl" if on_gpu else "gloo", device)
 mpi_push, torch_push = EmbeddingPush(comm, DIM, delay), TorchEmbeddingPush(comm, DIM, delay)
 cpp_cache = HistoricalEmbeddingCache(CAPACITY, DIM, LIFESPAN)
-dev_cache = DeviceHistoricalCache(CAPACITY, DIM, LIFESPAN, device="cpu")
+dev_cache = DeviceHistoricalCache(CAPACITY, DIM, LIFESPAN, device=device)
 rng = np.random.default_rng(comm.rank)
 sent: list[tuple[np.ndarray, np.ndarray]] = []
 for step in range(STEPS):
@@ -37,12 +41,13 @@ for step in range(STEPS):
     rows = rng.standard_normal((n, DIM)).astype(np.float32)
     sent.append((ids, rows))
     mpi_push.start(counts, ids, rows)
-    torch_push.start(counts, torch.from_numpy(ids), torch.from_numpy(rows))
+    torch_push.start(counts, torch.from_numpy(ids).to(device), torch.from_numpy(rows).to(device))
     if step >= delay:
         got_ids, got_rows = mpi_push.finish()
         t_ids, t_rows = torch_push.finish()
-        np.testing.assert_array_equal(t_ids.numpy(), got_ids)
-        np.testing.assert_array_equal(t_rows.numpy(), got_rows)
+        assert t_ids.device == t_rows.device == device
+        np.testing.assert_array_equal(t_ids.cpu().numpy(), got_ids)
+        np.testing.assert_array_equal(t_rows.cpu().numpy(), got_rows)
         cpp_cache.store(got_ids.copy(), got_rows.copy())
         dev_cache.store(t_ids, t_rows)
     cpp_cache.advance()
@@ -52,6 +57,7 @@ everyone = comm.allgather(sent)
 for _ in range(delay):
     got_ids, got_rows = mpi_push.finish()
     t_ids, t_rows = torch_push.finish()
+    t_ids, t_rows = t_ids.cpu(), t_rows.cpu()
     np.testing.assert_array_equal(t_ids.numpy(), got_ids)
     np.testing.assert_array_equal(t_rows.numpy(), got_rows)
 # Every id that arrived was pushed by its sender (id % size) with that row.
