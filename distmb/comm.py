@@ -40,6 +40,8 @@ GATHER_CHUNK_BYTES = 64 << 20
 
 #: torch.distributed backend of ``--comm torch`` for host tensors.
 TORCH_CPU_BACKEND = "gloo"
+#: torch.distributed backend of ``--comm torch`` for CUDA tensors.
+TORCH_CUDA_BACKEND = "nccl"
 #: Seconds a rank waits for the others while the torch.distributed group is set up.
 TORCH_RENDEZVOUS_TIMEOUT_S = 120.0
 #: Address of rank 0's rendezvous store when every rank runs on the same host.
@@ -87,18 +89,46 @@ class Communicator:
         #: The torch.distributed group of the same ranks once :meth:`use_torch_distributed`
         #: ran (``--comm torch``), else None.
         self.torch_group = None
+        #: Where the tensors of :attr:`torch_group` live (``cpu`` for gloo, the rank's GPU
+        #: for NCCL).
+        self.torch_device = torch.device("cpu")
+        #: The bucketed all-reduce of :meth:`prepare_gradients`, while there is one.
+        self._buckets: BucketedAllreduce | None = None
+        self._local_rank: int | None = None
+
+    def local_rank(self) -> int:
+        """This rank's index among the ranks on its node (which GPU it takes with
+        ``--device cuda``): the launcher's word (:func:`distmb.mpienv.local_rank_from_env`),
+        else the rank in ``MPI_Comm_split_type(COMM_TYPE_SHARED)``, a collective of every rank
+        (the variables are the same launcher's on every rank, so all take the same branch).
+        Computed once."""
+        if self._local_rank is None:
+            from distmb.mpienv import local_rank_from_env
+
+            found = local_rank_from_env()
+            if found is None:
+                node = self.comm.Split_type(_mpi().COMM_TYPE_SHARED, key=self.rank)
+                found = node.Get_rank()
+                node.Free()
+            self._local_rank = found
+        return self._local_rank
 
     # -- torch.distributed -----------------------------------------------------------------
-    def use_torch_distributed(self, backend: str = TORCH_CPU_BACKEND) -> None:
+    def use_torch_distributed(
+        self, backend: str = TORCH_CPU_BACKEND, device: torch.device | str = "cpu"
+    ) -> None:
         """Set up a ``torch.distributed`` process group over these ranks (same rank numbers)
-        and route the gradient all-reduce through it from now on.
+        and route the gradient all-reduce (and the HEC's pushes, :func:`make_push`) through
+        it from now on.
 
         No launcher support is needed: rank 0 opens the group's rendezvous store on a port
         the OS picks and sends its address and port to the others over MPI (the loopback
         address when every rank runs on rank 0's host, else rank 0's host name).
 
         Args:
-            backend: ``gloo`` (host tensors).
+            backend: ``gloo`` (host tensors) or ``nccl`` (CUDA tensors; set the rank's GPU
+                with ``torch.cuda.set_device`` first).
+            device: where the tensors this group moves live (``torch_device``).
 
         Raises:
             RuntimeError: torch.distributed is unavailable, or a group is already set up.
@@ -127,12 +157,20 @@ class Communicator:
                 backend, store=store, rank=self.rank, world_size=self.size, timeout=timeout
             )
         self.torch_group = dist.group.WORLD
+        self.torch_device = torch.device(device)
 
     def close_torch_distributed(self) -> None:
-        """Tear the ``torch.distributed`` group down (nothing when there is none)."""
+        """Tear the ``torch.distributed`` group down (nothing when there is none), on every
+        rank together: a barrier of the group first, so that no rank destroys its end while
+        a peer's last collective still moves data through it (gloo aborts then)."""
         if self.torch_group is not None:
             import torch.distributed as dist
 
+            if self._buckets is not None:  # its hooks would start into a group that is gone
+                self._buckets.remove()
+                self._buckets = None
+            with self.watched("torch.distributed teardown"):
+                dist.barrier(group=self.torch_group)
             dist.destroy_process_group()
             self.torch_group = None
 
@@ -171,24 +209,49 @@ class Communicator:
         self.comm.Abort(code)
 
     # -- gradients -------------------------------------------------------------------------
+    def prepare_gradients(self, model: torch.nn.Module, bucket_bytes: int) -> None:
+        """With ``--comm torch`` and ``bucket_bytes > 0``: all-reduce ``model``'s gradients in
+        buckets of about ``bucket_bytes`` that start during the backward pass, as soon as
+        each is complete (:class:`BucketedAllreduce`); :meth:`allreduce_gradients` then
+        only finishes them. Otherwise (MPI, or ``bucket_bytes == 0``) nothing changes: one
+        flat all-reduce after the backward pass. Call once, on every rank, before training."""
+        if self.torch_group is None or bucket_bytes <= 0:
+            self._buckets = None
+            return
+        self._buckets = BucketedAllreduce(
+            model, bucket_bytes, self.size, self.torch_group, self.watched
+        )
+
     def allreduce_gradients(self, model: torch.nn.Module) -> None:
-        """Average the gradients of ``model`` over ranks in place (one flat ``Allreduce``).
+        """Average the gradients of ``model`` over ranks in place.
 
         Parameters without a gradient contribute zeros, so every rank sends the same layout.
+        Through MPI: one flat ``Allreduce`` of a host buffer (CUDA gradients are staged
+        through host memory); through torch.distributed: one flat ``all_reduce`` on the
+        gradients' device, or, after :meth:`prepare_gradients`, the buckets the backward
+        pass started, finished here.
         """
         params = list(model.parameters())
         total = sum(p.numel() for p in params)
-        if self._grad_buffer is None or self._grad_buffer.numel() != total:
-            self._grad_buffer = torch.empty(total, dtype=torch.float32)
+        if self._buckets is not None and self._buckets.model is model:
+            self._buckets.finish()
+        else:
+            self._allreduce_flat(params, total)
+        self.allreduce_stats.calls += 1
+        self.allreduce_stats.payload_bytes += total * FLOAT32_BYTES
+
+    def _allreduce_flat(self, params: list[torch.nn.Parameter], total: int) -> None:
+        """One all-reduce of every gradient packed into one flat float32 buffer."""
+        # torch.distributed reduces where the gradients are; MPI reads host memory.
+        device = self.torch_device if self.torch_group is not None else torch.device("cpu")
+        if (
+            self._grad_buffer is None
+            or self._grad_buffer.numel() != total
+            or self._grad_buffer.device != device
+        ):
+            self._grad_buffer = torch.empty(total, dtype=torch.float32, device=device)
         flat = self._grad_buffer
-        offset = 0
-        for p in params:
-            n = p.numel()
-            if p.grad is None:
-                flat[offset : offset + n].zero_()
-            else:
-                flat[offset : offset + n].copy_(p.grad.reshape(-1))
-            offset += n
+        _pack_gradients(params, flat)
         with self.watched("gradient allreduce"):
             if self.torch_group is not None:
                 import torch.distributed as dist
@@ -196,17 +259,8 @@ class Communicator:
                 dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.torch_group)
             else:
                 self.comm.Allreduce(_mpi().IN_PLACE, flat.numpy(), op=_mpi().SUM)
-        self.allreduce_stats.calls += 1
-        self.allreduce_stats.payload_bytes += total * FLOAT32_BYTES
         flat.div_(self.size)
-        offset = 0
-        for p in params:
-            n = p.numel()
-            if p.grad is None:
-                p.grad = flat[offset : offset + n].view_as(p).clone()
-            else:
-                p.grad.copy_(flat[offset : offset + n].view_as(p))
-            offset += n
+        _unpack_gradients(params, flat)
 
     def alltoallv(
         self, counts: np.ndarray, send: np.ndarray, recv_counts: np.ndarray | None = None
@@ -318,6 +372,10 @@ class SingleProcess:
     rank = 0
     size = 1
 
+    def local_rank(self) -> int:
+        """The only rank is the first on its node."""
+        return 0
+
     def __init__(self) -> None:
         #: Always zero: one rank reduces nothing.
         self.allreduce_stats = AllreduceStats()
@@ -335,6 +393,9 @@ class SingleProcess:
         return [obj]
 
     def barrier(self) -> None:
+        pass
+
+    def prepare_gradients(self, model: torch.nn.Module, bucket_bytes: int) -> None:
         pass
 
     def allreduce_gradients(self, model: torch.nn.Module) -> None:
@@ -454,9 +515,10 @@ class EmbeddingPush:
     def __len__(self) -> int:
         return len(self._inflight)
 
-    def start(self, counts: np.ndarray, ids: np.ndarray, rows: np.ndarray) -> None:
-        """Send ``ids[k]`` (int64 VID_o) and ``rows[k]`` (float32[dim]) grouped by peer:
-        the first ``counts[0]`` entries go to rank 0, the next ``counts[1]`` to rank 1, ..."""
+    def start(self, counts: np.ndarray, ids: np.ndarray, rows: np.ndarray | torch.Tensor) -> None:
+        """Send ``ids[k]`` (int64 VID_o) and ``rows[k]`` (float32[dim]; a tensor on any
+        device, copied to host memory first) grouped by peer: the first ``counts[0]`` entries
+        go to rank 0, the next ``counts[1]`` to rank 1, ..."""
         MPI = _mpi()
         size, dim = self.comm.size, self.dim
         counts = np.ascontiguousarray(counts, dtype=np.int64)
@@ -472,6 +534,8 @@ class EmbeddingPush:
         buf.send_rows = _fit(buf.send_rows, n_send * dim)
         buf.recv_ids = _fit(buf.recv_ids, n_recv)
         buf.recv_rows = _fit(buf.recv_rows, n_recv * dim)
+        if isinstance(rows, torch.Tensor):  # device rows are staged through host memory
+            rows = rows.detach().cpu().numpy()
         buf.send_ids[:n_send] = ids
         buf.send_rows[: n_send * dim] = np.asarray(rows, dtype=np.float32).reshape(-1)
         sdisp = _offsets(counts)
@@ -503,3 +567,263 @@ class EmbeddingPush:
         self.stats.rows_received += n_recv
         self.stats.bytes_received += n_recv * row_message_bytes(self.dim)
         return buf.recv_ids[:n_recv], buf.recv_rows[: n_recv * self.dim].reshape(n_recv, self.dim)
+
+
+def _pack_gradients(params: list[torch.nn.Parameter], flat: torch.Tensor) -> None:
+    """Copy every parameter's gradient into consecutive slices of ``flat`` (float32[total],
+    on any device); a parameter without one contributes zeros."""
+    offset = 0
+    for p in params:
+        n = p.numel()
+        if p.grad is None:
+            flat[offset : offset + n].zero_()
+        else:
+            flat[offset : offset + n].copy_(p.grad.reshape(-1))
+        offset += n
+
+
+def _unpack_gradients(params: list[torch.nn.Parameter], flat: torch.Tensor) -> None:
+    """Inverse of :func:`_pack_gradients`: the slices of ``flat`` become the gradients (a
+    parameter without one gets a new tensor on its own device)."""
+    offset = 0
+    for p in params:
+        n = p.numel()
+        if p.grad is None:
+            p.grad = flat[offset : offset + n].view_as(p).to(p.device, copy=True)
+        else:
+            p.grad.copy_(flat[offset : offset + n].view_as(p))
+        offset += n
+
+
+class BucketedAllreduce:
+    """The gradient all-reduce of ``--comm torch`` in buckets that overlap the backward pass
+    (DDP's reducer, without wrapping the model).
+
+    The parameters are grouped, in reverse order of ``model.parameters()`` (the order in
+    which the backward pass of a layer stack produces their gradients), into buckets of about
+    ``bucket_bytes`` of float32 gradients (a parameter larger than that is a bucket of its
+    own); each bucket has a flat buffer on the parameters' device. A
+    ``post_accumulate_grad`` hook per parameter copies its gradient into its bucket; when a
+    bucket is complete and every bucket before it has started, it starts (an asynchronous
+    ``all_reduce``), so buckets start in the same order on every rank whatever order the
+    hooks fire in (collectives must match across ranks). :meth:`finish` (after the backward
+    pass) treats parameters that got no gradient as zeros (as the flat all-reduce does),
+    starts the remaining buckets in order, waits for all, and writes the averages back.
+
+    Element for element the sum is the same all-reduce SUM over the same ranks as the flat
+    one followed by the same division, so with 2 ranks (``a + b``) the result is bit for bit
+    the flat all-reduce's; with more, the library's reduction order may depend on the buffer
+    size (a ring's chunking), so values may differ in rounding.
+
+    Args:
+        model: its parameters with ``requires_grad`` are reduced (hooks registered here).
+        bucket_bytes: bytes of gradients per bucket (about; at least one parameter each).
+        world: the number of ranks (the divisor of the average).
+        group: the torch.distributed group.
+        watched: the communicator's watchdog context for the final wait.
+
+    Raises:
+        RuntimeError: a gradient accumulated into a parameter after its bucket started
+            (more than one backward pass per step).
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        bucket_bytes: int,
+        world: int,
+        group,
+        watched: Callable[[str], AbstractContextManager[None]],
+    ) -> None:
+        self.model = model
+        self.world = world
+        self.group = group
+        self._watched = watched
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        per_bucket = max(1, bucket_bytes // FLOAT32_BYTES)
+        #: Buckets as lists of indices into :attr:`params`.
+        self.buckets: list[list[int]] = []
+        size = 0
+        for i in reversed(range(len(self.params))):
+            n = self.params[i].numel()
+            if not self.buckets or (size > 0 and size + n > per_bucket):
+                self.buckets.append([])
+                size = 0
+            self.buckets[-1].append(i)
+            size += n
+        self._bucket_of: dict[int, int] = {}
+        self._offset: dict[int, int] = {}
+        self.flats: list[torch.Tensor] = []
+        for b, members in enumerate(self.buckets):
+            offset = 0
+            for i in members:
+                self._bucket_of[i], self._offset[i] = b, offset
+                offset += self.params[i].numel()
+            self.flats.append(
+                torch.empty(offset, dtype=torch.float32, device=self.params[members[0]].device)
+            )
+        self._ready = [False] * len(self.params)
+        self._missing = [len(members) for members in self.buckets]
+        self._works: list = []
+        self._next = 0  # the first bucket not started
+        self.hooks = [
+            p.register_post_accumulate_grad_hook(self._hook(i)) for i, p in enumerate(self.params)
+        ]
+
+    def _hook(self, i: int) -> Callable[[torch.Tensor], None]:
+        def ready(param: torch.Tensor) -> None:
+            self._take(i, param.grad)
+
+        return ready
+
+    def _take(self, i: int, grad: torch.Tensor | None) -> None:
+        """Parameter ``i``'s gradient (None: zeros) into its bucket; start what is ready."""
+        b = self._bucket_of[i]
+        if self._ready[i]:
+            if b < self._next:
+                raise RuntimeError(
+                    "a gradient was accumulated after its bucket's all-reduce started (more "
+                    "than one backward pass per optimizer step); set --grad-bucket-mb 0"
+                )
+            self._missing[b] += 1  # accumulated again before the bucket started: recopy
+        n = self.params[i].numel()
+        view = self.flats[b][self._offset[i] : self._offset[i] + n]
+        if grad is None:
+            view.zero_()
+        else:
+            view.copy_(grad.reshape(-1))
+        self._ready[i] = True
+        self._missing[b] -= 1
+        self._start_ready()
+
+    def _start_ready(self) -> None:
+        import torch.distributed as dist
+
+        while self._next < len(self.buckets) and self._missing[self._next] == 0:
+            self._works.append(
+                dist.all_reduce(
+                    self.flats[self._next], op=dist.ReduceOp.SUM, group=self.group, async_op=True
+                )
+            )
+            self._next += 1
+
+    @property
+    def started(self) -> int:
+        """Buckets started since the last :meth:`finish` (tests: the overlap happened)."""
+        return self._next
+
+    def finish(self) -> None:
+        """Start what the backward pass left (parameters without a gradient count as zeros),
+        wait for every bucket, and write the averaged gradients back."""
+        for i, p in enumerate(self.params):
+            if not self._ready[i]:  # no backward reached it: what it holds, as flat packing
+                self._take(i, p.grad)
+        with self._watched("gradient allreduce"):
+            for work in self._works:
+                work.wait()
+        for b, members in enumerate(self.buckets):
+            flat = self.flats[b].div_(self.world)
+            for i in members:
+                p = self.params[i]
+                view = flat[self._offset[i] : self._offset[i] + p.numel()].view_as(p)
+                if p.grad is None:
+                    p.grad = view.clone()
+                else:
+                    p.grad.copy_(view)
+        self._works = []
+        self._next = 0
+        self._ready = [False] * len(self.params)
+        self._missing = [len(members) for members in self.buckets]
+
+    def remove(self) -> None:
+        """Unregister the hooks and let go of the group (a process group kept alive past
+        ``destroy_process_group`` aborts the process when it is freed at exit)."""
+        for hook in self.hooks:
+            hook.remove()
+        self.hooks = []
+        self.group = None
+
+
+class TorchEmbeddingPush:
+    """:class:`EmbeddingPush` over ``torch.distributed`` (``--comm torch``): the same
+    messages, counts and queue, with the ids and rows as tensors on the group's device
+    (NCCL: device memory end to end; gloo: host tensors).
+
+    ``start`` exchanges the per-peer counts (a blocking ``all_to_all_single`` of int64[P],
+    whose result is read on the host: it sizes the receive tensors), then starts two
+    asynchronous ``all_to_all_single`` with splits (ids, rows); ``finish`` waits for the
+    oldest exchange (``Work.wait``: on a GPU this orders the current stream after the
+    transfer, no host synchronisation) and returns its tensors.
+    """
+
+    def __init__(self, comm: Communicator, dim: int, delay: int) -> None:
+        self.comm = comm
+        self.dim = dim
+        self.delay = delay
+        self.device = comm.torch_device
+        self._inflight: deque[tuple[list, torch.Tensor, torch.Tensor, tuple]] = deque()
+        self.stats = PushStats()
+
+    def __len__(self) -> int:
+        return len(self._inflight)
+
+    def start(
+        self, counts: np.ndarray, ids: np.ndarray | torch.Tensor, rows: np.ndarray | torch.Tensor
+    ) -> None:
+        """As :meth:`EmbeddingPush.start`; ``ids`` and ``rows`` may be tensors on any device
+        (moved to the group's device)."""
+        import torch.distributed as dist
+
+        group = self.comm.torch_group
+        counts = np.ascontiguousarray(counts, dtype=np.int64)
+        send_counts = torch.from_numpy(counts).to(self.device)
+        recv_counts = torch.empty_like(send_counts)
+        with self.comm.watched("embedding push (counts)"), self.stats.in_mpi():
+            dist.all_to_all_single(recv_counts, send_counts, group=group)
+            recv = recv_counts.cpu().numpy()
+        send_ids = torch.as_tensor(ids, dtype=torch.int64).to(self.device).contiguous()
+        send_rows = (
+            torch.as_tensor(rows, dtype=torch.float32)
+            .to(self.device)
+            .reshape(-1, self.dim)
+            .contiguous()
+        )
+        n_send, n_recv = int(counts.sum()), int(recv.sum())
+        recv_ids = torch.empty(n_recv, dtype=torch.int64, device=self.device)
+        recv_rows = torch.empty((n_recv, self.dim), dtype=torch.float32, device=self.device)
+        splits_out, splits_in = recv.tolist(), counts.tolist()
+        with self.stats.in_mpi():
+            works = [
+                dist.all_to_all_single(
+                    recv_ids, send_ids, splits_out, splits_in, group=group, async_op=True
+                ),
+                dist.all_to_all_single(
+                    recv_rows, send_rows, splits_out, splits_in, group=group, async_op=True
+                ),
+            ]
+        # The send tensors stay referenced until the exchange is waited for.
+        self._inflight.append((works, recv_ids, recv_rows, (send_ids, send_rows)))
+        self.stats.rows_sent += n_send
+        self.stats.bytes_sent += n_send * row_message_bytes(self.dim)
+
+    def finish(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Wait for the oldest exchange; returns (ids int64[n], rows float32[n, dim]) on the
+        group's device."""
+        works, recv_ids, recv_rows, _ = self._inflight.popleft()
+        start = time.perf_counter()
+        with self.comm.watched("embedding push (wait)"), self.stats.in_mpi():
+            for work in works:
+                work.wait()
+        self.stats.wait_s += time.perf_counter() - start
+        n_recv = int(recv_ids.shape[0])
+        self.stats.rows_received += n_recv
+        self.stats.bytes_received += n_recv * row_message_bytes(self.dim)
+        return recv_ids, recv_rows
+
+
+def make_push(comm: Communicator, dim: int, delay: int) -> EmbeddingPush | TorchEmbeddingPush:
+    """The embedding push of one layer: over ``torch.distributed`` once the communicator
+    uses it (``--comm torch``), else over MPI."""
+    if getattr(comm, "torch_group", None) is not None:
+        return TorchEmbeddingPush(comm, dim, delay)
+    return EmbeddingPush(comm, dim, delay)

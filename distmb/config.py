@@ -99,8 +99,12 @@ DEFAULT_LR: dict[str, float] = {"sage": 0.003, "gat": 0.001, "gcn": 0.003, "gin"
 MODELS: tuple[str, ...] = tuple(DEFAULT_LR)
 #: Learning rate of a user's model (``--model package.module:Class``) without ``--lr``.
 DEFAULT_USER_MODEL_LR = 0.003
-#: ``--comm``: the collectives' library (torch: Communicator.use_torch_distributed).
-COMM_BACKENDS: tuple[str, ...] = ("mpi", "torch")
+#: ``--comm``: the collectives' library (torch: Communicator.use_torch_distributed); ``auto``
+#: is torch on a GPU and mpi on the CPU (:func:`distmb.cuda.device.resolve_comm`).
+COMM_BACKENDS: tuple[str, ...] = ("auto", "mpi", "torch")
+#: ``--grad-bucket-mb``: MiB of gradients per bucket of the overlapped all-reduce (``--comm
+#: torch``; smaller than DDP's 25 MiB because GNN models are small: a few buckets per model).
+DEFAULT_GRAD_BUCKET_MB = 0.25
 #: The implementations of ``--kernels``.
 KERNELS: tuple[str, ...] = ("fused", "torch", "triton")
 #: ``--precision``: the model's forward in float32, or under autocast to bfloat16 / float16
@@ -593,12 +597,22 @@ class TrainConfig:
         group=GROUP_HEC,
     )
     comm: str = option(
-        "mpi",
-        "library of the collectives: mpi (mpi4py), or torch (torch.distributed, gloo on CPU, "
-        "its group set up from the MPI launch); with torch, the gradient all-reduce goes "
-        "through torch.distributed so far, everything else through MPI",
+        "auto",
+        "library of the collectives: mpi (mpi4py), torch (torch.distributed: NCCL for GPU "
+        "tensors, gloo on the CPU, its group set up from the MPI launch) or auto (torch with "
+        "--device cuda, else mpi); with torch the gradient all-reduce (in buckets during the "
+        "backward pass) and the HEC's embedding push go through torch.distributed, the rest "
+        "through MPI",
         group=GROUP_HEC,
         choices=COMM_BACKENDS,
+    )
+    grad_bucket_mb: float = option(
+        DEFAULT_GRAD_BUCKET_MB,
+        "MiB of gradients per bucket of the all-reduce with --comm torch: each bucket starts "
+        "during the backward pass as soon as its gradients are ready (0 = one all-reduce "
+        "after the backward pass)",
+        group=GROUP_HEC,
+        min=0,
     )
     collective_timeout: float = option(
         DEFAULT_COLLECTIVE_TIMEOUT_S,

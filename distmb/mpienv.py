@@ -18,3 +18,37 @@ MPI_LAUNCH_MARKERS = (
 def is_mpi_launch() -> bool:
     """Whether this process was started by an MPI launcher (mpirun, mpiexec, srun)."""
     return any(m in os.environ for m in MPI_LAUNCH_MARKERS)
+
+
+#: Environment variables that hold this process's rank among the ranks of its node, most
+#: specific first: Open MPI's mpirun, MPICH's Hydra (mpiexec), Slurm's srun, PMIx launchers,
+#: and torchrun. (MPICH sets ``MPI_LOCALNRANKS`` beside ``MPI_LOCALRANKID``.)
+LOCAL_RANK_VARIABLES = (
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+    "MPI_LOCALRANKID",
+    "SLURM_LOCALID",
+    "PMIX_LOCAL_RANK",
+    "LOCAL_RANK",
+)
+
+
+def local_rank_from_env(environ: dict[str, str] | None = None) -> int | None:
+    """This process's rank among the ranks on its node, from the launcher's environment
+    (:data:`LOCAL_RANK_VARIABLES`, the first one set wins), or None when no launcher said.
+
+    Raises:
+        ValueError: the variable is set but is not a non-negative integer (naming it).
+    """
+    env = os.environ if environ is None else environ
+    for name in LOCAL_RANK_VARIABLES:
+        value = env.get(name)
+        if value is None or value == "":
+            continue
+        try:
+            rank = int(value)
+        except ValueError:
+            rank = -1
+        if rank < 0:
+            raise ValueError(f"{name}={value!r}: expected this rank's index on its node (>= 0)")
+        return rank
+    return None

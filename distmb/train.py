@@ -62,6 +62,17 @@ def main_distributed(argv: list[str] | None) -> int:
 
 
 def run_distributed(args: argparse.Namespace, comm) -> None:
+    import torch
+
+    from distmb.cuda.device import (
+        check_gpu_path,
+        gpu_identity,
+        resolve_comm,
+        resolve_device,
+        shares_gpu,
+        torch_backend,
+        uses_gpu_path,
+    )
     from distmb.data.local import LocalGraph
     from distmb.engine.trainer import prepare_outputs
     from distmb.halo import make_halo_scheme
@@ -83,14 +94,31 @@ def run_distributed(args: argparse.Namespace, comm) -> None:
     )
     store = open_part(comm, part_dir, verify=config.verify)
     log(f"{comm.size} ranks on {part_dir}; rank 0: {store}")
-    halo = make_halo_scheme(comm, store, config)
-    if config.comm == "torch":
-        comm.use_torch_distributed()
-        log(f"--comm torch: gradient all-reduce over torch.distributed ({comm.size} ranks, gloo)")
-    try:
-        train(LocalGraph.from_store(store), config, comm=comm, halo=halo, log=log)
-    finally:
-        comm.close_torch_distributed()
+    # Every rank asks for its node-local rank here, at the same point (it may be a collective).
+    device = resolve_device(config.device, comm.local_rank())
+    check_gpu_path(config, device)
+    gpu_path = uses_gpu_path(config, device)
+    # On the GPU path the HEC's tables live on the training device: halo rows arrive there.
+    halo = make_halo_scheme(comm, store, config, cache_device=device if gpu_path else None)
+    shared = False
+    if device.type == "cuda":
+        import socket
+
+        shared = shares_gpu(comm.allgather((socket.gethostname(), gpu_identity(device))))
+        log(f"{comm.size} ranks on GPUs" + (" (shared by several ranks)" if shared else ""))
+    if resolve_comm(config.comm, device, shared) == "torch":
+        if device.type == "cuda":
+            torch.cuda.set_device(device)  # NCCL's communicator binds to the current GPU
+        backend = torch_backend(device)
+        comm.use_torch_distributed(backend, device)
+        log(
+            "--comm torch: gradient all-reduce over torch.distributed "
+            f"({comm.size} ranks, {backend}; in buckets during the backward pass), HEC push "
+            "over its all-to-all"
+        )
+    train(LocalGraph.from_store(store), config, comm=comm, halo=halo, log=log)
+    # Not on an error: the job is aborted then (a teardown barrier would wait for the dead).
+    comm.close_torch_distributed()
 
 
 def set_threads(config: TrainConfig) -> str | None:

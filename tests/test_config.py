@@ -90,6 +90,7 @@ FLAG_FIELDS = {
     "--exact-remote": "exact_remote",
     "--partition-cache": "partition_cache",
     "--comm": "comm",
+    "--grad-bucket-mb": "grad_bucket_mb",
     "--collective-timeout": "collective_timeout",
 }
 
@@ -117,6 +118,7 @@ BAD_VALUES = [
     ("--prefetch", "-1", "--prefetch must be >= 0, got -1"),
     ("--loader-threads", "0", "--loader-threads must be in [1, 4096], got 0"),
     ("--collective-timeout", "-1", "--collective-timeout must be >= 0, got -1.0"),
+    ("--grad-bucket-mb", "-1", "--grad-bucket-mb must be >= 0, got -1.0"),
     ("--feature-cache-mb", "-1", "--feature-cache-mb must be >= 0, got -1.0"),
     ("--progress-every", "-1", "--progress-every must be >= 0, got -1.0"),
     ("--superbatch", "0", "--superbatch must be >= 1, got 0"),
@@ -198,6 +200,7 @@ def test_every_flag_maps_to_one_field_and_back():
         "--device": ["auto"],
         "--sampler": ["device"],
         "--comm": ["torch"],
+        "--grad-bucket-mb": ["0"],
     }
     for flag, name in FLAG_FIELDS.items():
         action = next(a for a in _actions(parser) if flag in a.option_strings)
@@ -246,7 +249,7 @@ def test_cli_defaults_equal_dataclass_defaults():
         device_cache_policy="presc", match_reorder=False, hec_size=1_000_000,
         hec_nc=2000, hec_lifespan=2, hec_delay=1,
         no_hec=False, exact_remote=False, partition_cache=".cache/distmb-parts",
-        comm="mpi", collective_timeout=300.0,
+        comm="auto", grad_bucket_mb=0.25, collective_timeout=300.0,
     )  # fmt: skip
     assert dataclasses.asdict(TrainConfig()) == expected
 

@@ -86,7 +86,7 @@ def test_gpu_options_outside_the_gpu_path_are_refused(flags):
     if torch.cuda.is_available():
         return  # auto is cuda here: --sampler cpp on a GPU is refused instead
     with pytest.raises(InputError, match="appl(y|ies) only to the GPU path"):
-        check_gpu_path(config, resolve_device("auto"), ranks=1)
+        check_gpu_path(config, resolve_device("auto"))
 
 
 def test_which_runs_take_the_gpu_path():
@@ -98,17 +98,16 @@ def test_which_runs_take_the_gpu_path():
 
 
 @pytest.mark.parametrize(
-    ("config", "ranks", "message"),
+    ("config", "message"),
     [
-        (TrainConfig(sampler="device", features="ooc"), 1, "--features ooc with the GPU path"),
-        (TrainConfig(sampler="device", graph_layout="ooc"), 1, "--graph-layout ooc"),
-        (TrainConfig(device="cuda"), 2, "with 2 ranks: training across GPUs"),
-        (TrainConfig(device="cuda", sampler="cpp"), 1, "--sampler cpp: the C\\+\\+ sampler"),
+        (TrainConfig(sampler="device", features="ooc"), "--features ooc with the GPU path"),
+        (TrainConfig(sampler="device", graph_layout="ooc"), "--graph-layout ooc"),
+        (TrainConfig(device="cuda", sampler="cpp"), "--sampler cpp: the C\\+\\+ sampler"),
     ],
 )
-def test_unsupported_combinations_name_the_flags(config, ranks, message):
+def test_unsupported_combinations_name_the_flags(config, message):
     with pytest.raises(InputError, match=message):
-        check_gpu_path(config, torch.device("cuda" if config.device == "cuda" else "cpu"), ranks)
+        check_gpu_path(config, torch.device("cuda" if config.device == "cuda" else "cpu"))
 
 
 # ---- moving a batch ------------------------------------------------------------------------

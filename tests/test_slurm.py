@@ -148,3 +148,35 @@ def test_srun_without_mpi_plugin_is_refused(tmp_path):
     (line,) = done.stderr.strip().splitlines()
     assert "srun started 2 tasks without an MPI plugin" in line and "srun --mpi=pmix" in line
     assert not (tmp_path / "r.jsonl").exists()
+
+
+def test_gpu_template_runs_one_rank_per_gpu_and_resumes(site):
+    text = (ROOT / "slurm" / "train-gpu.sbatch").read_text()
+    assert "#SBATCH --gpus-per-task=1" in text and "CUDA_VISIBLE_DEVICES" in text
+    done = _run("train-gpu.sbatch", site)
+    assert done.returncode == 0, done.stderr
+    calls = _calls(site)
+    assert calls[0] == ["module", "load", "mpi", "cuda"]
+    (srun,) = [c for c in calls if c[0] == "srun"]
+    i = srun.index("python")
+    assert srun[1:i] == ["--mpi=pmix", "--cpu-bind=cores", "--kill-on-bad-exit=1"]
+    assert srun[i : i + 3] == ["python", "-m", "distmb.train"]
+    config = parse_config(srun[i + 3 :])
+    assert (config.device, config.comm, config.threads) == ("cuda", "auto", 36)
+    assert config.part_dir == f"{site['home']}/distmb-parts/products-8"
+    assert (config.resume, Path(config.checkpoint_dir).is_dir()) == (False, True)
+
+    (Path(config.checkpoint_dir) / "checkpoint.pt").write_bytes(b"")
+    site["log"].unlink()
+    done = _run("train-gpu.sbatch", site, COMM="mpi", EXTRA_ARGS="--exact-remote",
+                CKPT_DIR=config.checkpoint_dir)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    srun = _calls(site)[1]
+    config = parse_config(srun[srun.index("python") + 3 :])
+    assert (config.resume, config.comm, config.exact_remote) == (True, "mpi", True)
+
+
+def test_gpu_template_names_the_fix_when_srun_lacks_the_plugin(site):
+    done = _run("train-gpu.sbatch", site, SRUN_MPI_LIST="MPI plugin types are...\n\tnone\n")
+    assert done.returncode == 2 and "srun has no MPI plugin 'pmix'" in done.stderr
+    assert not any(c[0] == "srun" for c in _calls(site))

@@ -10,6 +10,8 @@ how CI trains through it without a GPU.
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from distmb.config import GROUP_CUDA, OPTIONS, TrainConfig
@@ -22,15 +24,26 @@ CUDA_BUILD_HINT = (
 )
 
 
-def resolve_device(spec: str) -> torch.device:
+def resolve_device(spec: str, local_rank: int = 0) -> torch.device:
     """The ``torch.device`` of ``--device`` ``spec`` (``cpu``, ``cuda``, ``cuda:N``, ``auto``).
+
+    ``cuda`` (and ``auto`` on a GPU node) without an index takes GPU ``local_rank % count``
+    of the GPUs this process sees: one rank per GPU when a node runs as many ranks as it has
+    GPUs, several ranks per GPU when it runs more (testing), and GPU 0 when the launcher shows
+    each rank its own GPU only (``CUDA_VISIBLE_DEVICES``, Slurm's ``--gpus-per-task``).
+    ``cuda:N`` is GPU N on every rank.
+
+    Args:
+        spec: the flag's value.
+        local_rank: this rank's index among the ranks on its node
+            (:meth:`distmb.comm.Communicator.local_rank`).
 
     Raises:
         InputError: ``cuda`` where torch sees no GPU (a CPU build, no driver, hidden
             devices), or a GPU index it does not have.
     """
     if spec == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        spec = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(spec)
     if device.type != "cuda":
         return device
@@ -44,7 +57,7 @@ def resolve_device(spec: str) -> torch.device:
         )
         raise InputError(f"--device {spec}: {why}; {CUDA_BUILD_HINT}")
     count = torch.cuda.device_count()
-    index = 0 if device.index is None else device.index
+    index = local_rank % count if device.index is None else device.index
     if index >= count:
         raise InputError(
             f"--device {spec}: torch sees {count} GPU(s), indices 0 to {count - 1}"
@@ -60,21 +73,15 @@ def uses_gpu_path(config: TrainConfig, device: torch.device) -> bool:
     return device.type == "cuda" and config.sampler == "auto"
 
 
-def check_gpu_path(config: TrainConfig, device: torch.device, ranks: int) -> None:
+def check_gpu_path(config: TrainConfig, device: torch.device) -> None:
     """Refuse the combinations the GPU path does not support (yet), naming the flags.
 
     Raises:
-        InputError: more than one rank on a GPU (issue 13: the device HEC and NCCL push), the
-            GPU options outside the GPU path, ``--sampler cpp`` on a GPU, out-of-core
-            features or graph with the GPU path.
+        InputError: the GPU options outside the GPU path, ``--sampler cpp`` on a GPU,
+            out-of-core features or graph with the GPU path. Any number of ranks may take
+            the path (one GPU each, or sharing GPUs; docs/cuda.md "Several GPUs").
     """
     gpu_path = uses_gpu_path(config, device)
-    if device.type == "cuda" and ranks > 1:
-        raise InputError(
-            f"--device {config.device} with {ranks} ranks: training across GPUs (device "
-            "historical embedding cache, push over NCCL) is not built yet; run one rank on "
-            "one GPU, or --device cpu"
-        )
     if device.type == "cuda" and config.sampler == "cpp":
         raise InputError(
             f"--device {config.device} --sampler cpp: the C++ sampler's blocks are host "
@@ -117,6 +124,52 @@ def check_kernels(config: TrainConfig, device: torch.device) -> None:
     ok, why = usable(device)
     if not ok:
         raise InputError(f"--kernels triton with --device {config.device}: {why}")
+
+
+def gpu_identity(device: torch.device) -> str:
+    """Which physical GPU ``device`` is, the same string in every process that sees it
+    (its UUID; with CUDA_VISIBLE_DEVICES, index 0 of two ranks may be two GPUs)."""
+    uuid = getattr(torch.cuda.get_device_properties(device), "uuid", None)
+    if uuid is not None:
+        return str(uuid)
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    return f"{visible}:{device.index}"
+
+
+def shares_gpu(identities: list[tuple[str, str]]) -> bool:
+    """Whether two ranks train on one GPU, given every rank's ``(host, gpu_identity)``."""
+    return len(set(identities)) < len(identities)
+
+
+def resolve_comm(spec: str, device: torch.device, shared_gpu: bool = False) -> str:
+    """The collectives' library of ``--comm`` ``spec`` on ``device``: ``auto`` is ``torch`` on
+    a GPU (NCCL moves device tensors without a host copy) and ``mpi`` on the CPU, and ``mpi``
+    when ranks share a GPU (NCCL refuses two ranks of one group on one GPU).
+
+    Args:
+        shared_gpu: whether some GPU trains more than one rank (:func:`shares_gpu`).
+
+    Raises:
+        InputError: ``--comm torch`` on GPUs shared by several ranks.
+    """
+    if device.type == "cuda" and shared_gpu:
+        if spec == "torch":
+            raise InputError(
+                "--comm torch: several ranks train on one GPU, and NCCL allows one rank per "
+                "GPU in a group; use --comm mpi (or auto) to share GPUs, or one rank per GPU"
+            )
+        return "mpi"
+    if spec != "auto":
+        return spec
+    return "torch" if device.type == "cuda" else "mpi"
+
+
+def torch_backend(device: torch.device) -> str:
+    """The ``torch.distributed`` backend for tensors on ``device``: NCCL on a GPU, gloo on the
+    CPU (:data:`~distmb.comm.TORCH_CPU_BACKEND`)."""
+    from distmb.comm import TORCH_CPU_BACKEND, TORCH_CUDA_BACKEND
+
+    return TORCH_CUDA_BACKEND if device.type == "cuda" else TORCH_CPU_BACKEND
 
 
 def synchronize(device: torch.device) -> None:

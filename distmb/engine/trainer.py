@@ -129,8 +129,8 @@ class Trainer:
         set_kernels(config.kernels)  # the fused kernels run on the CPU; on a GPU, torch ops
         #: Where the model trains (``--device``); :attr:`gpu_path`: the GPU path's sampler and
         #: device feature cache (``--device cuda``, or ``--sampler device`` on the CPU).
-        self.device = resolve_device(config.device)
-        check_gpu_path(config, self.device, self.num_ranks)
+        self.device = resolve_device(config.device, self.comm.local_rank())
+        check_gpu_path(config, self.device)
         check_kernels(config, self.device)
         self.gpu_path = uses_gpu_path(config, self.device)
         #: ``--precision``: autocast of the training forward, fp16's gradient scaler.
@@ -161,6 +161,8 @@ class Trainer:
             )
         check_optimizer(optimizer, model)
         self.optimizer = optimizer
+        # --comm torch: gradient buckets all-reduced during the backward pass (hooks).
+        self.comm.prepare_gradients(self.model, int(config.grad_bucket_mb * 2**20))
         self.adjacency = open_adjacency(local, config)
         self.sampler = NeighborSampler(
             local.indptr, self.adjacency, local.n_solid, local.n_local, config.fanout, config.seed

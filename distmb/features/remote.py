@@ -51,7 +51,8 @@ class RemoteFeatures(FeatureSource):
         order = np.argsort(owner, kind="stable")
         counts = np.bincount(owner, minlength=size).astype(np.int64)
         req_counts, requests = self.comm.alltoallv(counts, ids[order])
-        rows = self.local.gather(self.owners.local(requests)).numpy()
+        # The GPU path's device cache answers on its device: the exchange runs on the host.
+        rows = self.local.gather(self.owners.local(requests)).cpu().numpy()
         self.bytes_read += rows.shape[0] * self.dim * FLOAT32_BYTES
         _, back = self.comm.alltoallv(req_counts, rows, recv_counts=counts)
         out[torch.from_numpy(order)] = torch.from_numpy(back)

@@ -18,6 +18,8 @@ from distmb.halo.exact import ExactRemote
 from distmb.halo.hec import HistoricalCache
 
 if TYPE_CHECKING:
+    import torch
+
     from distmb.comm import Communicator
     from distmb.config import TrainConfig
     from distmb.data.store import PartitionStore
@@ -33,10 +35,16 @@ __all__ = [
 ]
 
 
-def make_halo_scheme(comm: Communicator, store: PartitionStore, config: TrainConfig) -> HaloScheme:
+def make_halo_scheme(
+    comm: Communicator,
+    store: PartitionStore,
+    config: TrainConfig,
+    cache_device: torch.device | None = None,
+) -> HaloScheme:
     """The scheme of one rank of ``comm`` on part ``store``: nothing to do on one rank;
     else by ``config.halo_scheme``: ``--exact-remote``, ``--no-hec`` or the historical cache
-    (the default)."""
+    (the default), its tables on ``cache_device`` when given (the GPU path's training
+    device: :class:`~distmb.cuda.hec.DeviceHistoricalCache`), else the C++ cache."""
     if comm.size == 1:
         return HaloScheme()
     scheme = config.halo_scheme
@@ -44,4 +52,4 @@ def make_halo_scheme(comm: Communicator, store: PartitionStore, config: TrainCon
         return ExactRemote(comm, store, config.fanout)
     if scheme == "drop":
         return DropHalo()
-    return HistoricalCache(comm, store, config.hec, config.seed)
+    return HistoricalCache(comm, store, config.hec, config.seed, cache_device=cache_device)

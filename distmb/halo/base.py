@@ -173,6 +173,9 @@ class DropHalo(HaloScheme):
         return "dropped (--no-hec)"
 
     def _fill(self, layer: int, block: Block, step: int) -> tuple[Block, torch.Tensor]:
-        keep = torch.ones(block.n_src, dtype=torch.bool)
+        """The block without its halo leaves' edges and zero rows, where the block lives
+        (the training device on the GPU path)."""
+        keep = torch.ones(block.n_src, dtype=torch.bool, device=block.device)
         keep[block.n_computed :] = False
-        return block.drop_sources(keep), torch.zeros((block.n_halo, self.layer_dims[layer]))
+        rows = torch.zeros((block.n_halo, self.layer_dims[layer]), device=block.device)
+        return block.drop_sources(keep), rows

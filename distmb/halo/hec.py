@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from distmb.comm import Communicator, EmbeddingPush
+from distmb.comm import Communicator, EmbeddingPush, TorchEmbeddingPush, make_push
 from distmb.config import HecSettings
 from distmb.data.graph import csr_row_positions
 from distmb.data.store import PartitionStore
@@ -81,7 +81,14 @@ class HistoricalCache(HaloScheme):
         #: ``n_halo`` lines would never be used (``--hec-size`` is an upper bound).
         self.capacity = max(1, min(config.size, store.n_halo))
         self.caches: list[AnyCache | None] = []
-        self.pushes: list[EmbeddingPush | None] = []
+        self.pushes: list[EmbeddingPush | TorchEmbeddingPush | None] = []
+        #: ``orig_ids`` on :attr:`cache_device` (int64[n_local]) when the caches live there:
+        #: halo tags are looked up without leaving the device.
+        self._orig_ids_device: torch.Tensor | None = None
+        if self.cache_device is not None:
+            self._orig_ids_device = torch.from_numpy(
+                np.array(self.orig_ids, dtype=np.int64)  # a writable copy (memory-mapped)
+            ).to(self.cache_device)
         #: Optional recorder for tests: receives ("push"|"load", k, layer, tags, rows, hit).
         self.record = None
 
@@ -96,7 +103,7 @@ class HistoricalCache(HaloScheme):
             for layer, dim in enumerate(layer_dims)
         ]
         self.pushes = [
-            EmbeddingPush(self.comm, dim, self.cfg.delay) if uses_cache[layer] else None
+            make_push(self.comm, dim, self.cfg.delay) if uses_cache[layer] else None
             for layer, dim in enumerate(layer_dims)
         ]
 
@@ -143,22 +150,35 @@ class HistoricalCache(HaloScheme):
         super().after_sample(batch, step, num_steps)
 
     def _fill(self, layer: int, block: Block, step: int) -> tuple[Block, torch.Tensor]:
-        halo_p = block.src_ids[block.n_computed :].numpy()
-        tags = self.orig_ids[halo_p]
+        """Load the halo leaves' rows from ``HEC[layer]``; drop the edges of the misses.
+
+        With a device cache, the tags are looked up from a device copy of ``orig_ids`` and
+        the edge filter runs on the block's device: nothing crosses the host but the
+        all-hit test (one flag)."""
         cache = self.caches[layer]
-        device = "cpu" if self.cache_device is None else self.cache_device
+        halo_p = block.src_ids[block.n_computed :]
+        if self._orig_ids_device is not None:
+            tags = self._orig_ids_device[halo_p.to(self.cache_device)]
+            device = self.cache_device
+        else:
+            tags = self.orig_ids[halo_p.cpu().numpy()]
+            device = torch.device("cpu")
         full = torch.empty((block.n_halo, self.layer_dims[layer]), device=device)
         hit = cache.lookup_into(tags, full)  # misses come back as zeros
         if self.record is not None:
             self.record(
-                "load", step, layer, tags, full.cpu().numpy().copy(), hit.cpu().numpy().copy()
+                "load",
+                step,
+                layer,
+                np.asarray(tags.cpu() if isinstance(tags, torch.Tensor) else tags),
+                full.cpu().numpy().copy(),
+                hit.cpu().numpy().copy(),
             )
         if bool(hit.all()):
             return block, full
-        # The blocks are host structures: their edge filter needs the hit mask there.
-        keep = torch.ones(block.n_src, dtype=torch.bool)
-        keep[block.n_computed :] = hit.cpu()
-        return block.drop_sources(keep), full
+        keep = torch.ones(block.n_src, dtype=torch.bool, device=block.device)
+        keep[block.n_computed :] = hit.to(block.device)
+        return block.drop_sources(keep), full.to(block.device)
 
     # -- during the forward pass -----------------------------------------------------------
     def layer_input(
@@ -175,16 +195,20 @@ class HistoricalCache(HaloScheme):
         push = self.pushes[layer]
         if push is None or k >= num_iters - self.cfg.delay:
             return
-        solid = block.src_ids[: block.n_computed].numpy()
+        # The choice of rows (peers' send lists, the nc cap by degree) runs on the host, as
+        # on the CPU path: the block's computed source ids cross once (a device -> host copy
+        # of int64[n_computed] on a GPU); the rows stay where the layer computed them.
+        solid = block.src_ids[: block.n_computed].cpu().numpy()
         counts_per_src = self.peer_ptr[solid + 1] - self.peer_ptr[solid]
         pos = np.repeat(np.arange(solid.size), counts_per_src)
         peer = self.peer_ids[csr_row_positions(self.peer_ptr[solid], counts_per_src)]
         chosen_pos, counts = self._cap_per_peer(pos, peer, solid, k, layer)
-        # float32 whatever --precision (a bf16 tensor has no numpy view).
-        rows = x_computed.detach()[torch.from_numpy(chosen_pos)].float().numpy()
+        x = x_computed.detach()
+        # float32 whatever --precision (a bf16 row has no numpy view for the MPI push).
+        rows = x[torch.from_numpy(chosen_pos).to(x.device)].float()
         tags = self.orig_ids[solid[chosen_pos]]
         if self.record is not None:
-            self.record("push", k, layer, tags, rows.copy(), counts.copy())
+            self.record("push", k, layer, tags, rows.cpu().numpy().copy(), counts.copy())
         push.start(counts, tags, rows)
 
     def _cap_per_peer(

@@ -96,8 +96,9 @@ class ExactBatchSampler:
         uniq, inverse = np.unique(requests, return_inverse=True)
         if uniq.size:
             sampled = self.sampler.sample_hop(self.owners.local(uniq), fanout, epoch, key)
-            indptr = sampled.indptr.numpy()
-            neighbours = self.orig_ids[sampled.src_ids.numpy()[sampled.indices.numpy()]]
+            # The GPU path's sampler answers with device blocks: the exchange runs on the host.
+            indptr = sampled.indptr.cpu().numpy()
+            neighbours = self.orig_ids[sampled.src_ids.cpu().numpy()[sampled.indices.cpu().numpy()]]
         else:
             indptr, neighbours = np.zeros(1, dtype=np.int64), np.empty(0, dtype=np.int64)
         degree = np.diff(indptr)[inverse]
