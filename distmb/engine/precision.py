@@ -68,8 +68,9 @@ class MixedPrecision:
             self.scaler.scale(loss).backward()
 
     def unscale(self, optimizer: torch.optim.Optimizer) -> None:
-        """Divide the gradients by the loss scale (``fp16``), before they are all-reduced or
-        clipped; nothing otherwise."""
+        """Divide the gradients by the loss scale (``fp16``), after they are all-reduced (so
+        that every rank finds the same inf/nan) and before they are clipped or applied;
+        nothing otherwise."""
         if self.scaler is not None:
             self.scaler.unscale_(optimizer)
 

@@ -426,8 +426,11 @@ class Trainer:
                 self.precision.backward(loss)
                 synchronize(self.device)  # the phase's queued GPU work, not only its launch
             with self.timer("ared"):
-                self.precision.unscale(self.optimizer)
                 self.comm.allreduce_gradients(self.model)
+                # After the all-reduce (linear, so the same sum): bucketed all-reduces write
+                # the reduced gradients back only once they complete, in the call above, and
+                # every rank then sees the same inf/nan when fp16's scaler checks them.
+                self.precision.unscale(self.optimizer)
             with self.timer("opt"):
                 self.precision.step(self.optimizer)
                 synchronize(self.device)
