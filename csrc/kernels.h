@@ -391,6 +391,15 @@ void update_backward(int64_t n, int64_t k, const float* grad_out, const uint8_t*
 // (seed, p_drop) (all 1 for p_drop = 0); for tests and diagnostics.
 void dropout_keep_mask(uint64_t seed, int64_t n, int64_t k, double p_drop, uint8_t* keep);
 
+// dropout_forward: out[n][k] = keep ? x * 1/(1-p) : 0 with the masks of dropout_keep_mask for
+// seed (a standalone dropout with update_forward's counter-based masks), and the keep bits
+// packed into bits[n][ceil(k/8)] (column j -> bit j % 8). out may alias x.
+void dropout_forward(int64_t n, int64_t k, const float* x, double p_drop, uint64_t seed,
+                     float* out, uint8_t* bits);
+// dropout_backward: grad_in[n][k] = bit ? grad_out * scale : 0 (scale = 1/(1-p)); may alias.
+void dropout_backward(int64_t n, int64_t k, const float* grad_out, const uint8_t* bits,
+                      float scale, float* grad_in);
+
 // gat_projection_forward: z = act(x . W^T + bias) [n][heads * d] (act = ReLU or identity),
 // el[n][heads] = <attn_l[h], z[h]>, er[n][heads] = <attn_r[h], z[h]> (attn_* [heads][d]),
 // the scores computed per row block while its z rows are in cache.

@@ -107,6 +107,28 @@ py::array_t<uint8_t> py_dropout_keep_mask(uint64_t seed, int64_t n, int64_t k, d
   return to_numpy(std::move(keep));
 }
 
+void py_dropout_forward(const py::array& x, double p_drop, uint64_t seed, const py::array& out,
+                        const py::array& bits) {
+  if (x.ndim() != 2) throw py::value_error("x must be [n, k]");
+  const int64_t n = x.shape(0), k = x.shape(1);
+  const float* xp = upd_data<float>(x, {n, k}, "x");
+  float* op = upd_data<float>(out, {n, k}, "out", true);
+  uint8_t* bp = upd_data<uint8_t>(bits, {n, (k + 7) / 8}, "bits", true);
+  py::gil_scoped_release nogil;
+  dropout_forward(n, k, xp, p_drop, seed, op, bp);
+}
+
+void py_dropout_backward(const py::array& grad_out, const py::array& bits, float scale,
+                         const py::array& grad_in) {
+  if (grad_out.ndim() != 2) throw py::value_error("grad_out must be [n, k]");
+  const int64_t n = grad_out.shape(0), k = grad_out.shape(1);
+  const float* gp = upd_data<float>(grad_out, {n, k}, "grad_out");
+  const uint8_t* bp = upd_data<uint8_t>(bits, {n, (k + 7) / 8}, "bits");
+  float* dp = upd_data<float>(grad_in, {n, k}, "grad_in", true);
+  py::gil_scoped_release nogil;
+  dropout_backward(n, k, gp, bp, scale, dp);
+}
+
 // GAT shapes from attn_l [heads, d] and x [n, c].
 void py_gat_projection_forward(const py::array& x, const py::array& w, const py::array& bias,
                                const py::array& attn_l, const py::array& attn_r, bool relu,
@@ -171,6 +193,13 @@ void bind_update(py::module_& m) {
   m.def("dropout_keep_mask", &py_dropout_keep_mask, py::arg("seed"), py::arg("n"), py::arg("k"),
         py::arg("p_drop"),
         "uint8[n * k] (row-major, 0/1): the dropout decisions update_forward makes for seed.");
+  m.def("dropout_forward", &py_dropout_forward, py::arg("x"), py::arg("p_drop"), py::arg("seed"),
+        py::arg("out"), py::arg("bits"),
+        "out float32[n, k] = x * keep / (1 - p) with dropout_keep_mask's masks for seed; keep "
+        "bits packed into bits uint8[n, ceil(k / 8)].");
+  m.def("dropout_backward", &py_dropout_backward, py::arg("grad_out"), py::arg("bits"),
+        py::arg("scale"), py::arg("grad_in"),
+        "grad_in float32[n, k] = grad_out * scale where the packed keep bit is set, else 0.");
   m.def("gat_projection_forward", &py_gat_projection_forward, py::arg("x"), py::arg("w"),
         py::arg("bias"), py::arg("attn_l"), py::arg("attn_r"), py::arg("relu"), py::arg("z"),
         py::arg("el"), py::arg("er"),

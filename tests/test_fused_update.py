@@ -458,3 +458,72 @@ def test_sage_conv_fused_without_input_gradient(
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     project_first = dims[1] < dims[0]
     assert (len(calls) > 0) == project_first
+
+
+# ---- standalone dropout (GAT's output) ------------------------------------------------------
+
+
+@pytest.mark.parametrize(("n", "k"), [(1, 1), (37, 70), (300, 64), (129, 1024), (5, 33)])
+@pytest.mark.parametrize("p", [0.0, 0.3, 0.5, 1.0])
+def test_standalone_dropout_equals_the_mask_it_documents(n: int, k: int, p: float) -> None:
+    """Forward: x * keep / (1 - p) with dropout_mask's keep; backward: the same mask on the
+    gradient (reference: torch ops on the documented mask)."""
+    gen = torch.Generator().manual_seed(n * 1000 + k)
+    x = torch.randn(n, k, generator=gen, requires_grad=True)
+    grad = torch.randn(n, k, generator=gen)
+    out = fused_update.dropout(x, p, training=True, seed=99)
+    keep = fused_update.dropout_mask(99, n, k, p).float()
+    scale = fused_update.dropout_scale(p)
+    expected = x.detach() * keep * scale
+    if p == 0.0:
+        assert out is x  # no dropout: the input itself
+        return
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    out.backward(grad)
+    torch.testing.assert_close(x.grad, grad * keep * scale, rtol=0, atol=0)
+
+
+def test_standalone_dropout_is_thread_independent_and_seeded() -> None:
+    x = torch.randn(257, 96)
+    before = _C.get_num_threads()
+    try:
+        outs = []
+        for t in THREADS:
+            _C.set_num_threads(t)
+            outs.append(fused_update.dropout(x, 0.5, seed=5))
+    finally:
+        _C.set_num_threads(before)
+    assert torch.equal(outs[0], outs[1])
+    assert not torch.equal(outs[0], fused_update.dropout(x, 0.5, seed=6))
+    assert fused_update.dropout(x, 0.5, training=False) is x
+    torch.manual_seed(3)
+    a = fused_update.dropout(x, 0.5)
+    torch.manual_seed(3)
+    assert torch.equal(a, fused_update.dropout(x, 0.5))  # the seed comes from torch's generator
+    with pytest.raises(ValueError, match="dropout probability"):
+        fused_update.dropout(x, 1.5)
+    with pytest.raises(ValueError, match=r"float32\[N, K\]"):
+        fused_update.dropout(torch.randn(2, 3, 4), 0.5)
+
+
+def test_gat_output_dropout_uses_the_documented_masks() -> None:
+    """A hidden GATConv in training mode drops its output with fused_update.dropout's masks
+    under the fused kernels: same output as the layer in eval mode times the mask."""
+    torch.manual_seed(0)
+    layer = GATConv(8, 4, heads=2, activation=True, dropout=0.5)
+    block = make_block(7, 20, 4, seed=1)
+    x = torch.randn(block.n_src, 8)
+    before = get_kernels()
+    try:
+        set_kernels("fused")
+        layer.eval()
+        clean = layer(block, x)
+        layer.train()
+        torch.manual_seed(11)
+        seed = fused_update.draw_seed()
+        torch.manual_seed(11)
+        dropped = layer(block, x)
+    finally:
+        set_kernels(before)
+    keep = fused_update.dropout_mask(seed, *clean.shape, 0.5).float()
+    torch.testing.assert_close(dropped, clean * keep * 2.0, rtol=1e-6, atol=1e-6)

@@ -150,7 +150,10 @@ class GATConv(nn.Module):
         out = weighted_aggregate(block, alpha, z)  # [n_dst, H, D]
         out = out.reshape(block.n_dst, -1) if self.concat else out.mean(1)
         if self.activation:
-            out = self.dropout(out)
+            if get_kernels() == "fused" and fused_update.supported(out):
+                out = fused_update.dropout(out, self.dropout.p, self.training)
+            else:
+                out = self.dropout(out)
         return out
 
     def extra_repr(self) -> str:
