@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -113,3 +115,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(pytest.mark.skip(reason=reason))
+
+
+def compile_triton_in_subprocess(code: str) -> None:
+    """Run ``code`` (which compiles Triton kernels for a GPU target, e.g. sm_90, with
+    ``triton.compile``: no GPU needed) in a fresh interpreter without ``TRITON_INTERPRET``
+    (kernels are bound to the interpreter when defined under it); skip where Triton's NVIDIA
+    back end is missing, fail with the child's stderr otherwise."""
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(Path(__file__).parents[1])}
+    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
+    if "No module named 'triton.backends.nvidia'" in out.stderr:
+        pytest.skip("Triton's NVIDIA back end is not installed")
+    assert out.returncode == 0, out.stderr[-3000:]

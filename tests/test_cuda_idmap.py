@@ -3,14 +3,10 @@ and the torch-ops version against a Python-dict reference of unique + first-seen
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
+from conftest import compile_triton_in_subprocess
 
 from distmb.cuda import idmap_triton
 from distmb.cuda.idmap import RepeatedDestinationError, fused_map, resolve_backend
@@ -19,7 +15,6 @@ from distmb.cuda.idmap import RepeatedDestinationError, fused_map, resolve_backe
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 BACKENDS = ["torch", "triton"]
 INT64_MAX = 2**63 - 1
-REPO = Path(__file__).resolve().parents[1]
 
 
 def require(backend: str, device: str) -> None:
@@ -140,7 +135,6 @@ def test_backend_choice(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_kernel_compiles_for_hopper() -> None:
     """The interpreter accepts Python the compiler rejects (e.g. non-constexpr globals):
     compile the kernel to a cubin for sm_90 (no GPU needed) and check its atomics."""
-    pytest.importorskip("triton")
     code = """
 import triton
 from triton.backends.compiler import GPUTarget
@@ -154,10 +148,4 @@ ptx = kernel.asm["ptx"]
 assert "atom.global.acq_rel.gpu.cas.b64" in ptx and "min.s64" in ptx, ptx
 assert len(kernel.asm["cubin"]) > 0
 """
-    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(REPO)}
-    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         timeout=300)  # fmt: skip
-    if "No module named 'triton.backends.nvidia'" in out.stderr:
-        pytest.skip("Triton's NVIDIA back end is not installed")
-    assert out.returncode == 0, out.stderr[-3000:]
+    compile_triton_in_subprocess(code)

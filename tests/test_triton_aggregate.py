@@ -4,14 +4,10 @@ compiled on a GPU under ``pytest -m cuda``; and compiled for sm_90 without a GPU
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
+from conftest import compile_triton_in_subprocess
 
 from distmb.cuda import aggregate_triton
 from distmb.nn.aggregate import _torch_aggregate, aggregate
@@ -20,7 +16,6 @@ from distmb.sampling import Block
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 KINDS = ["mean", "sum", "gcn"]
-REPO = Path(__file__).resolve().parents[1]
 
 
 def require(device: str) -> None:
@@ -187,7 +182,6 @@ def test_feature_tile():
 def test_kernel_compiles_for_hopper():
     """Compile every variant (forward mean/sum/gcn, backward with column scales and own row)
     for sm_90 in float32, bf16 and fp16 without a GPU: no atomics, global loads and stores."""
-    pytest.importorskip("triton")
     code = """
 import triton
 from triton.backends.compiler import GPUTarget
@@ -208,10 +202,4 @@ for dt in ("fp32", "bf16", "fp16"):
         assert "atom." not in ptx and "ld.global" in ptx and "st.global" in ptx, ptx
         assert len(kernel.asm["cubin"]) > 0
 """
-    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(REPO)}
-    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         timeout=300)  # fmt: skip
-    if "No module named 'triton.backends.nvidia'" in out.stderr:
-        pytest.skip("Triton's NVIDIA back end is not installed")
-    assert out.returncode == 0, out.stderr[-3000:]
+    compile_triton_in_subprocess(code)
