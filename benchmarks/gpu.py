@@ -175,17 +175,8 @@ def sampling_part(args: argparse.Namespace, graph) -> list[dict[str, Any]]:
         for name, s in gpu_sampling.configurations(args, graph).items()
         if name == "cpp" or name.split("/")[1] == args.device
     }
-    rng = np.random.default_rng(args.seed)
-    seconds: dict[str, list[float]] = {name: [] for name in samplers}
-    edges: dict[str, list[int]] = {name: [] for name in samplers}
+    seconds, edges = gpu_sampling.interleaved(args, graph, samplers)
     names = list(samplers)
-    for it in range(args.warmup + args.batches):
-        seeds = rng.choice(graph.num_nodes, size=args.batch_size, replace=False)
-        for name in names if it % 2 == 0 else names[::-1]:
-            s, e = gpu_sampling.time_batch(samplers[name], seeds, it)
-            if it >= args.warmup:
-                seconds[name].append(s)
-                edges[name].append(e)
     base = np.median(np.asarray(edges["cpp"]) / np.asarray(seconds["cpp"]))
     records = []
     for name in names:

@@ -111,6 +111,25 @@ def machine() -> dict:
     return facts
 
 
+def interleaved(
+    args: argparse.Namespace, graph, samplers: dict
+) -> tuple[dict[str, list[float]], dict[str, list[int]]]:
+    """Seconds and sampled edges per measured batch of every sampler: the same seeds for all,
+    ``args.warmup`` untimed batches first, the order of the samplers alternating per batch."""
+    rng = np.random.default_rng(args.seed)
+    seconds: dict[str, list[float]] = {name: [] for name in samplers}
+    edges: dict[str, list[int]] = {name: [] for name in samplers}
+    names = list(samplers)
+    for it in range(args.warmup + args.batches):
+        seeds = rng.choice(graph.num_nodes, size=args.batch_size, replace=False)
+        for name in names if it % 2 == 0 else names[::-1]:
+            s, e = time_batch(samplers[name], seeds, it)
+            if it >= args.warmup:
+                seconds[name].append(s)
+                edges[name].append(e)
+    return seconds, edges
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--nodes", type=int, default=200_000)
@@ -133,17 +152,8 @@ def main() -> None:
     print(f"graph: {graph.num_nodes} vertices, {graph.num_edges} in-edges "
           f"({time.perf_counter() - t0:.1f} s)")  # fmt: skip
     samplers = configurations(args, graph)
-    rng = np.random.default_rng(args.seed)
-    seconds: dict[str, list[float]] = {name: [] for name in samplers}
-    edges: dict[str, list[int]] = {name: [] for name in samplers}
+    seconds, edges = interleaved(args, graph, samplers)
     names = list(samplers)
-    for it in range(args.warmup + args.batches):
-        seeds = rng.choice(graph.num_nodes, size=args.batch_size, replace=False)
-        for name in names if it % 2 == 0 else names[::-1]:
-            s, e = time_batch(samplers[name], seeds, it)
-            if it >= args.warmup:
-                seconds[name].append(s)
-                edges[name].append(e)
     records = []
     base = np.median(np.asarray(edges["cpp"]) / np.asarray(seconds["cpp"]))
     for name in names:
