@@ -201,6 +201,18 @@ inline bool dropout_keep(uint64_t row_key, int64_t col, uint64_t threshold) {
   return u < threshold;
 }
 
+// The dropout uniforms u[0 .. NR) of columns [j0, j0 + NR) of the row with key rk (j0 even):
+// one 64-bit hash per column pair, whose low / high 32-bit halves (little-endian) are the
+// even / odd column's, as in dropout_keep.
+template <int NR>
+inline void dropout_uniforms(uint64_t rk, int64_t j0, uint32_t (&u)[NR]) {
+  const uint64_t pair0 = static_cast<uint64_t>(j0 >> 1);
+  alignas(64) uint64_t hash[NR / 2];
+#pragma omp simd
+  for (int q = 0; q < NR / 2; ++q) hash[q] = mix64(rk ^ (pair0 + q));
+  std::memcpy(u, hash, sizeof(u));
+}
+
 // 32-bit threshold of a keep probability in [0, 1].
 uint64_t keep_threshold(double keep) {
   return static_cast<uint64_t>(std::llround(keep * 4294967296.0));
@@ -251,16 +263,9 @@ inline void sage_epilogue(const float (&acc)[kMR][NR], int64_t row0, int mr, int
     }
     alignas(64) uint8_t gate[NR];
     if (kDrop) {
-      // One 64-bit hash per column pair; on little-endian x86 its low / high 32-bit halves
-      // are the uniforms of the even / odd column (j0 is even), as in dropout_keep.
-      const uint64_t rk = dropout_row_key(seed, row);
       const uint32_t threshold32 = static_cast<uint32_t>(threshold);  // < 2^32 with kDrop
-      const uint64_t pair0 = static_cast<uint64_t>(j0 >> 1);
-      alignas(64) uint64_t hash[NR / 2];
-#pragma omp simd
-      for (int q = 0; q < NR / 2; ++q) hash[q] = mix64(rk ^ (pair0 + q));
       alignas(64) uint32_t u[NR];
-      std::memcpy(u, hash, sizeof(u));
+      dropout_uniforms(dropout_row_key(seed, row), j0, u);
 #pragma omp simd
       for (int j = 0; j < NR; ++j) gate[j] = (v[j] > 0.0f) & (u[j] < threshold32);
     } else {
@@ -565,7 +570,7 @@ void dropout_keep_mask(uint64_t seed, int64_t n, int64_t k, double p_drop, uint8
 // ---- standalone dropout ------------------------------------------------------------------------
 
 // Contract: dropout_forward / dropout_backward in kernels.h. Rows in parallel; per row, kNR
-// columns at a time: one 64-bit hash per column pair (as sage_epilogue), a select per unit,
+// columns at a time: their uniforms (dropout_uniforms, as sage_epilogue), a select per unit,
 // the keep bits packed 8 columns per byte; the last k % kNR columns one by one.
 void dropout_forward(int64_t n, int64_t k, const float* x, double p_drop, uint64_t seed,
                      float* out, uint8_t* bits) {
@@ -586,12 +591,8 @@ void dropout_forward(int64_t n, int64_t k, const float* x, double p_drop, uint64
     uint8_t* br = bits + row * kb;
     std::fill(br, br + kb, uint8_t{0});
     for (int64_t j0 = 0; j0 < full; j0 += kNR) {
-      const uint64_t pair0 = static_cast<uint64_t>(j0 >> 1);
-      alignas(64) uint64_t hash[kNR / 2];
-#pragma omp simd
-      for (int q = 0; q < kNR / 2; ++q) hash[q] = mix64(rk ^ (pair0 + q));
       alignas(64) uint32_t u[kNR];
-      std::memcpy(u, hash, sizeof(u));
+      dropout_uniforms(rk, j0, u);
       alignas(64) uint8_t gate[kNR];
 #pragma omp simd
       for (int j = 0; j < kNR; ++j) {
