@@ -131,3 +131,15 @@ def compile_triton_in_subprocess(code: str) -> None:
     if "No module named 'triton.backends.nvidia'" in out.stderr:
         pytest.skip("Triton's NVIDIA back end is not installed")
     assert out.returncode == 0, out.stderr[-3000:]
+
+
+def run_train_cli(argv: list[str], capsys) -> tuple[int, str, str]:
+    """``python -m distmb.train ARGV`` in this process: (exit code, stdout, stderr)."""
+    from distmb.train import main as train_main
+
+    try:
+        code = train_main(argv)
+    except SystemExit as exc:
+        code = exc.code
+    out = capsys.readouterr()
+    return code, out.out, out.err

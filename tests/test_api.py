@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from conftest import SMALL
+from conftest import SMALL, run_train_cli
 from torch import nn
 
 import distmb
@@ -24,7 +24,6 @@ from distmb.engine import Trainer
 from distmb.engine.checkpoint import CHECKPOINT_FILE
 from distmb.errors import InputError
 from distmb.nn import BlockModel, aggregate
-from distmb.train import main as train_main
 
 ROOT = Path(__file__).resolve().parents[1]
 #: A small, fast run (2 layers) on :data:`SMALL`.
@@ -207,13 +206,8 @@ NOT_A_CLASS = 3
 """
 
 
-def run_cli(argv, capsys):
-    try:
-        code = train_main(argv)
-    except SystemExit as exc:
-        code = exc.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
+#: ``python -m distmb.train ARGV`` in this process: (exit code, stdout, stderr).
+run_cli = run_train_cli
 
 
 CLI_FAST = ["--dataset", SMALL, "--layers", "2", "--fanout", "4,4", "--hidden", "16",

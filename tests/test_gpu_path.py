@@ -12,7 +12,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import FAST_FLAGS, SMALL, TIMING_KEYS
+from conftest import FAST_FLAGS, SMALL, TIMING_KEYS, run_train_cli
 
 from distmb.config import TrainConfig, parse_config
 from distmb.cuda.device import check_gpu_path, resolve_device, uses_gpu_path
@@ -22,7 +22,6 @@ from distmb.engine import Trainer
 from distmb.errors import InputError
 from distmb.loader.minibatch import MiniBatch
 from distmb.sampling import NeighborSampler
-from distmb.train import main as train_main
 
 FAST = [*FAST_FLAGS, "--eval-every", "1"]
 #: A graph on which two epochs of the small model separate learning from guessing.
@@ -32,13 +31,8 @@ LEARNABLE = (
 )
 
 
-def run(argv: list[str], capsys) -> tuple[int, str, str]:
-    try:
-        code = train_main(argv)
-    except SystemExit as exc:
-        code = exc.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
+#: ``python -m distmb.train ARGV`` in this process: (exit code, stdout, stderr).
+run = run_train_cli
 
 
 def records(tmp_path, name: str, argv: list[str], capsys) -> list[dict]:

@@ -8,7 +8,7 @@ import statistics
 import numpy as np
 import pytest
 import torch
-from conftest import FAST_FLAGS, SMALL, TIMING_KEYS
+from conftest import FAST_FLAGS, SMALL, TIMING_KEYS, run_train_cli
 
 from distmb import recipes
 from distmb.config import TrainConfig
@@ -17,18 +17,12 @@ from distmb.data.local import LocalGraph
 from distmb.engine import Trainer
 from distmb.engine.checkpoint import CHECKPOINT_FILE
 from distmb.report import main as report_main
-from distmb.train import main as train_main
 
 FAST = [*FAST_FLAGS, "--eval-every", "1"]
 
 
-def run(argv: list[str], capsys) -> tuple[int, str, str]:
-    try:
-        code = train_main(argv)
-    except SystemExit as exc:
-        code = exc.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
+#: ``python -m distmb.train ARGV`` in this process: (exit code, stdout, stderr).
+run = run_train_cli
 
 
 @pytest.mark.parametrize(
