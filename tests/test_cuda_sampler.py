@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 from test_sampler import (
+    BAD_SEEDS,
     P_MIN,
     LocalGraph,
     assert_same_blocks,
@@ -303,17 +304,7 @@ def test_edge_inclusion_matches_the_cpp_sampler(device) -> None:
 
 # -- errors --------------------------------------------------------------------------------
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize(
-    ("seeds", "message"),
-    [
-        ([5], "is a halo vertex"),
-        ([0, 7], "outside the solid range"),
-        ([-1], "outside the solid range"),
-        ([1, 2, 1], "must be distinct; VID_p 1"),
-        ([[0, 1]], "must be 1-D"),
-        ([0.5], "must hold integers"),
-    ],
-)
+@pytest.mark.parametrize(("seeds", "message"), BAD_SEEDS)
 def test_bad_seeds(seeds, message, device) -> None:
     sampler = device_sampler(hand_graph(), [2, 2], 0, device)
     before = on_cpu(sampler.sample(np.array([0, 3]), 0, 0), device)

@@ -398,17 +398,18 @@ def test_layers_draw_independently() -> None:
 
 
 # -- errors --------------------------------------------------------------------------------
-@pytest.mark.parametrize(
-    ("seeds", "message"),
-    [
-        ([5], "is a halo vertex"),
-        ([0, 7], "outside the solid range"),
-        ([-1], "outside the solid range"),
-        ([1, 2, 1], "must be distinct; VID_p 1"),
-        ([[0, 1]], "must be 1-D"),
-        ([0.5], "must hold integers"),
-    ],
-)
+#: Seeds every sampler refuses on :func:`hand_graph` (halo vertex 5), and the message's text.
+BAD_SEEDS = [
+    ([5], "is a halo vertex"),
+    ([0, 7], "outside the solid range"),
+    ([-1], "outside the solid range"),
+    ([1, 2, 1], "must be distinct; VID_p 1"),
+    ([[0, 1]], "must be 1-D"),
+    ([0.5], "must hold integers"),
+]
+
+
+@pytest.mark.parametrize(("seeds", "message"), BAD_SEEDS)
 def test_bad_seeds(seeds: list, message: str) -> None:
     g = hand_graph()
     sampler = g.sampler([2, 2], seed=0)
