@@ -59,9 +59,9 @@ class MiniBatch:
     def to(self, device: torch.device | str, non_blocking: bool = False) -> MiniBatch:
         """Move the blocks, labels, input rows and halo rows to ``device``, in place; returns
         the batch. ``non_blocking`` copies from pinned host memory overlap with the caller
-        (the copy is ordered on the device's current stream). ``seeds`` stay a host array.
-        When ``x`` moves, the recycled host ``buffer`` is released with it (the device copy
-        does not alias it)."""
+        (the copy is ordered on the device's current stream). ``seeds`` stay a host array,
+        and so does ``buffer``: the device copies do not alias it, so its owner (the
+        BatchLoader's to-device stage) may recycle it at once."""
         device = torch.device(device)
         self.blocks = [block.to(device, non_blocking) for block in self.blocks]
         self.labels = self.labels.to(device, non_blocking=non_blocking)
