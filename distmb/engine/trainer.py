@@ -164,9 +164,6 @@ class Trainer:
         # --comm torch: gradient buckets all-reduced during the backward pass (hooks).
         self.comm.prepare_gradients(self.model, int(config.grad_bucket_mb * 2**20))
         self.adjacency = open_adjacency(local, config)
-        self.sampler = NeighborSampler(
-            local.indptr, self.adjacency, local.n_solid, local.n_local, config.fanout, config.seed
-        )
         # --normalize-features standard: two all-reduces (column sums, squared deviations)
         # on every rank, here, in this order.
         self.normalization = fit_normalization(
@@ -177,7 +174,20 @@ class Trainer:
         self.gpu: GpuData | None = None
         if self.gpu_path:
             self.gpu = gpu_data(local, config, self.device, self.adjacency, self.normalization)
-            self.sampler = self.gpu.sampler  # training and evaluation blocks on the device
+        # The sampler of training and evaluation: the GPU path's (blocks on the device), or
+        # the C++ one (each validates the CSR once: only the one in use is built).
+        self.sampler = (
+            self.gpu.sampler
+            if self.gpu is not None
+            else NeighborSampler(
+                local.indptr,
+                self.adjacency,
+                local.n_solid,
+                local.n_local,
+                config.fanout,
+                config.seed,
+            )
+        )
         self.halo = halo if halo is not None else HaloScheme()
         self.halo.setup(self.model.layer_dims())
         self.loader = BatchLoader(
