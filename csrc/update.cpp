@@ -21,6 +21,9 @@
 // reductions over N (weight, bias and attention-vector gradients) are deterministic for a
 // given thread count and differ across thread counts only by float rounding.
 #include <omp.h>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -238,6 +241,50 @@ inline void store_cols(const float* v, int jv, float* o) {
   }
 }
 
+#if defined(__AVX512F__)
+// The forward epilogue of one row of a register tile on AVX-512, 16 columns per vector: the
+// ReLU / dropout gate is a mask register, which is also the row's packed gate bits (column
+// j0 + j -> bit j of the little-endian 16-bit word at byte (j0) / 8). Same values and bits as
+// the portable epilogue in sage_epilogue.
+template <int NR, bool kRelu, bool kDrop>
+inline void sage_epilogue_row_avx512(const float (&accr)[NR], int64_t row, int jv, int64_t j0,
+                                     int64_t k, const float* bias_p, const float* addend,
+                                     uint64_t seed, uint64_t threshold, float scale, float* out,
+                                     uint8_t* gate_bits) {
+  static_assert(NR % 16 == 0, "AVX-512 epilogue works on whole 16-float vectors");
+  const int64_t kb = bytes_per_row(k);
+  alignas(64) uint32_t u[NR];
+  if (kDrop) dropout_uniforms(dropout_row_key(seed, row), j0, u);
+  const __m512i thr = _mm512_set1_epi32(static_cast<int>(static_cast<uint32_t>(threshold)));
+  const __m512 vscale = _mm512_set1_ps(scale);
+  float* o = out + row * k + j0;
+  for (int q = 0; q < NR / 16; ++q) {
+    const int valid = std::max(0, std::min(16, jv - 16 * q));
+    if (valid == 0) break;
+    const __mmask16 lanes = valid == 16 ? static_cast<__mmask16>(0xFFFF)
+                                        : static_cast<__mmask16>((1u << valid) - 1u);
+    __m512 v = _mm512_add_ps(_mm512_loadu_ps(accr + 16 * q), _mm512_loadu_ps(bias_p + j0 + 16 * q));
+    if (addend != nullptr)
+      v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(lanes, addend + row * k + j0 + 16 * q));
+    if (kRelu) {
+      __mmask16 gate = _mm512_mask_cmp_ps_mask(lanes, v, _mm512_setzero_ps(), _CMP_GT_OQ);
+      if (kDrop)
+        gate &= _mm512_cmplt_epu32_mask(_mm512_load_si512(u + 16 * q), thr);
+      v = _mm512_maskz_mul_ps(gate, v, vscale);
+      if (gate_bits != nullptr) {
+        const int64_t byte0 = (j0 + 16 * q) / kBitsPerByte;
+        uint8_t* dst = gate_bits + row * kb + byte0;
+        if (kb - byte0 >= 2)
+          std::memcpy(dst, &gate, 2);
+        else
+          dst[0] = static_cast<uint8_t>(gate);
+      }
+    }
+    _mm512_mask_storeu_ps(o + 16 * q, lanes, v);
+  }
+}
+#endif
+
 // The forward epilogue of update_forward for one register tile (template flags select the
 // variant at compile time so that the tile loop carries no branches).
 template <int NR, bool kRelu, bool kDrop>
@@ -245,6 +292,12 @@ inline void sage_epilogue(const float (&acc)[kMR][NR], int64_t row0, int mr, int
                           int64_t k, const float* bias_p, const float* addend, uint64_t seed,
                           uint64_t threshold, float scale, float* out, uint8_t* gate_bits) {
   const int jv = static_cast<int>(std::min<int64_t>(NR, k - j0));
+#if defined(__AVX512F__)
+  for (int r = 0; r < mr; ++r)
+    sage_epilogue_row_avx512<NR, kRelu, kDrop>(acc[r], row0 + r, jv, j0, k, bias_p, addend, seed,
+                                               threshold, scale, out, gate_bits);
+  return;
+#endif
   const int64_t kb = bytes_per_row(k);
   for (int r = 0; r < mr; ++r) {
     const int64_t row = row0 + r;
@@ -536,6 +589,18 @@ void update_backward(int64_t n, int64_t k, const float* grad_out, const uint8_t*
                           const uint32_t word =
                               bits[b0] | (b0 + 1 < kb ? static_cast<uint32_t>(bits[b0 + 1]) << 8
                                                       : 0u);
+#if defined(__AVX512F__)
+                          static_assert(kUnpack == 16, "one AVX-512 vector per unpack step");
+                          const int valid = static_cast<int>(std::min<int64_t>(kUnpack, k - j0));
+                          const __mmask16 lanes =
+                              valid == kUnpack ? static_cast<__mmask16>(0xFFFF)
+                                               : static_cast<__mmask16>((1u << valid) - 1u);
+                          _mm512_storeu_ps(
+                              d + j0, _mm512_maskz_mul_ps(static_cast<__mmask16>(word) & lanes,
+                                                          _mm512_maskz_loadu_ps(lanes, g + j0),
+                                                          _mm512_set1_ps(scale)));
+                          continue;
+#endif
                           float tail[kUnpack] = {};
                           const float* src = g + j0;
                           if (k - j0 < kUnpack) {

@@ -31,6 +31,7 @@ from typing import Any, Literal
 import numpy as np
 
 from distmb.errors import InputError
+from distmb.malloc import MALLOC_POLICIES
 from distmb.progress import DEFAULT_PROGRESS_EVERY
 
 __all__ = [
@@ -341,6 +342,13 @@ class TrainConfig:
     )
     threads: int | None = option(
         None, "threads for sampling and PyTorch (default: all cores)", min=1, max=MAX_THREADS
+    )
+    malloc: str = option(
+        "retain",
+        "C allocator policy: retain (glibc keeps freed memory for the next batch's buffers "
+        "instead of unmapping and page-faulting them afresh; resident memory stays near its "
+        "peak) or system (the C library's defaults); distmb/malloc.py",
+        choices=MALLOC_POLICIES,
     )
     device: str = option(
         "cpu",

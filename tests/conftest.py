@@ -38,6 +38,17 @@ TIMING_KEYS = {
 }  # fmt: skip
 
 
+@pytest.fixture(autouse=True)
+def _system_malloc_after_each_test():
+    """A Trainer built in this process applies ``--malloc retain`` (process-wide); put glibc's
+    defaults back after each test so that the next one, e.g. a test of memory being returned
+    to the OS, starts from them."""
+    yield
+    from distmb.malloc import configure_malloc
+
+    configure_malloc("system")
+
+
 #: The Planetoid Cora files shipped in the package (``--dataset cora``).
 CORA_DIR = Path(BUILTIN_DATASETS["cora"][1])
 

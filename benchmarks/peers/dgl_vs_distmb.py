@@ -55,6 +55,7 @@ import numpy as np
 import peer_graph
 
 from distmb.errors import DistmbError
+from distmb.malloc import MALLOC_POLICIES
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -283,6 +284,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--epochs", type=int, default=3, help="measured epochs per side")
     p.add_argument("--warmup", type=int, default=1, help="untimed epochs per side first")
     p.add_argument("--kernels", choices=("fused", "torch"), default="fused", help="distmb's")
+    p.add_argument(
+        "--malloc",
+        choices=MALLOC_POLICIES,
+        default="retain",
+        help="distmb's --malloc (its default: retain); DGL's side keeps glibc's defaults",
+    )
     p.add_argument("--eval-batch-size", type=int, default=4096)
     p.add_argument("--no-eval", action="store_true", help="skip the accuracy check")
     p.add_argument("--seed", type=int, default=0)
@@ -369,6 +376,8 @@ def command_line(args: argparse.Namespace) -> str:
         str(args.warmup),
         "--kernels",
         args.kernels,
+        "--malloc",
+        args.malloc,
         "--eval-batch-size",
         str(args.eval_batch_size),
         "--seed",
@@ -444,6 +453,7 @@ def run(args: argparse.Namespace, workdir: Path) -> None:
         eval_every=10**9,
         eval_batch_size=args.eval_batch_size,
         kernels=args.kernels,
+        malloc=args.malloc,
         prefetch=0,
         progress=False,
     )
@@ -532,6 +542,7 @@ def run(args: argparse.Namespace, workdir: Path) -> None:
             "measured_epochs": args.epochs,
             "distmb_kernels": args.kernels,
             "distmb_prefetch": 0,
+            "distmb_malloc": args.malloc,
             "dgl_num_workers": 0,
             "seed": args.seed,
         },

@@ -70,6 +70,7 @@ from distmb.features.select import open_features
 from distmb.halo.base import HaloScheme
 from distmb.loader.loader import BatchLoader, shuffled, split_batches
 from distmb.loader.minibatch import MiniBatch
+from distmb.malloc import configure_malloc
 from distmb.nn.backend import set_kernels
 from distmb.nn.user import check_block_model, model_from_config, model_spec
 from distmb.progress import ProgressSettings, meter
@@ -126,6 +127,11 @@ class Trainer:
         self.num_ranks = self.comm.size
         self.log = log
         prepare_outputs(config, self.rank)
+        # --malloc: from here on, glibc keeps each batch's freed buffers for the next batch
+        # instead of unmapping them (distmb/malloc.py); loading and partitioning came before.
+        note = configure_malloc(config.malloc)
+        if note and self.rank == 0:
+            log(f"distmb: {note}")
         set_kernels(config.kernels)  # the fused kernels run on the CPU; on a GPU, torch ops
         #: Where the model trains (``--device``); :attr:`gpu_path`: the GPU path's sampler and
         #: device feature cache (``--device cuda``, or ``--sampler device`` on the CPU).
