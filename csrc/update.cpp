@@ -658,6 +658,19 @@ void dropout_forward(int64_t n, int64_t k, const float* x, double p_drop, uint64
     for (int64_t j0 = 0; j0 < full; j0 += kNR) {
       alignas(64) uint32_t u[kNR];
       dropout_uniforms(rk, j0, u);
+#if defined(__AVX512F__)
+      // The keep mask of 16 columns is a mask register, stored as their two gate bytes.
+      for (int q = 0; q < kNR / 16; ++q) {
+        const __mmask16 keep =
+            keep_all ? static_cast<__mmask16>(0xFFFF)
+                     : _mm512_cmplt_epu32_mask(_mm512_load_si512(u + 16 * q),
+                                               _mm512_set1_epi32(static_cast<int>(threshold32)));
+        _mm512_storeu_ps(o + j0 + 16 * q, _mm512_maskz_mul_ps(keep, _mm512_loadu_ps(xr + j0 + 16 * q),
+                                                              _mm512_set1_ps(scale)));
+        std::memcpy(br + (j0 + 16 * q) / kBitsPerByte, &keep, 2);
+      }
+      continue;
+#endif
       alignas(64) uint8_t gate[kNR];
 #pragma omp simd
       for (int j = 0; j < kNR; ++j) {
@@ -688,6 +701,11 @@ void dropout_backward(int64_t n, int64_t k, const float* grad_out, const uint8_t
     for (int64_t j0 = 0; j0 < full; j0 += kUnpack) {
       const int64_t b0 = j0 / kBitsPerByte;
       const uint32_t word = br[b0] | static_cast<uint32_t>(br[b0 + 1]) << 8;
+#if defined(__AVX512F__)
+      _mm512_storeu_ps(d + j0, _mm512_maskz_mul_ps(static_cast<__mmask16>(word),
+                                                   _mm512_loadu_ps(g + j0), _mm512_set1_ps(scale)));
+      continue;
+#endif
 #pragma omp simd
       for (int j = 0; j < kUnpack; ++j) {
         const float scaled = g[j0 + j] * scale;

@@ -92,6 +92,10 @@ class TrainingDiverged(DistmbError):
     exit_code = 3
 
 
+#: Devices whose parameters the built-in optimizer updates with torch's fused Adam.
+FUSED_ADAM_DEVICES = ("cpu", "cuda")
+
+
 class Trainer:
     """Trains one model on one rank's :class:`LocalGraph`.
 
@@ -162,8 +166,12 @@ class Trainer:
             )
         self.model = model.to(self.device)
         if optimizer is None:
+            params = list(model.parameters())
+            # One fused kernel per parameter instead of ~10 elementwise ops, each of which
+            # wakes the thread pool: the step took 2.5 ms of a 150 ms SAGE batch unfused.
+            fused = all(p.device.type in FUSED_ADAM_DEVICES for p in params)
             optimizer = torch.optim.Adam(
-                model.parameters(), lr=config.lr, weight_decay=config.weight_decay
+                params, lr=config.lr, weight_decay=config.weight_decay, fused=fused
             )
         check_optimizer(optimizer, model)
         self.optimizer = optimizer
