@@ -167,6 +167,7 @@ class NeighborSamplerCore {
   std::vector<Slot> scratch_;     // [n_local]: kUnset outside a call (see sampler.cpp)
   std::vector<int64_t> nbr_;      // sampled neighbours (VID_p) of the current layer, reused
   std::vector<RowRef> rows_;      // CSR rows of the current layer's destinations, reused
+  std::vector<uint8_t> first_;    // [edges]: the current layer's first appearances, reused
   std::vector<int64_t> list_starts_;  // with adjacency_: the fetched lists of a layer, reused
   std::vector<uint8_t> list_bytes_;
   std::mutex mutex_;

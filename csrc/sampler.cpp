@@ -28,6 +28,10 @@ constexpr Slot kUnset = std::numeric_limits<Slot>::max();
 // must stay in L2 between the sweeps of pass 2.
 constexpr int64_t kSampleChunk = 64;
 
+// Classes of an edge in pass 3 (first_): not its source's first appearance, or the first
+// appearance of a solid / halo source (kFirstHalo - is_solid).
+constexpr uint8_t kNotFirst = 0, kFirstSolid = 1, kFirstHalo = 2;
+
 // Minimum work per OpenMP thread: destinations sized in pass 1, edges sampled in pass 2,
 // edges compacted / relabelled or scratch entries reset in passes 3-5 (about 0.1-0.3 ms each).
 // Below it a pass runs on fewer threads: a fork/join costs microseconds, and much more when
@@ -355,11 +359,15 @@ void NeighborSamplerCore::sample_layer(const Idx* indices, const int64_t* list_s
   }
 
   // 3. New sources in order of first appearance, solid ones then halo ones: count per
-  //    thread range, scan, write. The count is branch-free (whether an edge is a first
-  //    appearance is a coin toss for the branch predictor).
+  //    thread range (recording each edge's class in first_: the write sweep then reads one
+  //    byte per edge instead of chasing nbr[e]'s scratch entry again), scan, write. The count
+  //    is branch-free (whether an edge is a first appearance is a coin toss for the branch
+  //    predictor).
   const int nt = threads_for(nnz, kGrainEdges);
   std::vector<int64_t> solid_at(nt + 1, 0), halo_at(nt + 1, 0);
   const int64_t n_solid = n_solid_;
+  first_.resize(nnz);
+  uint8_t* const first_of = first_.data();
 #pragma omp parallel num_threads(nt)
   {
     const int t = omp_get_thread_num();
@@ -371,6 +379,7 @@ void NeighborSamplerCore::sample_layer(const Idx* indices, const int64_t* list_s
       const int64_t solid = u < n_solid;
       n_s += first & solid;
       n_h += first & (1 - solid);
+      first_of[e] = static_cast<uint8_t>(first * (kFirstHalo - solid));
     }
     solid_at[t + 1] = n_s;
     halo_at[t + 1] = n_h;
@@ -382,14 +391,13 @@ void NeighborSamplerCore::sample_layer(const Idx* indices, const int64_t* list_s
       out.n_halo = halo_at[nt];
       out.src_ids.resize(n_dst + solid_at[nt] + halo_at[nt]);
     }
-    // Another thread may overwrite scratch[u] with ~local meanwhile, but only for a u first
-    // seen in its own range; then scratch[u] < 0 != e here, so the test stays exact.
     int64_t* const src = out.src_ids.data();
     int64_t next_s = n_dst + solid_at[t], next_h = n_dst + solid_at[nt] + halo_at[t];
     for (int64_t e = lo; e < hi; ++e) {
+      const uint8_t cls = first_of[e];
+      if (cls == kNotFirst) continue;
       const int64_t u = nbr[e];
-      if (__atomic_load_n(&scratch[u], __ATOMIC_RELAXED) != e) continue;
-      const int64_t local = u < n_solid ? next_s++ : next_h++;
+      const int64_t local = cls == kFirstSolid ? next_s++ : next_h++;
       src[local] = u;
       __atomic_store_n(&scratch[u], static_cast<Slot>(~local), __ATOMIC_RELAXED);
     }
