@@ -15,9 +15,9 @@ tensor takes ~23 ms against ~4 ms for a reused one, and the faults were ~17 % of
   previous batch's. The process's resident memory then stays near its peak instead of
   dropping between batches (what jemalloc / tcmalloc, which Intel recommends preloading for
   PyTorch on CPUs, also do), and heap fragmentation adds to that peak: 1.07 GB against
-  0.88 GB on the run above, flat over 30 epochs. Threads other than the main one still get large blocks from
-  ``mmap`` (glibc falls back to it there), so this changes speed, never whether an
-  allocation succeeds.
+  0.88 GB on the run above, flat over 30 epochs. Threads other than the main one still get
+  large blocks from ``mmap`` (glibc falls back to it there), so this changes speed, never
+  whether an allocation succeeds.
 - ``system``: the C library's own defaults: nothing is changed, unless ``retain`` was applied
   earlier in this process; then its two settings go back to glibc's default values
   (:data:`GLIBC_DEFAULTS`; glibc's adaptive mmap threshold stays off).
