@@ -20,7 +20,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from distmb.nn import fused_update
 from distmb.nn.aggregate import add_self_loops, aggregate, check_layer_input, in_degrees
+from distmb.nn.backend import get_kernels
 from distmb.sampling import Block
 
 
@@ -36,7 +38,9 @@ def symmetric_norms(block: Block, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
 class GCNConv(nn.Module):
     """``h_v = act(D_in^-1/2 (A [+ I]) D_out^-1/2 X W + b)`` on a block (module docstring).
 
-    ReLU and dropout follow the layer with ``activation=True`` (every layer but the last).
+    ReLU and dropout follow the layer with ``activation=True`` (every layer but the last);
+    with ``--kernels fused`` and float32 CPU tensors the dropout masks are the fused kernels'
+    counter-based ones (:func:`distmb.nn.fused_update.dropout`), else ``nn.Dropout``'s.
     Like DGL's GraphConv, the layer multiplies by ``W`` before aggregating when
     ``out_dim < in_dim`` (fewer values to aggregate; same result up to rounding).
     Initialisation as DGL's GraphConv: ``W`` Xavier-uniform, bias zero.
@@ -89,7 +93,13 @@ class GCNConv(nn.Module):
             h = self.fc(aggregate(block, x_src * src_norm, "sum") * dst_norm)
         h = h + self.bias
         if self.activation:
-            h = self.dropout(torch.relu(h))
+            h = torch.relu(h)
+            if get_kernels() == "fused" and fused_update.supported(h):
+                # Counter-based, thread-parallel masks (torch's Dropout draws with one
+                # sequential generator): as GATConv's output dropout.
+                h = fused_update.dropout(h, self.dropout.p, self.training)
+            else:
+                h = self.dropout(h)
         return h
 
     def extra_repr(self) -> str:
