@@ -44,6 +44,7 @@ import numpy as np
 
 from distmb.config import OPTIONS, RESUME_MUST_MATCH, TrainConfig
 from distmb.errors import InputError, PartitionError, exit_on_user_error
+from distmb.malloc import MALLOC_POLICIES, configure_malloc
 
 if TYPE_CHECKING:
     from distmb.comm import Communicator, SingleProcess
@@ -117,6 +118,7 @@ def predict(
     overwrite: bool = False,
     batch_size: int | None = None,
     threads: int | None = None,
+    malloc: str = "retain",
     verify: bool = True,
     comm: Ranks | None = None,
     log: Callable[[str], None] | None = None,
@@ -136,6 +138,9 @@ def predict(
         overwrite: replace the outputs of an earlier prediction in ``out``.
         batch_size: destinations per block (default: the checkpoint's ``--eval-batch-size``).
         threads: PyTorch's and the C++ kernels' threads (default: all cores).
+        malloc: the C allocator policy while inferring (``--malloc``:
+            :data:`distmb.malloc.MALLOC_POLICIES`; ``retain`` keeps each batch's freed
+            buffers for the next; distmb/malloc.py).
         verify: check the partition's files when opening them.
         comm: the ranks (:class:`distmb.comm.Communicator` under MPI; default: one rank).
         log: prints one line (rank 0 only); default: ``print``.
@@ -168,7 +173,9 @@ def predict(
     from distmb.engine.checkpoint import read_checkpoint
 
     state = read_checkpoint(path, "--checkpoint")
-    config = inference_config(state["args"], path, dataset, part_dir, batch_size, threads, verify)
+    config = inference_config(
+        state["args"], path, dataset, part_dir, batch_size, threads, verify, malloc
+    )
     local, data_text = _open_data(comm, config)
     check_same_graph(state["identity"], local.identity, path, data_text)
     result = _run(comm, state, config, local, path, data_text, out_dir, embeddings, per_part, say)
@@ -207,6 +214,7 @@ def inference_config(
     batch_size: int | None,
     threads: int | None,
     verify: bool,
+    malloc: str = "retain",
 ) -> TrainConfig:
     """The configuration of a prediction: the checkpoint's :data:`CARRIED_OPTIONS` (what
     shapes the model and its evaluation), the data given (default: the checkpoint's own),
@@ -235,6 +243,7 @@ def inference_config(
             part_dir=None if part_dir is None else str(part_dir),
             features="mmap",
             threads=threads,
+            malloc=malloc,
             verify=verify,
             progress=False,
         )
@@ -369,6 +378,11 @@ def _run(
 
     start = time.perf_counter()
     set_threads(config)
+    # --malloc: each inference batch reuses the previous one's freed buffers (the checkpoint
+    # and the data were loaded before, with glibc's defaults).
+    note = configure_malloc(config.malloc)
+    if note:
+        say(f"distmb.predict: {note}")
     set_kernels(config.kernels)
     with torch.random.fork_rng(devices=[]):  # the initial weights are replaced below
         model = model_from_config(config, local.feat_dim, local.num_classes)
@@ -700,6 +714,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="threads of PyTorch and the C++ kernels (default: all cores)",
     )
     parser.add_argument(
+        "--malloc",
+        choices=MALLOC_POLICIES,
+        default="retain",
+        help="C allocator policy (as distmb.train's --malloc): retain keeps each batch's freed "
+        "buffers for the next instead of page-faulting them afresh; system: glibc's defaults",
+    )
+    parser.add_argument(
         "--no-verify",
         action="store_true",
         help="do not check the partition's files when opening them",
@@ -729,6 +750,7 @@ def _run_cli(argv: list[str] | None, comm: Ranks | None) -> None:
         overwrite=args.overwrite,
         batch_size=args.batch_size,
         threads=args.threads,
+        malloc=args.malloc,
         verify=not args.no_verify,
         comm=comm,
         log=lambda line: print(line, flush=True),

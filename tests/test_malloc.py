@@ -6,6 +6,7 @@ the same large torch buffer again and again, in a fresh process per policy."""
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import platform
 import subprocess
@@ -13,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import random_graph
+from conftest import FAST_FLAGS, SMALL, random_graph, run_train_cli
 
 from distmb import malloc
 from distmb.config import TrainConfig
@@ -129,3 +130,23 @@ def test_trainer_logs_a_note_where_retain_cannot_apply(monkeypatch):
     config = TrainConfig(layers=1, fanout=(2,), hidden=4, epochs=1, progress=False)
     Trainer(LocalGraph.from_graph(random_graph()), config, log=lines.append)
     assert any("--malloc retain: not applied" in line for line in lines)
+
+
+
+@pytest.mark.parametrize("policy", malloc.MALLOC_POLICIES)
+def test_predict_applies_its_flag(monkeypatch, tmp_path, capsys, policy):
+    predict_module = importlib.import_module("distmb.predict")  # the package exports predict()
+
+    code, _, err = run_train_cli(
+        ["--dataset", SMALL, *FAST_FLAGS, "--epochs", "1", "--checkpoint-dir", str(tmp_path)],
+        capsys,
+    )
+    assert code == 0, err
+    assert predict_module.build_parser().parse_args(
+        ["--checkpoint", str(tmp_path), "--out", "o", "--malloc", policy]
+    ).malloc == policy
+    asked = []
+    monkeypatch.setattr(predict_module, "configure_malloc", lambda p: asked.append(p))
+    result = predict_module.predict(tmp_path, malloc=policy, log=lambda _: None)
+    assert asked == [policy]
+    assert result.predictions is not None and result.predictions.shape == (result.num_nodes,)
