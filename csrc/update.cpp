@@ -241,6 +241,33 @@ inline void store_cols(const float* v, int jv, float* o) {
   }
 }
 
+// d[0 .. kUnpack) = bit j of word ? src[j] * scale : 0, reading only src[0 .. valid) (the
+// other lanes are 0): kUnpack gate bits applied at once, full-width and branch-free (a
+// branch per random bit mispredicts). Used by update_backward's prologue and
+// dropout_backward.
+inline void apply_gate_word(uint32_t word, const float* src, int valid, float scale,
+                            float* d) {
+  static_assert(kUnpack == 16, "one 16-bit gate word per step");
+#if defined(__AVX512F__)
+  const __mmask16 lanes = valid == kUnpack ? static_cast<__mmask16>(0xFFFF)
+                                           : static_cast<__mmask16>((1u << valid) - 1u);
+  _mm512_storeu_ps(d, _mm512_maskz_mul_ps(static_cast<__mmask16>(word) & lanes,
+                                          _mm512_maskz_loadu_ps(lanes, src),
+                                          _mm512_set1_ps(scale)));
+#else
+  float tail[kUnpack] = {};
+  if (valid < kUnpack) {
+    std::copy(src, src + valid, tail);
+    src = tail;
+  }
+#pragma omp simd
+  for (int j = 0; j < kUnpack; ++j) {
+    const float scaled = src[j] * scale;
+    d[j] = ((word >> j) & 1u) ? scaled : 0.0f;
+  }
+#endif
+}
+
 #if defined(__AVX512F__)
 // The forward epilogue of one row of a register tile on AVX-512, 16 columns per vector: the
 // ReLU / dropout gate is a mask register, which is also the row's packed gate bits (column
@@ -579,39 +606,17 @@ void update_backward(int64_t n, int64_t k, const float* grad_out, const uint8_t*
                       if (gate_bits == nullptr) {
                         std::copy(g, g + k, d);
                       } else {
-                        // 16 columns per step from their two gate bytes as one 16-bit word,
-                        // full-width and branch-free (a branch per random bit mispredicts);
-                        // the last partial step reads a zero-padded copy of grad_out (gp
-                        // rows have kp >= 16 * steps columns).
+                        // 16 columns per step from their two gate bytes as one 16-bit word
+                        // (gp rows have kp >= 16 * steps columns).
                         const uint8_t* bits = gate_bits + row * kb;
                         for (int64_t j0 = 0; j0 < k; j0 += kUnpack) {
                           const int64_t b0 = j0 / kBitsPerByte;
                           const uint32_t word =
                               bits[b0] | (b0 + 1 < kb ? static_cast<uint32_t>(bits[b0 + 1]) << 8
                                                       : 0u);
-#if defined(__AVX512F__)
-                          static_assert(kUnpack == 16, "one AVX-512 vector per unpack step");
-                          const int valid = static_cast<int>(std::min<int64_t>(kUnpack, k - j0));
-                          const __mmask16 lanes =
-                              valid == kUnpack ? static_cast<__mmask16>(0xFFFF)
-                                               : static_cast<__mmask16>((1u << valid) - 1u);
-                          _mm512_storeu_ps(
-                              d + j0, _mm512_maskz_mul_ps(static_cast<__mmask16>(word) & lanes,
-                                                          _mm512_maskz_loadu_ps(lanes, g + j0),
-                                                          _mm512_set1_ps(scale)));
-                          continue;
-#endif
-                          float tail[kUnpack] = {};
-                          const float* src = g + j0;
-                          if (k - j0 < kUnpack) {
-                            std::copy(g + j0, g + k, tail);
-                            src = tail;
-                          }
-#pragma omp simd
-                          for (int j = 0; j < kUnpack; ++j) {
-                            const float scaled = src[j] * scale;
-                            d[j0 + j] = ((word >> j) & 1u) ? scaled : 0.0f;
-                          }
+                          apply_gate_word(word, g + j0,
+                                          static_cast<int>(std::min<int64_t>(kUnpack, k - j0)),
+                                          scale, d + j0);
                         }
                       }
                       std::fill(d + k, d + kp, 0.0f);
@@ -695,22 +700,13 @@ void dropout_backward(int64_t n, int64_t k, const float* grad_out, const uint8_t
     const uint8_t* br = bits + row * kb;
     const float* g = grad_out + row * k;
     float* d = grad_in + row * k;
-    // kUnpack columns per step from their two bytes as one 16-bit word, branch-free (as
-    // update_backward's prologue); the last k % kUnpack columns one by one.
+    // kUnpack columns per step from their two bytes as one 16-bit word (apply_gate_word);
+    // the last k % kUnpack columns one by one.
     const int64_t full = k / kUnpack * kUnpack;
     for (int64_t j0 = 0; j0 < full; j0 += kUnpack) {
       const int64_t b0 = j0 / kBitsPerByte;
       const uint32_t word = br[b0] | static_cast<uint32_t>(br[b0 + 1]) << 8;
-#if defined(__AVX512F__)
-      _mm512_storeu_ps(d + j0, _mm512_maskz_mul_ps(static_cast<__mmask16>(word),
-                                                   _mm512_loadu_ps(g + j0), _mm512_set1_ps(scale)));
-      continue;
-#endif
-#pragma omp simd
-      for (int j = 0; j < kUnpack; ++j) {
-        const float scaled = g[j0 + j] * scale;
-        d[j0 + j] = ((word >> j) & 1u) ? scaled : 0.0f;
-      }
+      apply_gate_word(word, g + j0, kUnpack, scale, d + j0);
     }
     for (int64_t col = full; col < k; ++col) {
       const bool keep = (br[col / kBitsPerByte] >> (col % kBitsPerByte)) & 1;
