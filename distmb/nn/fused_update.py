@@ -12,7 +12,8 @@ attention-vector) gradients in one sweep.
   aggregating when ``out_dim < in_dim``).
 - :func:`gat_projection`: ``z = act(x @ W^T + b)`` and the per-head attention scores
   ``el = <a_l, z>``, ``er = <a_r, z>``.
-- :func:`dropout`: standalone dropout with the same counter-based masks (GAT's output).
+- :func:`dropout`: standalone dropout with the same counter-based masks; :func:`output_dropout`:
+  a layer's output dropout through it when the fused kernels apply (GAT's and GCN's).
 - :func:`dropout_mask`: the dropout mask a seed produces (for tests).
 
 Dropout masks come from a counter-based hash of ``(seed, row, column)``: reproducible for a
@@ -35,6 +36,7 @@ import torch
 from torch import Tensor
 
 from distmb import _C
+from distmb.nn.backend import get_kernels
 
 #: Seeds are drawn uniformly from [0, SEED_BOUND) (a non-negative int64).
 SEED_BOUND = 2**63 - 1
@@ -241,6 +243,15 @@ def dropout(x: Tensor, p: float, training: bool = True, seed: int | None = None)
     if x.dim() != 2:
         raise ValueError(f"dropout takes float32[N, K], got shape {list(x.shape)}")
     return _Dropout.apply(x, p, draw_seed() if seed is None else seed)
+
+
+def output_dropout(x: Tensor, module: torch.nn.Dropout) -> Tensor:
+    """A layer's output dropout ``module(x)``: with ``--kernels fused`` and a tensor the
+    fused kernels take, through :func:`dropout` (counter-based masks, the module's ``p`` and
+    train/eval mode); otherwise ``module`` itself."""
+    if get_kernels() == "fused" and supported(x):
+        return dropout(x, module.p, module.training)
+    return module(x)
 
 
 def _rows(xs: Sequence[Tensor], addend: Tensor | None) -> int:

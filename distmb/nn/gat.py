@@ -150,10 +150,7 @@ class GATConv(nn.Module):
         out = weighted_aggregate(block, alpha, z)  # [n_dst, H, D]
         out = out.reshape(block.n_dst, -1) if self.concat else out.mean(1)
         if self.activation:
-            if get_kernels() == "fused" and fused_update.supported(out):
-                out = fused_update.dropout(out, self.dropout.p, self.training)
-            else:
-                out = self.dropout(out)
+            out = fused_update.output_dropout(out, self.dropout)
         return out
 
     def extra_repr(self) -> str:

@@ -22,7 +22,6 @@ from torch import Tensor, nn
 
 from distmb.nn import fused_update
 from distmb.nn.aggregate import add_self_loops, aggregate, check_layer_input, in_degrees
-from distmb.nn.backend import get_kernels
 from distmb.sampling import Block
 
 
@@ -93,13 +92,7 @@ class GCNConv(nn.Module):
             h = self.fc(aggregate(block, x_src * src_norm, "sum") * dst_norm)
         h = h + self.bias
         if self.activation:
-            h = torch.relu(h)
-            if get_kernels() == "fused" and fused_update.supported(h):
-                # Counter-based, thread-parallel masks (torch's Dropout draws with one
-                # sequential generator): as GATConv's output dropout.
-                h = fused_update.dropout(h, self.dropout.p, self.training)
-            else:
-                h = self.dropout(h)
+            h = fused_update.output_dropout(torch.relu(h), self.dropout)
         return h
 
     def extra_repr(self) -> str:
