@@ -31,7 +31,7 @@ from typing import Any, Literal
 import numpy as np
 
 from distmb.errors import InputError
-from distmb.malloc import MALLOC_POLICIES
+from distmb.malloc import DEFAULT_MALLOC_POLICY, MALLOC_POLICIES
 from distmb.progress import DEFAULT_PROGRESS_EVERY
 
 __all__ = [
@@ -344,7 +344,7 @@ class TrainConfig:
         None, "threads for sampling and PyTorch (default: all cores)", min=1, max=MAX_THREADS
     )
     malloc: str = option(
-        "retain",
+        DEFAULT_MALLOC_POLICY,
         "C allocator policy: retain (glibc keeps freed memory for the next batch's buffers "
         "instead of unmapping and page-faulting them afresh; resident memory stays near its "
         "peak) or system (the C library's defaults); distmb/malloc.py",

@@ -37,6 +37,9 @@ import platform
 #: ``--malloc`` choices.
 MALLOC_POLICIES: tuple[str, ...] = ("retain", "system")
 
+#: ``--malloc``'s default (distmb.train, distmb.predict).
+DEFAULT_MALLOC_POLICY = "retain"
+
 #: glibc's ``mallopt`` parameter numbers (``<malloc.h>``).
 M_TRIM_THRESHOLD = -1
 M_MMAP_MAX = -4

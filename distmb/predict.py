@@ -44,7 +44,7 @@ import numpy as np
 
 from distmb.config import OPTIONS, RESUME_MUST_MATCH, TrainConfig
 from distmb.errors import InputError, PartitionError, exit_on_user_error
-from distmb.malloc import MALLOC_POLICIES, configure_malloc
+from distmb.malloc import DEFAULT_MALLOC_POLICY, MALLOC_POLICIES, configure_malloc
 
 if TYPE_CHECKING:
     from distmb.comm import Communicator, SingleProcess
@@ -118,7 +118,7 @@ def predict(
     overwrite: bool = False,
     batch_size: int | None = None,
     threads: int | None = None,
-    malloc: str = "retain",
+    malloc: str = DEFAULT_MALLOC_POLICY,
     verify: bool = True,
     comm: Ranks | None = None,
     log: Callable[[str], None] | None = None,
@@ -214,7 +214,7 @@ def inference_config(
     batch_size: int | None,
     threads: int | None,
     verify: bool,
-    malloc: str = "retain",
+    malloc: str,
 ) -> TrainConfig:
     """The configuration of a prediction: the checkpoint's :data:`CARRIED_OPTIONS` (what
     shapes the model and its evaluation), the data given (default: the checkpoint's own),
@@ -716,7 +716,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--malloc",
         choices=MALLOC_POLICIES,
-        default="retain",
+        default=DEFAULT_MALLOC_POLICY,
         help="C allocator policy (as distmb.train's --malloc): retain keeps each batch's freed "
         "buffers for the next instead of page-faulting them afresh; system: glibc's defaults",
     )

@@ -55,7 +55,7 @@ import numpy as np
 import peer_graph
 
 from distmb.errors import DistmbError
-from distmb.malloc import MALLOC_POLICIES
+from distmb.malloc import DEFAULT_MALLOC_POLICY, MALLOC_POLICIES
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -287,7 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--malloc",
         choices=MALLOC_POLICIES,
-        default="retain",
+        default=DEFAULT_MALLOC_POLICY,
         help="distmb's --malloc (its default: retain); DGL's side keeps glibc's defaults",
     )
     p.add_argument("--eval-batch-size", type=int, default=4096)
