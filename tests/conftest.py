@@ -144,13 +144,18 @@ def compile_triton_in_subprocess(code: str) -> None:
     assert out.returncode == 0, out.stderr[-3000:]
 
 
-def run_train_cli(argv: list[str], capsys) -> tuple[int, str, str]:
-    """``python -m distmb.train ARGV`` in this process: (exit code, stdout, stderr)."""
-    from distmb.train import main as train_main
-
+def run_cli(main, argv: list[str], capsys) -> tuple[int, str, str]:
+    """A command's ``main(ARGV)`` in this process: (exit code, stdout, stderr)."""
     try:
-        code = train_main(argv)
+        code = main(argv)
     except SystemExit as exc:
         code = exc.code
     out = capsys.readouterr()
     return code, out.out, out.err
+
+
+def run_train_cli(argv: list[str], capsys) -> tuple[int, str, str]:
+    """``python -m distmb.train ARGV`` in this process: (exit code, stdout, stderr)."""
+    from distmb.train import main as train_main
+
+    return run_cli(train_main, argv, capsys)

@@ -367,39 +367,23 @@ def test_sage_conv_fused_matches_torch(
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+#: Layers with an output dropout, built with dropout ``p`` for in/out widths ``dims``.
+DROPOUT_LAYERS: dict[str, Callable[[tuple[int, int], float], torch.nn.Module]] = {
+    "sage": lambda dims, p: SAGEConv(*dims, aggr="mean", activation=True, dropout=p),
+    "gcn": lambda dims, p: GCNConv(*dims, activation=True, dropout=p),
+}
+
+
+@pytest.mark.parametrize("layer", sorted(DROPOUT_LAYERS))
 @pytest.mark.parametrize("dims", [(12, 5), (5, 12)], ids=str)
-def test_sage_conv_fused_dropout_uses_exposed_mask(
-    kernels_backend: None, dims: tuple[int, int]
+def test_conv_fused_dropout_uses_exposed_mask(
+    kernels_backend: None, layer: str, dims: tuple[int, int]
 ) -> None:
     """Training-mode dropout: fused == the torch path without dropout times the mask of the
-    seed the layer drew (values and gradients)."""
+    seed the layer drew (values and gradients); without dropout (eval) both paths agree."""
     p = 0.4
     torch.manual_seed(1)
-    conv = SAGEConv(*dims, aggr="mean", activation=True, dropout=p)
-    block = make_block(30, 50, 5, seed=4)
-    x = torch.randn(50, dims[0], requires_grad=True)
-    conv.train()
-    out_f, grads_f = run_layer(conv, block, x, "fused", seed=77)
-    torch.manual_seed(77)
-    keep = fused_update.dropout_mask(fused_update.draw_seed(), 30, dims[1], p)
-    assert 0 < keep.sum() < keep.numel()
-    conv.eval()  # torch path without dropout, then the same mask by hand
-    set_kernels("torch")
-    ref = conv(block, x) * keep / (1.0 - p)
-    torch.testing.assert_close(out_f, ref, rtol=1e-5, atol=1e-5)
-    for got, want in zip(grads_f, grads(ref, [x, *conv.parameters()], 21), strict=True):
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-
-
-@pytest.mark.parametrize("dims", [(12, 5), (5, 12)], ids=str)
-def test_gcn_conv_fused_dropout_uses_exposed_mask(
-    kernels_backend: None, dims: tuple[int, int]
-) -> None:
-    """GCNConv's output dropout with fused kernels: the counter-based masks of the seed the
-    layer drew (values and gradients); without dropout (eval) both paths agree."""
-    p = 0.4
-    torch.manual_seed(1)
-    conv = GCNConv(*dims, activation=True, dropout=p)
+    conv = DROPOUT_LAYERS[layer](dims, p)
     with torch.no_grad():
         conv.bias.normal_()
     block = make_block(30, 50, 5, seed=4)
@@ -411,7 +395,7 @@ def test_gcn_conv_fused_dropout_uses_exposed_mask(
     assert 0 < keep.sum() < keep.numel()
     conv.eval()
     out_eval_fused = conv(block, x)
-    set_kernels("torch")
+    set_kernels("torch")  # the torch path without dropout, then the same mask by hand
     ref = conv(block, x)
     torch.testing.assert_close(out_eval_fused, ref, rtol=1e-5, atol=1e-5)
     ref = ref * keep / (1.0 - p)

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import FAST_FLAGS, SMALL
+from conftest import FAST_FLAGS, SMALL, run_cli
 from test_distributed import SCRIPTS, mpirun
 
 from distmb.comm import SingleProcess
@@ -34,12 +34,8 @@ DOCS = Path(__file__).resolve().parents[1] / "docs" / "predict.md"
 
 
 def run(argv: list[str], capsys) -> tuple[int, str, str]:
-    try:
-        code = predict_main(argv)
-    except SystemExit as exc:
-        code = exc.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
+    """``python -m distmb.predict ARGV`` in this process: (exit code, stdout, stderr)."""
+    return run_cli(predict_main, argv, capsys)
 
 
 def sage_reference(graph: Graph, state: dict[str, torch.Tensor], layers: int) -> list[np.ndarray]:
