@@ -5,10 +5,38 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
+#include <new>
 #include <vector>
 
 namespace distmb {
+
+// Bytes of a cache line: buffers that vector kernels load whole lines of start on one, so that
+// no 64-byte load straddles two lines.
+constexpr std::size_t kCacheLineBytes = 64;
+
+// std::allocator on cache-line boundaries (the default one guarantees 16 bytes).
+template <class T>
+struct CacheLineAllocator {
+  using value_type = T;
+  CacheLineAllocator() = default;
+  template <class U>
+  CacheLineAllocator(const CacheLineAllocator<U>&) noexcept {}
+  T* allocate(std::size_t n) {
+    return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t(kCacheLineBytes)));
+  }
+  void deallocate(T* p, std::size_t) noexcept {
+    ::operator delete(p, std::align_val_t(kCacheLineBytes));
+  }
+  template <class U>
+  bool operator==(const CacheLineAllocator<U>&) const noexcept { return true; }
+  template <class U>
+  bool operator!=(const CacheLineAllocator<U>&) const noexcept { return false; }
+};
+
+// A float buffer that starts on a cache line.
+using AlignedFloats = std::vector<float, CacheLineAllocator<float>>;
 
 // Threads for a loop of `work` units when each thread should get at least `grain` of them:
 // below that a fork/join (microseconds, far more on oversubscribed cores) is not worth it.

@@ -29,11 +29,11 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <memory>
 #include <stdexcept>
 #include <type_traits>
 #include <vector>
 
+#include "common.h"
 #include "kernels.h"
 #include "rng.h"
 
@@ -183,8 +183,8 @@ int num_work_threads(int64_t work_items) {
 }
 
 // Pack the sources' W^T for the forward product (W is [k][c], B(l = c, j = k) = W[j][l]).
-std::vector<std::vector<float>> pack_forward(const UpdateSource* src, int nsrc, int64_t k) {
-  std::vector<std::vector<float>> packed(nsrc);
+std::vector<AlignedFloats> pack_forward(const UpdateSource* src, int nsrc, int64_t k) {
+  std::vector<AlignedFloats> packed(nsrc);
   for (int s = 0; s < nsrc; ++s) {
     packed[s].resize(src[s].c * pad_cols(k));
     pack_panels(src[s].w, 1, src[s].c, src[s].c, k, packed[s].data());
@@ -276,12 +276,12 @@ inline void apply_gate_word(uint32_t word, const float* src, int valid, float sc
 template <int NR, bool kRelu, bool kDrop>
 inline void sage_epilogue_row_avx512(const float (&accr)[NR], int64_t row, int jv, int64_t j0,
                                      int64_t k, const float* bias_p, const float* addend,
-                                     uint64_t seed, uint64_t threshold, float scale, float* out,
+                                     uint64_t row_key, uint64_t threshold, float scale, float* out,
                                      uint8_t* gate_bits) {
   static_assert(NR % 16 == 0, "AVX-512 epilogue works on whole 16-float vectors");
   const int64_t kb = bytes_per_row(k);
   alignas(64) uint32_t u[NR];
-  if (kDrop) dropout_uniforms(dropout_row_key(seed, row), j0, u);
+  if (kDrop) dropout_uniforms(row_key, j0, u);
   const __m512i thr = _mm512_set1_epi32(static_cast<int>(static_cast<uint32_t>(threshold)));
   const __m512 vscale = _mm512_set1_ps(scale);
   float* o = out + row * k + j0;
@@ -313,16 +313,20 @@ inline void sage_epilogue_row_avx512(const float (&accr)[NR], int64_t row, int j
 #endif
 
 // The forward epilogue of update_forward for one register tile (template flags select the
-// variant at compile time so that the tile loop carries no branches).
+// variant at compile time so that the tile loop carries no branches). row_keys[r]: the
+// dropout_row_key of row row0 + r (read only with kDrop), computed once per row for all of the
+// row's column tiles.
 template <int NR, bool kRelu, bool kDrop>
 inline void sage_epilogue(const float (&acc)[kMR][NR], int64_t row0, int mr, int64_t j0,
-                          int64_t k, const float* bias_p, const float* addend, uint64_t seed,
-                          uint64_t threshold, float scale, float* out, uint8_t* gate_bits) {
+                          int64_t k, const float* bias_p, const float* addend,
+                          const uint64_t* row_keys, uint64_t threshold, float scale, float* out,
+                          uint8_t* gate_bits) {
   const int jv = static_cast<int>(std::min<int64_t>(NR, k - j0));
 #if defined(__AVX512F__)
   for (int r = 0; r < mr; ++r)
-    sage_epilogue_row_avx512<NR, kRelu, kDrop>(acc[r], row0 + r, jv, j0, k, bias_p, addend, seed,
-                                               threshold, scale, out, gate_bits);
+    sage_epilogue_row_avx512<NR, kRelu, kDrop>(acc[r], row0 + r, jv, j0, k, bias_p, addend,
+                                               kDrop ? row_keys[r] : 0, threshold, scale, out,
+                                               gate_bits);
   return;
 #endif
   const int64_t kb = bytes_per_row(k);
@@ -345,7 +349,7 @@ inline void sage_epilogue(const float (&acc)[kMR][NR], int64_t row0, int mr, int
     if (kDrop) {
       const uint32_t threshold32 = static_cast<uint32_t>(threshold);  // < 2^32 with kDrop
       alignas(64) uint32_t u[NR];
-      dropout_uniforms(dropout_row_key(seed, row), j0, u);
+      dropout_uniforms(row_keys[r], j0, u);
 #pragma omp simd
       for (int j = 0; j < NR; ++j) gate[j] = (v[j] > 0.0f) & (u[j] < threshold32);
     } else {
@@ -373,7 +377,7 @@ void update_forward_impl(int64_t n, int64_t k, const UpdateSource* src, int nsrc
                          const float* addend, const float* bias, uint64_t seed,
                          uint64_t threshold, float scale, float* out, uint8_t* gate_bits) {
   const int64_t kp = pad_cols(k);
-  std::vector<float> bias_p(kp, 0.0f);
+  AlignedFloats bias_p(kp, 0.0f);
   std::copy(bias, bias + k, bias_p.begin());
   const auto packed = pack_forward(src, nsrc, k);
   FwdSource fsrc[2];
@@ -382,11 +386,15 @@ void update_forward_impl(int64_t n, int64_t k, const UpdateSource* src, int nsrc
 #pragma omp parallel for schedule(dynamic, 1) num_threads(num_work_threads(nblocks))
   for (int64_t blk = 0; blk < nblocks; ++blk) {
     const int64_t i0 = blk * kRowBlock, rows = std::min(kRowBlock, n - i0);
+    uint64_t row_keys[kRowBlock];
+    if (kDrop)
+      for (int64_t r = 0; r < rows; ++r) row_keys[r] = dropout_row_key(seed, i0 + r);
     forward_row_block(i0, rows, kp, fsrc, nsrc,
                       [&](const auto& acc, int64_t row0, int mr, int64_t j0) {
                         sage_epilogue<std::extent<std::remove_reference_t<decltype(acc)>, 1>::value,
                                       kRelu, kDrop>(acc, row0, mr, j0, k, bias_p.data(), addend,
-                                                    seed, threshold, scale, out, gate_bits);
+                                                    row_keys + (row0 - i0), threshold, scale,
+                                                    out, gate_bits);
                       });
   }
 }
@@ -403,9 +411,9 @@ void check_sources(int64_t k, const UpdateSource* src, int nsrc) {
 
 // Per-thread scratch of the backward pass.
 struct BwdScratch {
-  std::vector<float> gp;  // [kBwdRowBlock][kp]: pre-activation gradient tile, zero-padded
-  std::vector<float> xp;  // a source's rows as zero-padded column panels (pack_row_panels)
-  std::vector<float> gpk;  // gp repacked as [kp / kMR][rows][kMR] (weight-gradient operand)
+  AlignedFloats gp;   // [kBwdRowBlock][kp]: pre-activation gradient tile, zero-padded
+  AlignedFloats xp;   // a source's rows as zero-padded column panels (pack_row_panels)
+  AlignedFloats gpk;  // gp repacked as [kp / kMR][rows][kMR] (weight-gradient operand)
 };
 
 // Work split of the backward pass: the row blocks are cut into a fixed number of contiguous
@@ -447,8 +455,8 @@ void backward_engine(int64_t n, int64_t k, const UpdateSource* src, int nsrc,
                      Prologue&& prologue) {
   const int64_t kp = pad_cols(k);
   const int64_t nchunks = split.nchunks;
-  std::vector<std::vector<float>> wpanels(nsrc);
-  std::vector<std::unique_ptr<float[]>> wpart(nsrc);  // [nchunks][kp][cp], zeroed per chunk
+  std::vector<AlignedFloats> wpanels(nsrc);
+  std::vector<AlignedFloats> wpart(nsrc);  // [nchunks][kp][cp], zeroed per chunk
   int64_t max_cp = 0;
   bool need_gpk = false;
   for (int s = 0; s < nsrc; ++s) {
@@ -459,11 +467,11 @@ void backward_engine(int64_t n, int64_t k, const UpdateSource* src, int nsrc,
       pack_panels(src[s].w, src[s].c, 1, k, src[s].c, wpanels[s].data());
     }
     if (grads[s].grad_w != nullptr) {
-      wpart[s].reset(new float[static_cast<size_t>(nchunks) * kp * cp]);
+      wpart[s].resize(static_cast<size_t>(nchunks) * kp * cp);
       need_gpk = true;
     }
   }
-  std::vector<float> bpart(static_cast<size_t>(nchunks) * kp, 0.0f);
+  AlignedFloats bpart(static_cast<size_t>(nchunks) * kp, 0.0f);
 
 #pragma omp parallel num_threads(split.nt)
   {
@@ -477,9 +485,9 @@ void backward_engine(int64_t n, int64_t k, const UpdateSource* src, int nsrc,
     for (int64_t chunk = 0; chunk < nchunks; ++chunk) {
       float* db = bpart.data() + static_cast<size_t>(chunk) * kp;
       for (int s = 0; s < nsrc; ++s)
-        if (wpart[s]) {
+        if (!wpart[s].empty()) {
           const size_t size = static_cast<size_t>(kp) * pad_cols(src[s].c);
-          std::fill_n(wpart[s].get() + chunk * size, size, 0.0f);
+          std::fill_n(wpart[s].data() + chunk * size, size, 0.0f);
         }
       for (int64_t blk = split.chunk_begin(chunk); blk < split.chunk_begin(chunk + 1); ++blk) {
         const int64_t i0 = blk * kBwdRowBlock, rows = std::min(kBwdRowBlock, n - i0);
@@ -526,7 +534,7 @@ void backward_engine(int64_t n, int64_t k, const UpdateSource* src, int nsrc,
           if (grads[s].grad_w != nullptr) {
             float* xp = scratch.xp.data();
             pack_row_panels(src[s].x + i0 * c, rows, c, xp);
-            float* acc_w = wpart[s].get() + static_cast<size_t>(chunk) * kp * cp;
+            float* acc_w = wpart[s].data() + static_cast<size_t>(chunk) * kp * cp;
             for (int64_t j0 = 0; j0 < cp; j0 += tile_width(j0, cp)) {
               const int w = tile_width(j0, cp);
               for (int64_t k0 = 0; k0 < kp; k0 += kMR) {
@@ -556,7 +564,7 @@ void backward_engine(int64_t n, int64_t k, const UpdateSource* src, int nsrc,
     float* gw = grads[s].grad_w;
     if (gw == nullptr) continue;
     const int64_t c = src[s].c, cp = pad_cols(c);
-    const float* part = wpart[s].get();
+    const float* part = wpart[s].data();
 #pragma omp parallel for schedule(static) num_threads(split.nt)
     for (int64_t kk = 0; kk < k; ++kk)
       sum_parts(part + kk * cp, nchunks, static_cast<size_t>(kp) * cp, c, gw + kk * c);
@@ -725,7 +733,7 @@ void gat_projection_forward(int64_t n, int64_t c, int64_t heads, int64_t d, cons
   check_sources(k, &src, 1);
   if (n <= 0) return;
   const int64_t kp = pad_cols(k);
-  std::vector<float> bias_p(kp, 0.0f);
+  AlignedFloats bias_p(kp, 0.0f);
   std::copy(bias, bias + k, bias_p.begin());
   const auto packed = pack_forward(&src, 1, k);
   const FwdSource fsrc{x, packed[0].data(), c};
@@ -779,7 +787,7 @@ void gat_projection_backward(int64_t n, int64_t c, int64_t heads, int64_t d, con
   const UpdateGrads grads{grad_x, grad_w};
   const BwdSplit split = backward_split(n);
   // Per-chunk gradients of attn_l and attn_r: [nchunks][kp] each.
-  std::vector<float> al_part(static_cast<size_t>(split.nchunks) * kp, 0.0f), ar_part(al_part);
+  AlignedFloats al_part(static_cast<size_t>(split.nchunks) * kp, 0.0f), ar_part(al_part);
   backward_engine(n, k, &src, 1, &grads, grad_bias, split,
                   [&](int64_t chunk, int64_t i0, int64_t rows, float* gp) {
                     float* gal = al_part.data() + static_cast<size_t>(chunk) * kp;

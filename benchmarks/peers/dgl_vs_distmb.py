@@ -1,8 +1,10 @@
 """distmb against DGL, side by side in one run: the same graph, model, batches and threads.
 
 distmb's side runs in this process (distmb's venv: ``Trainer.train_epoch`` on the whole
-graph as one rank, ``--prefetch 0`` so that mini-batch creation is timed inline, as DGL's
-``DataLoader`` with ``num_workers=0`` runs it). DGL's side runs in a subprocess with the
+graph as one rank, by default ``--prefetch 0`` so that mini-batch creation is timed inline, as
+DGL's ``DataLoader`` with ``num_workers=0`` runs it; ``--prefetch N`` and ``--dgl-workers N``
+compare both sides with their batches made ahead instead: distmb's loader thread, DGL's worker
+processes). DGL's side runs in a subprocess with the
 DGL venv's python (``benchmarks/peers/setup_dgl.sh``; ``dgl_worker.py``), reading the graph
 from the one ``.npz`` this script writes (``peer_graph.py``): both train on identical data.
 
@@ -19,14 +21,19 @@ Timing: a warm-up round, then measured rounds; a round is one epoch of each side
 alternating (distmb first, then DGL first, ...), so drift on a shared machine hits both
 alike. The phases have the same boundaries on both sides: MBC = sampling (distmb's C++
 sampler; ``next()`` of DGL's DataLoader) + feature/label gather; FWD = model + loss; BWD =
-``zero_grad`` + ``backward``; OPT = ``optimizer.step``. Medians over the measured epochs,
-distmb/DGL ratios (< 1: distmb faster), mean block sizes per layer (the same fan-outs give
-the same sizes), and after the last epoch exact val/test accuracy on both sides
-(layer-wise full-neighbour inference), a check that both learn the same task.
+``zero_grad`` + ``backward``; OPT = ``optimizer.step``; MBC wait = the training loop's time
+getting its next batch (MBC itself when inline; distmb's wait for its loader thread, or
+``next()`` waiting for DGL's workers plus DGL's gather, when made ahead: then distmb's MBC is
+the loader thread's time, off the loop's path, and DGL's sampling only the wait). Medians over
+the measured epochs, distmb/DGL ratios (< 1: distmb faster), mean block sizes per layer (the
+same fan-outs give the same sizes), and after the last epoch exact val/test accuracy on both
+sides (layer-wise full-neighbour inference), a check that both learn the same task.
 
     benchmarks/peers/setup_dgl.sh                           # once: the DGL venv
     python benchmarks/peers/dgl_vs_distmb.py --threads 2    # -> results/peers_dgl.{json,png}
     python benchmarks/peers/dgl_vs_distmb.py --model gat --out results/peers_dgl_gat.json
+    python benchmarks/peers/dgl_vs_distmb.py --prefetch 2 --dgl-workers 1 \
+        --out results/peers_dgl_ahead.json                  # batches made ahead, both sides
     python benchmarks/peers/dgl_vs_distmb.py --quick        # smoke run on a tiny graph
     python benchmarks/peers/dgl_vs_distmb.py --replot results/peers_dgl.json   # PNG only
 
@@ -75,13 +82,16 @@ QUICK = dict(nodes=4000, batch_size=250, hidden=32, epochs=1, warmup=1)
 #: which one rank does not have, with MBC split into sampling and gather).
 PHASES = ("sample", "gather", "fwd", "bwd", "opt")
 #: Per-epoch numbers of which the medians and ratios are reported.
-METRICS = ("epoch_time", "epoch_cpu", "mbc", *PHASES, "other")
+METRICS = ("epoch_time", "epoch_cpu", "mbc", "mbc_wait", *PHASES, "other")
+#: The training loop's path through an epoch: getting the batch, then the model's phases.
+LOOP_PHASES = ("mbc_wait", "fwd", "bwd", "opt")
 #: Metrics in seconds per epoch (the phases are also reported in milliseconds per batch).
 EPOCH_METRICS = ("epoch_time", "epoch_cpu")
 LABELS = {
     "epoch_time": "epoch",
     "epoch_cpu": "epoch CPU",
     "mbc": "MBC",
+    "mbc_wait": "MBC wait",
     "sample": "sampling",
     "gather": "gather",
     "fwd": "FWD",
@@ -245,9 +255,14 @@ def distmb_blocks(trainer: Any, epoch: int) -> list[dict[str, float]]:
     ]
 
 
-def with_other(record: dict[str, Any]) -> dict[str, Any]:
-    """``record`` plus ``other``: epoch time not in any phase (the loop's bookkeeping)."""
-    return {**record, "other": record["epoch_time"] - sum(record[p] for p in PHASES)}
+def with_other(record: dict[str, Any], made_ahead: bool) -> dict[str, Any]:
+    """``record`` plus ``mbc_wait`` (the loop's time getting batches: distmb's ``load_wait``
+    when ``made_ahead``, else the MBC phases, which then ran on the loop) and ``other``:
+    epoch time in none of :data:`LOOP_PHASES` (the loop's bookkeeping)."""
+    wait = record["load_wait"] if made_ahead else record["sample"] + record["gather"]
+    out = {**record, "mbc_wait": wait}
+    out["other"] = out["epoch_time"] - sum(out[p] for p in LOOP_PHASES)
+    return out
 
 
 # -- the run ---------------------------------------------------------------------------------
@@ -290,6 +305,20 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_MALLOC_POLICY,
         help="distmb's --malloc (its default: retain); DGL's side keeps glibc's defaults",
     )
+    p.add_argument(
+        "--prefetch",
+        type=int,
+        default=0,
+        help="distmb's --prefetch: batches its loader thread makes ahead (0: inline, as DGL "
+        "with --dgl-workers 0)",
+    )
+    p.add_argument(
+        "--dgl-workers",
+        type=int,
+        default=0,
+        help="num_workers of DGL's DataLoader (persistent worker processes making batches "
+        "ahead; 0: inline)",
+    )
     p.add_argument("--eval-batch-size", type=int, default=4096)
     p.add_argument("--no-eval", action="store_true", help="skip the accuracy check")
     p.add_argument("--seed", type=int, default=0)
@@ -320,8 +349,9 @@ def resolve(args: argparse.Namespace) -> argparse.Namespace:
     for flag in ("threads", "epochs", "batch_size", "hidden", "heads", "eval_batch_size"):
         if getattr(args, flag) < 1:
             sys.exit(f"dgl_vs_distmb: --{flag.replace('_', '-')} must be >= 1")
-    if args.warmup < 0:
-        sys.exit("dgl_vs_distmb: --warmup must be >= 0")
+    for flag in ("warmup", "prefetch", "dgl_workers"):
+        if getattr(args, flag) < 0:
+            sys.exit(f"dgl_vs_distmb: --{flag.replace('_', '-')} must be >= 0")
     try:
         args.fanout = (
             [int(f) for f in args.fanout.split(",")]
@@ -378,6 +408,10 @@ def command_line(args: argparse.Namespace) -> str:
         args.kernels,
         "--malloc",
         args.malloc,
+        "--prefetch",
+        str(args.prefetch),
+        "--dgl-workers",
+        str(args.dgl_workers),
         "--eval-batch-size",
         str(args.eval_batch_size),
         "--seed",
@@ -454,7 +488,7 @@ def run(args: argparse.Namespace, workdir: Path) -> None:
         eval_batch_size=args.eval_batch_size,
         kernels=args.kernels,
         malloc=args.malloc,
-        prefetch=0,
+        prefetch=args.prefetch,
         progress=False,
     )
     args.lr = config.lr  # the model's default when not given: both sides use it
@@ -478,6 +512,7 @@ def run(args: argparse.Namespace, workdir: Path) -> None:
             threads=args.threads,
             eval_batch_size=args.eval_batch_size,
             gat_variant=args.dgl_gat,
+            num_workers=args.dgl_workers,
         )
         records: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES}
 
@@ -492,7 +527,8 @@ def run(args: argparse.Namespace, workdir: Path) -> None:
         for epoch in range(rounds):
             order = SIDES if epoch % 2 == 0 else SIDES[::-1]
             for side in order:
-                record = with_other(epoch_of(side, epoch))
+                made_ahead = side == "distmb" and args.prefetch > 0
+                record = with_other(epoch_of(side, epoch), made_ahead)
                 record["measured"] = epoch >= args.warmup
                 records[side].append(record)
                 print(
@@ -541,9 +577,9 @@ def run(args: argparse.Namespace, workdir: Path) -> None:
             "warmup_epochs": args.warmup,
             "measured_epochs": args.epochs,
             "distmb_kernels": args.kernels,
-            "distmb_prefetch": 0,
+            "distmb_prefetch": args.prefetch,
             "distmb_malloc": args.malloc,
-            "dgl_num_workers": 0,
+            "dgl_num_workers": args.dgl_workers,
             "seed": args.seed,
         },
         "machine": {
@@ -651,7 +687,8 @@ def print_summary(result: dict[str, Any]) -> None:
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
-    """Left: median seconds per epoch, stacked by phase, per side. Middle: distmb/DGL ratio
+    """Left: median seconds per epoch, stacked by phase (by the loop's phases when either
+    side makes batches ahead: its MBC then overlaps the others), per side. Middle: distmb/DGL ratio
     of every metric's median (below 1: distmb faster). Right: every epoch's time, round by
     round (how much the machine's load moved them)."""
     from distmb.plotting import panels, reference_line, rotate_labels, set_scale
@@ -661,8 +698,10 @@ def plot(result: dict[str, Any], path: Path) -> None:
     median = result["median_seconds_per_epoch"]
     names = ["distmb", f"DGL {result['versions']['dgl']['dgl']}"]
     bottom = [0.0, 0.0]
-    for phase in (*PHASES, "other"):
-        values = [max(median[side][phase], 0.0) for side in SIDES]
+    settings = result["settings"]
+    ahead = settings.get("distmb_prefetch", 0) > 0 or settings.get("dgl_num_workers", 0) > 0
+    for phase in (*(LOOP_PHASES if ahead else PHASES), "other"):
+        values = [max(median[side].get(phase, 0.0), 0.0) for side in SIDES]
         left.bar(names, values, bottom=bottom, label=LABELS[phase])
         bottom = [b + v for b, v in zip(bottom, values, strict=True)]
     left.set_ylabel("median seconds per epoch")
@@ -696,14 +735,20 @@ def plot(result: dict[str, Any], path: Path) -> None:
     right.set_ylabel("seconds")
     right.set_title("every epoch")
     right.legend(fontsize="small")
-    settings = result["settings"]
     variant = settings.get("dgl_gat")
     model = settings["model"] + (f" (DGL side: {GAT_LABELS[variant]})" if variant else "")
     load = result["machine"]["load_average_1min"]
     fig.suptitle(
         f"{result['summary']}\n{model}, fan-out "
         f"{','.join(map(str, settings['fanout_input_layer_first']))}, batch "
-        f"{settings['batch_size']}, {settings['threads']} threads, {result['machine']['cpu']}, "
+        f"{settings['batch_size']}, {settings['threads']} threads"
+        + (
+            f", batches made ahead (distmb prefetch {settings['distmb_prefetch']}, DGL "
+            f"workers {settings['dgl_num_workers']})"
+            if ahead
+            else ""
+        )
+        + f", {result['machine']['cpu']}, "
         f"load average {load['start']:.1f} -> {load['end']:.1f}",
         fontsize="medium",
     )

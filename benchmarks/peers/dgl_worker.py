@@ -7,12 +7,14 @@ JSON command per line on stdin; every reply is one line on stdout that starts wi
 
 - ``{"cmd": "setup", "graph": PATH, "model": "sage"|"gat", "fanout": [5, 10, 15],
   "hidden": 256, "heads": 4, "batch_size": 1000, "dropout": 0.5, "lr": 0.003, "seed": 0,
-  "threads": 2, "eval_batch_size": 4096, "gat_variant": "dgl"|"paper"}``: loads the graph file
+  "threads": 2, "eval_batch_size": 4096, "gat_variant": "dgl"|"paper", "num_workers": 0}``:
+  loads the graph file
   (:mod:`peer_graph`), builds DGL's ``NeighborSampler``/``DataLoader`` and the model, replies
   with the versions and the load time;
 - ``{"cmd": "epoch", "epoch": E}``: one training epoch, reply with its timings (seconds):
-  ``epoch_time``, ``epoch_cpu`` (CPU seconds of all the process's threads), ``sample``
-  (``next()`` of the DataLoader: DGL's neighbour sampling and block construction),
+  ``epoch_time``, ``epoch_cpu`` (CPU seconds of all the process's threads; not of the
+  DataLoader's worker processes with ``num_workers`` > 0), ``sample`` (``next()`` of the
+  DataLoader: DGL's neighbour sampling and block construction, or the wait for a worker's),
   ``gather`` (feature and label rows of the batch), ``mbc`` (their sum), ``fwd`` (model and
   loss), ``bwd`` (``zero_grad`` and ``backward``), ``opt`` (``optimizer.step``), the loss,
   the training accuracy and the mean block sizes per layer;
@@ -209,6 +211,7 @@ class Worker:
         # DGL's NeighborSampler lists fan-outs per GNN layer, input layer first, and samples
         # from the seeds with the last one: [5, 10, 15] gives the seeds 15 neighbours.
         sampler = dgl.dataloading.NeighborSampler(fanout)
+        workers = int(cmd.get("num_workers", 0))
         self.loader = dgl.dataloading.DataLoader(
             self.graph,
             self.splits["train_idx"],
@@ -216,7 +219,10 @@ class Worker:
             batch_size=int(cmd["batch_size"]),
             shuffle=True,
             drop_last=False,
-            num_workers=0,
+            # Worker processes make batches ahead (kept across epochs, so no epoch pays for
+            # starting them); 0: in next() on this process.
+            num_workers=workers,
+            persistent_workers=workers > 0,
         )
         self.eval_batch_size = int(cmd["eval_batch_size"])
         self.ready = True
