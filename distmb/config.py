@@ -100,7 +100,7 @@ DEFAULT_LR: dict[str, float] = {"sage": 0.003, "gat": 0.001, "gcn": 0.003, "gin"
 MODELS: tuple[str, ...] = tuple(DEFAULT_LR)
 #: Learning rate of a user's model (``--model package.module:Class``) without ``--lr``.
 DEFAULT_USER_MODEL_LR = 0.003
-#: ``--comm``: the collectives' library (torch: Communicator.use_torch_distributed); ``auto``
+#: ``--comm``: the collectives' library (torch: RankGroup.use_torch_distributed); ``auto``
 #: is torch on a GPU and mpi on the CPU (:func:`distmb.cuda.device.resolve_comm`).
 COMM_BACKENDS: tuple[str, ...] = ("auto", "mpi", "torch")
 #: ``--grad-bucket-mb``: MiB of gradients per bucket of the overlapped all-reduce (``--comm
