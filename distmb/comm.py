@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from distmb.config import TORCHRUN_TIMEOUT_S
 from distmb.units import FLOAT32_BYTES, row_message_bytes
 
 if TYPE_CHECKING:
@@ -65,11 +66,6 @@ TORCH_CUDA_BACKEND = "nccl"
 #: Seconds a rank waits for the others while the torch.distributed group is set up (and in
 #: a collective of the group ``--comm torch`` sets up under MPI).
 TORCH_RENDEZVOUS_TIMEOUT_S = 120.0
-#: Seconds a collective of a torchrun job may wait for a peer before it fails the job:
-#: torch's own default. Long, because every rank waits in one while rank 0 partitions
-#: ``--dataset``; a rank that *dies* ends the job at once (torchrun stops the others), this
-#: bounds only a rank that stops without dying.
-TORCHRUN_TIMEOUT_S = 1800.0
 #: Address of rank 0's rendezvous store when every rank runs on the same host.
 LOOPBACK = "127.0.0.1"
 
