@@ -1,33 +1,54 @@
-"""Communication between ranks (mpi4py on numpy buffers).
+"""Communication between ranks: mpi4py on numpy buffers, torch.distributed on tensors.
 
 Every collective is a method call visible at its call site, and every rank calls the same
 collectives in the same order (the trainer guarantees equal iteration counts).
 
-- :meth:`Communicator.allreduce_gradients`: one ``Allreduce`` over a flat buffer of all
-  gradients, then averaged; through ``torch.distributed`` (gloo on CPU) after
-  :meth:`Communicator.use_torch_distributed` (``--comm torch``), whose process group is set
-  up from the MPI launch (rank, size and the rendezvous address agreed over MPI).
-- :class:`EmbeddingPush`: the non-blocking all-to-all-v of (``VID_o``, embedding rows) of
-  the Asynchronous Embedding Push, with a queue of depth ``d`` and reusable buffers.
-- :meth:`Communicator.halo_exchange`: the synchronous exchange of exact evaluation.
-- :meth:`Communicator.gather_rows`: every rank's rows to rank 0, chunk by chunk (the
+Two communicators share one interface (:class:`RankGroup`, which holds the operations
+both run over ``torch.distributed``), and differ in how the ranks find each other and in the
+small collectives:
+
+- :class:`Communicator`: the ranks of an MPI launch (``mpirun``, ``mpiexec``, ``srun``).
+  Everything goes over MPI on numpy buffers until :meth:`Communicator.use_torch_distributed`
+  (``--comm torch``) sets up a ``torch.distributed`` group from the MPI launch (rank, size
+  and the rendezvous address agreed over MPI); from then on the bulk operations go through
+  it: the gradient all-reduce, the HEC pushes (:func:`make_push`), the all-to-all-v of
+  ``--exact-remote`` and the halo exchange of exact evaluation.
+- :class:`TorchCommunicator`: the workers of ``torchrun`` (no MPI at all): a gloo group
+  from ``env://`` carries the small collectives, the outputs' gathering and, on the CPU, the
+  bulk operations; on a GPU the bulk operations go over an NCCL group on device tensors.
+
+The operations:
+
+- :meth:`RankGroup.allreduce_gradients`: one all-reduce over a flat buffer of all
+  gradients, then averaged, or buckets that start during the backward pass
+  (:class:`BucketedAllreduce`, torch.distributed only).
+- :class:`EmbeddingPush` / :class:`TorchEmbeddingPush`: the non-blocking all-to-all-v of
+  (``VID_o``, embedding rows) of the Asynchronous Embedding Push, with a queue of depth
+  ``d``.
+- :meth:`RankGroup.alltoallv`: the synchronous all-to-all-v of ``--exact-remote``;
+  :meth:`RankGroup.halo_exchange`: the exchange of exact evaluation.
+- :meth:`RankGroup.gather_rows`: every rank's rows to rank 0, chunk by chunk (the
   gathered outputs of ``distmb.predict``).
 """
 
 from __future__ import annotations
 
 import datetime
+import os
 import socket
+import sys
 import time
+from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
+from distmb.config import TORCHRUN_TIMEOUT_S
 from distmb.units import FLOAT32_BYTES, row_message_bytes
 
 if TYPE_CHECKING:
@@ -35,14 +56,15 @@ if TYPE_CHECKING:
 
 #: Growth factor of reusable communication buffers when a message does not fit.
 BUFFER_GROWTH = 1.5
-#: Bytes of rows per message of :meth:`Communicator.gather_rows` (rank 0 holds one at a time).
+#: Bytes of rows per message of :meth:`RankGroup.gather_rows` (rank 0 holds one at a time).
 GATHER_CHUNK_BYTES = 64 << 20
 
 #: torch.distributed backend of ``--comm torch`` for host tensors.
 TORCH_CPU_BACKEND = "gloo"
 #: torch.distributed backend of ``--comm torch`` for CUDA tensors.
 TORCH_CUDA_BACKEND = "nccl"
-#: Seconds a rank waits for the others while the torch.distributed group is set up.
+#: Seconds a rank waits for the others while the torch.distributed group is set up (and in
+#: a collective of the group ``--comm torch`` sets up under MPI).
 TORCH_RENDEZVOUS_TIMEOUT_S = 120.0
 #: Address of rank 0's rendezvous store when every rank runs on the same host.
 LOOPBACK = "127.0.0.1"
@@ -72,22 +94,54 @@ def _mpi():
     return MPI
 
 
-class Communicator:
-    """The ranks of ``MPI.COMM_WORLD`` (or a given communicator)."""
+def _host_tensor(array: np.ndarray) -> torch.Tensor:
+    """A CPU tensor sharing ``array``'s memory (C-contiguous; a read-only array, e.g. a
+    memory map, is copied first: torch warns about, and must never write, read-only
+    memory)."""
+    array = np.ascontiguousarray(array)
+    if not array.flags.writeable:
+        array = array.copy()
+    return torch.from_numpy(array)
 
-    def __init__(self, comm=None) -> None:
-        MPI = _mpi()
-        self.comm = comm if comm is not None else MPI.COMM_WORLD
-        self.rank: int = self.comm.Get_rank()
-        self.size: int = self.comm.Get_size()
+
+def exchange_counts(group, device: torch.device, counts: np.ndarray) -> np.ndarray:
+    """One ``all_to_all_single`` of per-peer counts over ``group``: ``counts[j]`` (int64[P])
+    goes to rank ``j``; returns what every rank sent here (int64[P], on the host: the
+    counts size the receive buffers). On ``device`` (the group's: NCCL moves device
+    tensors only)."""
+    import torch.distributed as dist
+
+    send = torch.from_numpy(np.ascontiguousarray(counts, dtype=np.int64)).to(device)
+    recv = torch.empty_like(send)
+    dist.all_to_all_single(recv, send, group=group)
+    return recv.cpu().numpy()
+
+
+class RankGroup(ABC):
+    """The ranks of a multi-rank run: what the trainer, the halo schemes and
+    ``distmb.predict`` call, and the operations that run over ``torch.distributed`` once
+    :attr:`torch_group` is set (the gradient all-reduce, the all-to-all-v and halo exchange,
+    the teardown). The subclasses say how the ranks were started and run the small
+    collectives: :class:`Communicator` (MPI), :class:`TorchCommunicator` (torchrun).
+
+    Args:
+        rank, size: this rank and the number of ranks.
+    """
+
+    #: The launcher that started the ranks (messages; ``--comm`` mpi needs ``"mpi"``).
+    launcher: str = ""
+
+    def __init__(self, rank: int, size: int) -> None:
+        self.rank = rank
+        self.size = size
         self._grad_buffer: torch.Tensor | None = None
         #: Gradient all-reduces since the last reset (the trainer resets it every epoch).
         self.allreduce_stats = AllreduceStats()
         #: Marks each collective below while set (:mod:`distmb.watchdog`; the trainer sets it
-        #: for ``--collective-timeout``).
+        #: for ``--collective-timeout`` under MPI).
         self.watchdog: CollectiveWatchdog | None = None
-        #: The torch.distributed group of the same ranks once :meth:`use_torch_distributed`
-        #: ran (``--comm torch``), else None.
+        #: The torch.distributed group of the bulk operations (the gradient all-reduce, the
+        #: HEC pushes, the all-to-all-v and halo exchange), or None: they go over MPI.
         self.torch_group = None
         #: Where the tensors of :attr:`torch_group` live (``cpu`` for gloo, the rank's GPU
         #: for NCCL).
@@ -96,68 +150,61 @@ class Communicator:
         self._buckets: BucketedAllreduce | None = None
         self._local_rank: int | None = None
 
+    # -- what the launch decides ---------------------------------------------------------
+    @abstractmethod
     def local_rank(self) -> int:
         """This rank's index among the ranks on its node (which GPU it takes with
-        ``--device cuda``): the launcher's word (:func:`distmb.mpienv.local_rank_from_env`),
-        else the rank in ``MPI_Comm_split_type(COMM_TYPE_SHARED)``, a collective of every rank
-        (the variables are the same launcher's on every rank, so all take the same branch).
-        Computed once."""
-        if self._local_rank is None:
-            from distmb.mpienv import local_rank_from_env
+        ``--device cuda``); may be a collective of every rank. Computed once."""
 
-            found = local_rank_from_env()
-            if found is None:
-                node = self.comm.Split_type(_mpi().COMM_TYPE_SHARED, key=self.rank)
-                found = node.Get_rank()
-                node.Free()
-            self._local_rank = found
-        return self._local_rank
-
-    # -- torch.distributed -----------------------------------------------------------------
+    @abstractmethod
     def use_torch_distributed(
         self, backend: str = TORCH_CPU_BACKEND, device: torch.device | str = "cpu"
     ) -> None:
-        """Set up a ``torch.distributed`` process group over these ranks (same rank numbers)
-        and route the gradient all-reduce (and the HEC's pushes, :func:`make_push`) through
-        it from now on.
+        """Route the bulk operations through a ``torch.distributed`` group of ``backend``
+        on tensors on ``device`` from now on (every rank, together)."""
 
-        No launcher support is needed: rank 0 opens the group's rendezvous store on a port
-        the OS picks and sends its address and port to the others over MPI (the loopback
-        address when every rank runs on rank 0's host, else rank 0's host name).
+    @abstractmethod
+    def abort(self, code: int) -> None:
+        """End every rank of the job with exit code ``code`` (a failing rank calls it)."""
 
-        Args:
-            backend: ``gloo`` (host tensors) or ``nccl`` (CUDA tensors; set the rank's GPU
-                with ``torch.cuda.set_device`` first).
-            device: where the tensors this group moves live (``torch_device``).
+    # -- small collectives ---------------------------------------------------------------
+    @abstractmethod
+    def allreduce_max(self, value: float) -> float:
+        """The largest ``value`` of all ranks."""
 
-        Raises:
-            RuntimeError: torch.distributed is unavailable, or a group is already set up.
-        """
-        import torch.distributed as dist
+    @abstractmethod
+    def allreduce_min(self, value: float) -> float:
+        """The smallest ``value`` of all ranks."""
 
-        if not dist.is_available():
-            raise RuntimeError("--comm torch: this torch build has no torch.distributed")
-        if dist.is_initialized():
-            raise RuntimeError("--comm torch: a torch.distributed group is already set up")
-        hosts = self.allgather(socket.gethostname())
-        host = LOOPBACK if len(set(hosts)) == 1 else hosts[0]
-        timeout = datetime.timedelta(seconds=TORCH_RENDEZVOUS_TIMEOUT_S)
-        store = None
-        port = None
-        if self.rank == 0:
-            store = dist.TCPStore(
-                host, 0, self.size, is_master=True, timeout=timeout, wait_for_workers=False
-            )
-            port = store.port
-        with self.watched("torch.distributed rendezvous"):
-            port = self.comm.bcast(port, root=0)
-            if self.rank != 0:
-                store = dist.TCPStore(host, port, self.size, is_master=False, timeout=timeout)
-            dist.init_process_group(
-                backend, store=store, rank=self.rank, world_size=self.size, timeout=timeout
-            )
-        self.torch_group = dist.group.WORLD
-        self.torch_device = torch.device(device)
+    @abstractmethod
+    def allreduce_sum(self, values: np.ndarray) -> np.ndarray:
+        """Element-wise sum over ranks of a float64 or int64 array."""
+
+    @abstractmethod
+    def allgather(self, obj: Any) -> list[Any]:
+        """Python objects from every rank, in rank order (small metadata only)."""
+
+    @abstractmethod
+    def bcast(self, obj: Any, root: int = 0) -> Any:
+        """Rank ``root``'s Python object on every rank (small metadata only)."""
+
+    @abstractmethod
+    def barrier(self) -> None:
+        """Wait until every rank is here."""
+
+    @abstractmethod
+    def _send_host(self, array: np.ndarray, dest: int, tag: int) -> None:
+        """Point-to-point send of a C-contiguous host array to rank ``dest``."""
+
+    @abstractmethod
+    def _recv_host(self, array: np.ndarray, source: int, tag: int) -> None:
+        """Receive into ``array`` (C-contiguous, the sent size) from rank ``source``."""
+
+    def watched(self, collective: str) -> AbstractContextManager[None]:
+        """The watchdog's mark of a wait in ``collective`` (nothing without a watchdog)."""
+        if self.watchdog is None:
+            return nullcontext()
+        return self.watchdog.watch(collective)
 
     def close_torch_distributed(self) -> None:
         """Tear the ``torch.distributed`` group down (nothing when there is none), on every
@@ -174,43 +221,9 @@ class Communicator:
             dist.destroy_process_group()
             self.torch_group = None
 
-    def watched(self, collective: str) -> AbstractContextManager[None]:
-        """The watchdog's mark of a wait in ``collective`` (nothing without a watchdog)."""
-        if self.watchdog is None:
-            return nullcontext()
-        return self.watchdog.watch(collective)
-
-    # -- small collectives -----------------------------------------------------------------
-    def allreduce_max(self, value: float) -> float:
-        with self.watched("allreduce (max)"):
-            return self.comm.allreduce(value, op=_mpi().MAX)
-
-    def allreduce_min(self, value: float) -> float:
-        with self.watched("allreduce (min)"):
-            return self.comm.allreduce(value, op=_mpi().MIN)
-
-    def allreduce_sum(self, values: np.ndarray) -> np.ndarray:
-        """Element-wise sum over ranks of a float64 or int64 array."""
-        out = np.empty_like(values)
-        with self.watched("allreduce (sum)"):
-            self.comm.Allreduce(np.ascontiguousarray(values), out, op=_mpi().SUM)
-        return out
-
-    def allgather(self, obj):
-        """Python objects from every rank (small metadata only)."""
-        with self.watched("allgather"):
-            return self.comm.allgather(obj)
-
-    def barrier(self) -> None:
-        with self.watched("barrier"):
-            self.comm.Barrier()
-
-    def abort(self, code: int) -> None:
-        self.comm.Abort(code)
-
     # -- gradients -------------------------------------------------------------------------
     def prepare_gradients(self, model: torch.nn.Module, bucket_bytes: int) -> None:
-        """With ``--comm torch`` and ``bucket_bytes > 0``: all-reduce ``model``'s gradients in
+        """With a torch group and ``bucket_bytes > 0``: all-reduce ``model``'s gradients in
         buckets of about ``bucket_bytes`` that start during the backward pass, as soon as
         each is complete (:class:`BucketedAllreduce`); :meth:`allreduce_gradients` then
         only finishes them. Otherwise (MPI, or ``bucket_bytes == 0``) nothing changes: one
@@ -236,67 +249,75 @@ class Communicator:
         if self._buckets is not None and self._buckets.model is model:
             self._buckets.finish()
         else:
-            self._allreduce_flat(params, total)
+            # torch.distributed reduces where the gradients are; MPI reads host memory.
+            device = self.torch_device if self.torch_group is not None else torch.device("cpu")
+            if (
+                self._grad_buffer is None
+                or self._grad_buffer.numel() != total
+                or self._grad_buffer.device != device
+            ):
+                self._grad_buffer = torch.empty(total, dtype=torch.float32, device=device)
+            flat = self._grad_buffer
+            _pack_gradients(params, flat)
+            with self.watched("gradient allreduce"):
+                self._sum_flat(flat)
+            flat.div_(self.size)
+            _unpack_gradients(params, flat)
         self.allreduce_stats.calls += 1
         self.allreduce_stats.payload_bytes += total * FLOAT32_BYTES
 
-    def _allreduce_flat(self, params: list[torch.nn.Parameter], total: int) -> None:
-        """One all-reduce of every gradient packed into one flat float32 buffer."""
-        # torch.distributed reduces where the gradients are; MPI reads host memory.
-        device = self.torch_device if self.torch_group is not None else torch.device("cpu")
-        if (
-            self._grad_buffer is None
-            or self._grad_buffer.numel() != total
-            or self._grad_buffer.device != device
-        ):
-            self._grad_buffer = torch.empty(total, dtype=torch.float32, device=device)
-        flat = self._grad_buffer
-        _pack_gradients(params, flat)
-        with self.watched("gradient allreduce"):
-            if self.torch_group is not None:
-                import torch.distributed as dist
+    def _sum_flat(self, flat: torch.Tensor) -> None:
+        """Sum ``flat`` (float32[total], on :attr:`torch_device`) over ranks in place."""
+        import torch.distributed as dist
 
-                dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.torch_group)
-            else:
-                self.comm.Allreduce(_mpi().IN_PLACE, flat.numpy(), op=_mpi().SUM)
-        flat.div_(self.size)
-        _unpack_gradients(params, flat)
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.torch_group)
 
+    # -- exchanges ---------------------------------------------------------------------------
     def alltoallv(
-        self, counts: np.ndarray, send: np.ndarray, recv_counts: np.ndarray | None = None
-    ) -> tuple[np.ndarray, np.ndarray]:
+        self,
+        counts: np.ndarray,
+        send: np.ndarray | torch.Tensor,
+        recv_counts: np.ndarray | None = None,
+    ) -> tuple[np.ndarray, Any]:
         """Synchronous all-to-all-v of rows grouped by peer: ``counts[j]`` rows of ``send``
         (int64 or float32, any row shape) go to rank ``j``.
 
+        Over :attr:`torch_group`: ``all_to_all_single`` with splits on tensors on
+        :attr:`torch_device` (a tensor ``send`` on that device is sent from where it is;
+        numpy is copied there and the result back). The bytes are the same as over MPI.
+
         Args:
+            counts: int64[size], rows to each rank.
+            send: the rows, grouped by destination rank (numpy, or a tensor on any device).
             recv_counts: int64[size], rows each rank sends here, when the caller knows them;
-                otherwise the counts are exchanged first (``Alltoall``).
+                otherwise the counts are exchanged first.
 
         Returns:
             ``(recv_counts, received)``: int64[size] rows from each rank, and the rows grouped
-            by source rank, with ``send``'s dtype and row shape.
+            by source rank, with ``send``'s dtype and row shape: numpy for numpy ``send``,
+            else a tensor (on :attr:`torch_device` with a torch group, else on the CPU).
         """
-        MPI = _mpi()
+        import torch.distributed as dist
+
         counts = np.ascontiguousarray(counts, dtype=np.int64)
-        send = np.ascontiguousarray(send)
-        width = int(np.prod(send.shape[1:], dtype=np.int64))
+        device = self.torch_device
+        tensor = send if isinstance(send, torch.Tensor) else _host_tensor(send)
+        tensor = tensor.to(device).contiguous()
         with self.watched("all-to-all"):
             if recv_counts is None:
-                recv_counts = np.empty_like(counts)
-                self.comm.Alltoall(counts, recv_counts)
+                recv_counts = exchange_counts(self.torch_group, device, counts)
             else:
                 recv_counts = np.ascontiguousarray(recv_counts, dtype=np.int64)
-            received = np.empty((int(recv_counts.sum()), *send.shape[1:]), dtype=send.dtype)
-            mpi_type = {np.dtype(np.int64): MPI.INT64_T, np.dtype(np.float32): MPI.FLOAT}[
-                send.dtype
-            ]
-            self.comm.Alltoallv(
-                [send, (counts * width, _offsets(counts) * width), mpi_type],
-                [received, (recv_counts * width, _offsets(recv_counts) * width), mpi_type],
+            received = torch.empty(
+                (int(recv_counts.sum()), *tensor.shape[1:]), dtype=tensor.dtype, device=device
             )
-        return recv_counts, received
+            dist.all_to_all_single(
+                received, tensor, recv_counts.tolist(), counts.tolist(), group=self.torch_group
+            )
+        if isinstance(send, torch.Tensor):
+            return recv_counts, received
+        return recv_counts, received.cpu().numpy()
 
-    # -- exact evaluation --------------------------------------------------------------------
     def halo_exchange(
         self,
         send_rows: np.ndarray,
@@ -304,7 +325,7 @@ class Communicator:
         halo_owner: np.ndarray,
     ) -> np.ndarray:
         """Synchronous exchange: every rank sends its rows of ``send_list(j)`` to each peer
-        ``j`` and receives the rows of its own halo vertices.
+        ``j`` and receives the rows of its own halo vertices (:meth:`alltoallv`).
 
         Args:
             send_rows: float32[n_send, D], this rank's rows of ``send_ids`` (its send lists
@@ -348,11 +369,11 @@ class Communicator:
         ids = np.ascontiguousarray(ids, dtype=np.int64)
         rows = np.ascontiguousarray(rows)
         row_bytes = int(rows.itemsize * np.prod(rows.shape[1:], dtype=np.int64))
-        counts = self.comm.gather(int(ids.size), root=0)
+        counts = self.allgather(int(ids.size))
         if self.rank != 0:
             for start, stop in _chunks(ids.size, row_bytes, chunk_bytes):
-                self.comm.Send(ids[start:stop], dest=0, tag=0)
-                self.comm.Send(rows[start:stop], dest=0, tag=1)
+                self._send_host(ids[start:stop], dest=0, tag=0)
+                self._send_host(rows[start:stop], dest=0, tag=1)
             return
         assert sink is not None
         _sink_in_chunks(ids, rows, sink, chunk_bytes)
@@ -360,14 +381,316 @@ class Communicator:
             for start, stop in _chunks(counts[source], row_bytes, chunk_bytes):
                 chunk_ids = np.empty(stop - start, dtype=np.int64)
                 chunk_rows = np.empty((stop - start, *rows.shape[1:]), dtype=rows.dtype)
-                self.comm.Recv(chunk_ids, source=source, tag=0)
-                self.comm.Recv(chunk_rows, source=source, tag=1)
+                self._recv_host(chunk_ids, source=source, tag=0)
+                self._recv_host(chunk_rows, source=source, tag=1)
                 sink(chunk_ids, chunk_rows)
 
 
+class Communicator(RankGroup):
+    """The ranks of ``MPI.COMM_WORLD`` (or a given communicator): everything over MPI on
+    numpy buffers, the bulk operations over torch.distributed after
+    :meth:`use_torch_distributed` (``--comm torch``)."""
+
+    launcher = "mpi"
+
+    def __init__(self, comm=None) -> None:
+        MPI = _mpi()
+        self.comm = comm if comm is not None else MPI.COMM_WORLD
+        super().__init__(self.comm.Get_rank(), self.comm.Get_size())
+
+    def local_rank(self) -> int:
+        """This rank's index among the ranks on its node (which GPU it takes with
+        ``--device cuda``): the launcher's word (:func:`distmb.mpienv.local_rank_from_env`),
+        else the rank in ``MPI_Comm_split_type(COMM_TYPE_SHARED)``, a collective of every rank
+        (the variables are the same launcher's on every rank, so all take the same branch).
+        Computed once."""
+        if self._local_rank is None:
+            from distmb.mpienv import local_rank_from_env
+
+            found = local_rank_from_env()
+            if found is None:
+                node = self.comm.Split_type(_mpi().COMM_TYPE_SHARED, key=self.rank)
+                found = node.Get_rank()
+                node.Free()
+            self._local_rank = found
+        return self._local_rank
+
+    # -- torch.distributed -----------------------------------------------------------------
+    def use_torch_distributed(
+        self, backend: str = TORCH_CPU_BACKEND, device: torch.device | str = "cpu"
+    ) -> None:
+        """Set up a ``torch.distributed`` process group over these ranks (same rank numbers)
+        and route the bulk operations (gradient all-reduce, HEC pushes, all-to-all-v, halo
+        exchange) through it from now on.
+
+        No launcher support is needed: rank 0 opens the group's rendezvous store on a port
+        the OS picks and sends its address and port to the others over MPI (the loopback
+        address when every rank runs on rank 0's host, else rank 0's host name).
+
+        Args:
+            backend: ``gloo`` (host tensors) or ``nccl`` (CUDA tensors; set the rank's GPU
+                with ``torch.cuda.set_device`` first).
+            device: where the tensors this group moves live (``torch_device``).
+
+        Raises:
+            RuntimeError: torch.distributed is unavailable, or a group is already set up.
+        """
+        import torch.distributed as dist
+
+        if not dist.is_available():
+            raise RuntimeError("--comm torch: this torch build has no torch.distributed")
+        if dist.is_initialized():
+            raise RuntimeError("--comm torch: a torch.distributed group is already set up")
+        hosts = self.allgather(socket.gethostname())
+        host = LOOPBACK if len(set(hosts)) == 1 else hosts[0]
+        timeout = datetime.timedelta(seconds=TORCH_RENDEZVOUS_TIMEOUT_S)
+        store = None
+        port = None
+        if self.rank == 0:
+            store = dist.TCPStore(
+                host, 0, self.size, is_master=True, timeout=timeout, wait_for_workers=False
+            )
+            port = store.port
+        with self.watched("torch.distributed rendezvous"):
+            port = self.comm.bcast(port, root=0)
+            if self.rank != 0:
+                store = dist.TCPStore(host, port, self.size, is_master=False, timeout=timeout)
+            dist.init_process_group(
+                backend, store=store, rank=self.rank, world_size=self.size, timeout=timeout
+            )
+        self.torch_group = dist.group.WORLD
+        self.torch_device = torch.device(device)
+
+    # -- small collectives -----------------------------------------------------------------
+    def allreduce_max(self, value: float) -> float:
+        with self.watched("allreduce (max)"):
+            return self.comm.allreduce(value, op=_mpi().MAX)
+
+    def allreduce_min(self, value: float) -> float:
+        with self.watched("allreduce (min)"):
+            return self.comm.allreduce(value, op=_mpi().MIN)
+
+    def allreduce_sum(self, values: np.ndarray) -> np.ndarray:
+        out = np.empty_like(values)
+        with self.watched("allreduce (sum)"):
+            self.comm.Allreduce(np.ascontiguousarray(values), out, op=_mpi().SUM)
+        return out
+
+    def allgather(self, obj: Any) -> list[Any]:
+        with self.watched("allgather"):
+            return self.comm.allgather(obj)
+
+    def bcast(self, obj: Any, root: int = 0) -> Any:
+        with self.watched("bcast"):
+            return self.comm.bcast(obj, root=root)
+
+    def barrier(self) -> None:
+        with self.watched("barrier"):
+            self.comm.Barrier()
+
+    def abort(self, code: int) -> None:
+        """``MPI_Abort``: the launcher ends every rank."""
+        self.comm.Abort(code)
+
+    def _send_host(self, array: np.ndarray, dest: int, tag: int) -> None:
+        self.comm.Send(array, dest=dest, tag=tag)
+
+    def _recv_host(self, array: np.ndarray, source: int, tag: int) -> None:
+        self.comm.Recv(array, source=source, tag=tag)
+
+    # -- the bulk operations without a torch group -------------------------------------------
+    def _sum_flat(self, flat: torch.Tensor) -> None:
+        if self.torch_group is not None:
+            super()._sum_flat(flat)
+        else:  # a host buffer (allreduce_gradients)
+            self.comm.Allreduce(_mpi().IN_PLACE, flat.numpy(), op=_mpi().SUM)
+
+    def alltoallv(
+        self,
+        counts: np.ndarray,
+        send: np.ndarray | torch.Tensor,
+        recv_counts: np.ndarray | None = None,
+    ) -> tuple[np.ndarray, Any]:
+        """:meth:`RankGroup.alltoallv`; without a torch group one ``Alltoallv`` on host
+        buffers (a tensor ``send`` is copied to the host; its result is a CPU tensor), the
+        counts exchanged by ``Alltoall`` when not given."""
+        if self.torch_group is not None:
+            return super().alltoallv(counts, send, recv_counts)
+        MPI = _mpi()
+        as_tensor = isinstance(send, torch.Tensor)
+        host = send.detach().cpu().numpy() if as_tensor else send
+        counts = np.ascontiguousarray(counts, dtype=np.int64)
+        host = np.ascontiguousarray(host)
+        width = int(np.prod(host.shape[1:], dtype=np.int64))
+        with self.watched("all-to-all"):
+            if recv_counts is None:
+                recv_counts = np.empty_like(counts)
+                self.comm.Alltoall(counts, recv_counts)
+            else:
+                recv_counts = np.ascontiguousarray(recv_counts, dtype=np.int64)
+            received = np.empty((int(recv_counts.sum()), *host.shape[1:]), dtype=host.dtype)
+            mpi_type = {np.dtype(np.int64): MPI.INT64_T, np.dtype(np.float32): MPI.FLOAT}[
+                host.dtype
+            ]
+            self.comm.Alltoallv(
+                [host, (counts * width, _offsets(counts) * width), mpi_type],
+                [received, (recv_counts * width, _offsets(recv_counts) * width), mpi_type],
+            )
+        return recv_counts, torch.from_numpy(received) if as_tensor else received
+
+
+class TorchCommunicator(RankGroup):
+    """The workers of ``torchrun`` (``python -m torch.distributed.run``), without MPI.
+
+    A gloo process group from ``env://`` (torchrun's ``RANK``, ``WORLD_SIZE``,
+    ``MASTER_ADDR``, ``MASTER_PORT``) is made at once: :attr:`host_group`, which carries the
+    small collectives (host tensors, Python objects), the gathering of outputs and, until
+    :meth:`use_torch_distributed` picks NCCL on a GPU, the bulk operations too
+    (:attr:`torch_group` is the same group on the CPU).
+
+    A failing rank ends its process (:meth:`abort`); torchrun's agent sees the exit and
+    stops the other workers. There is no collective watchdog (it heartbeats over MPI): a
+    rank that stops without dying fails its peers' collectives after
+    :data:`TORCHRUN_TIMEOUT_S`.
+
+    Raises:
+        RuntimeError: torch.distributed is unavailable.
+    """
+
+    launcher = "torchrun"
+
+    def __init__(self, timeout_s: float = TORCHRUN_TIMEOUT_S) -> None:
+        import torch.distributed as dist
+
+        if not dist.is_available():
+            raise RuntimeError("torchrun: this torch build has no torch.distributed")
+        dist.init_process_group(
+            TORCH_CPU_BACKEND,
+            init_method="env://",
+            timeout=datetime.timedelta(seconds=timeout_s),
+        )
+        super().__init__(dist.get_rank(), dist.get_world_size())
+        #: The gloo group of every rank (host tensors).
+        self.host_group = dist.group.WORLD
+        self.torch_group = self.host_group
+
+    def local_rank(self) -> int:
+        """``LOCAL_RANK`` (torchrun sets it; :func:`distmb.mpienv.local_rank_from_env`),
+        else this rank's index among the ranks on its host (a collective of every rank)."""
+        if self._local_rank is None:
+            from distmb.mpienv import local_rank_from_env
+
+            found = local_rank_from_env()
+            if found is None:
+                hosts = self.allgather(socket.gethostname())
+                found = hosts[: self.rank].count(hosts[self.rank])
+            self._local_rank = found
+        return self._local_rank
+
+    def use_torch_distributed(
+        self, backend: str = TORCH_CPU_BACKEND, device: torch.device | str = "cpu"
+    ) -> None:
+        """The bulk operations over ``backend`` on ``device``: the gloo group itself on the
+        CPU, a new NCCL group of every rank on a GPU (set the rank's GPU with
+        ``torch.cuda.set_device`` first).
+
+        Raises:
+            RuntimeError: a second group was asked for.
+        """
+        import torch.distributed as dist
+
+        if self.torch_group is not self.host_group:
+            raise RuntimeError("--comm torch: a torch.distributed group is already set up")
+        if backend != TORCH_CPU_BACKEND:
+            with self.watched("torch.distributed rendezvous"):
+                self.torch_group = dist.new_group(backend=backend)
+        self.torch_device = torch.device(device)
+
+    def close_torch_distributed(self) -> None:
+        super().close_torch_distributed()  # destroys the NCCL group and the gloo group
+        self.host_group = None
+
+    # -- small collectives -----------------------------------------------------------------
+    def _reduce_scalar(self, value: float, op) -> float:
+        import torch.distributed as dist
+
+        exact = isinstance(value, int | np.integer)
+        tensor = torch.tensor([value], dtype=torch.int64 if exact else torch.float64)
+        dist.all_reduce(tensor, op=op, group=self.host_group)
+        return int(tensor.item()) if exact else float(tensor.item())
+
+    def allreduce_max(self, value: float) -> float:
+        import torch.distributed as dist
+
+        with self.watched("allreduce (max)"):
+            return self._reduce_scalar(value, dist.ReduceOp.MAX)
+
+    def allreduce_min(self, value: float) -> float:
+        import torch.distributed as dist
+
+        with self.watched("allreduce (min)"):
+            return self._reduce_scalar(value, dist.ReduceOp.MIN)
+
+    def allreduce_sum(self, values: np.ndarray) -> np.ndarray:
+        import torch.distributed as dist
+
+        tensor = torch.from_numpy(np.array(values, copy=True))
+        with self.watched("allreduce (sum)"):
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.host_group)
+        return tensor.numpy()
+
+    def allgather(self, obj: Any) -> list[Any]:
+        import torch.distributed as dist
+
+        out: list[Any] = [None] * self.size
+        with self.watched("allgather"):
+            dist.all_gather_object(out, obj, group=self.host_group)
+        return out
+
+    def bcast(self, obj: Any, root: int = 0) -> Any:
+        import torch.distributed as dist
+
+        box = [obj]
+        with self.watched("bcast"):
+            dist.broadcast_object_list(box, src=root, group=self.host_group)
+        return box[0]
+
+    def barrier(self) -> None:
+        import torch.distributed as dist
+
+        with self.watched("barrier"):
+            dist.barrier(group=self.host_group)
+
+    def abort(self, code: int) -> None:
+        """End this process at once with ``code`` (after flushing what it wrote): torchrun's
+        agent sees a worker fail and stops the others. No teardown: a collective still in
+        flight would wait for the peers."""
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+    def _send_host(self, array: np.ndarray, dest: int, tag: int) -> None:
+        import torch.distributed as dist
+
+        dist.send(_host_tensor(array), dst=dest, group=self.host_group, tag=tag)
+
+    def _recv_host(self, array: np.ndarray, source: int, tag: int) -> None:
+        import torch.distributed as dist
+
+        dist.recv(torch.from_numpy(array), src=source, group=self.host_group, tag=tag)
+
+
+def launch_communicator() -> RankGroup:
+    """The ranks of this job: :class:`Communicator` when an MPI launcher started it, else
+    :class:`TorchCommunicator` (torchrun; :func:`distmb.mpienv.is_torchrun_launch`)."""
+    from distmb.mpienv import is_mpi_launch
+
+    return Communicator() if is_mpi_launch() else TorchCommunicator()
+
+
 class SingleProcess:
-    """The ranks of a run started without MPI: one rank, and every collective of
-    :class:`Communicator` is the identity (nothing to reduce, gather or wait for)."""
+    """The ranks of a run started without a launcher: one rank, and every collective of
+    :class:`RankGroup` is the identity (nothing to reduce, gather or wait for)."""
 
     rank = 0
     size = 1
@@ -408,7 +731,7 @@ class SingleProcess:
         sink: RowSink | None,
         chunk_bytes: int = GATHER_CHUNK_BYTES,
     ) -> None:
-        """:meth:`Communicator.gather_rows` of one rank: its own rows, chunk by chunk."""
+        """:meth:`RankGroup.gather_rows` of one rank: its own rows, chunk by chunk."""
         assert sink is not None
         _sink_in_chunks(np.asarray(ids, dtype=np.int64), rows, sink, chunk_bytes)
 
@@ -756,7 +1079,7 @@ class TorchEmbeddingPush:
     transfer, no host synchronisation) and returns its tensors.
     """
 
-    def __init__(self, comm: Communicator, dim: int, delay: int) -> None:
+    def __init__(self, comm: RankGroup, dim: int, delay: int) -> None:
         self.comm = comm
         self.dim = dim
         self.delay = delay
@@ -776,11 +1099,8 @@ class TorchEmbeddingPush:
 
         group = self.comm.torch_group
         counts = np.ascontiguousarray(counts, dtype=np.int64)
-        send_counts = torch.from_numpy(counts).to(self.device)
-        recv_counts = torch.empty_like(send_counts)
         with self.comm.watched("embedding push (counts)"), self.stats.in_mpi():
-            dist.all_to_all_single(recv_counts, send_counts, group=group)
-            recv = recv_counts.cpu().numpy()
+            recv = exchange_counts(group, self.device, counts)
         send_ids = torch.as_tensor(ids, dtype=torch.int64).to(self.device).contiguous()
         send_rows = (
             torch.as_tensor(rows, dtype=torch.float32)
@@ -821,9 +1141,9 @@ class TorchEmbeddingPush:
         return recv_ids, recv_rows
 
 
-def make_push(comm: Communicator, dim: int, delay: int) -> EmbeddingPush | TorchEmbeddingPush:
+def make_push(comm: RankGroup, dim: int, delay: int) -> EmbeddingPush | TorchEmbeddingPush:
     """The embedding push of one layer: over ``torch.distributed`` once the communicator
-    uses it (``--comm torch``), else over MPI."""
+    uses it (``--comm torch``, and always under torchrun), else over MPI."""
     if getattr(comm, "torch_group", None) is not None:
         return TorchEmbeddingPush(comm, dim, delay)
     return EmbeddingPush(comm, dim, delay)

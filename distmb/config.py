@@ -36,6 +36,7 @@ from distmb.progress import DEFAULT_PROGRESS_EVERY
 
 __all__ = [
     "DEFAULT_COLLECTIVE_TIMEOUT_S",
+    "TORCHRUN_TIMEOUT_S",
     "DEFAULT_FANOUT",
     "DEFAULT_HEC_DELAY",
     "DEFAULT_HEC_LIFESPAN",
@@ -100,8 +101,9 @@ DEFAULT_LR: dict[str, float] = {"sage": 0.003, "gat": 0.001, "gcn": 0.003, "gin"
 MODELS: tuple[str, ...] = tuple(DEFAULT_LR)
 #: Learning rate of a user's model (``--model package.module:Class``) without ``--lr``.
 DEFAULT_USER_MODEL_LR = 0.003
-#: ``--comm``: the collectives' library (torch: Communicator.use_torch_distributed); ``auto``
-#: is torch on a GPU and mpi on the CPU (:func:`distmb.cuda.device.resolve_comm`).
+#: ``--comm``: the collectives' library (torch: RankGroup.use_torch_distributed); ``auto``
+#: is torch on a GPU or under torchrun and mpi on the CPU
+#: (:func:`distmb.cuda.device.resolve_comm`).
 COMM_BACKENDS: tuple[str, ...] = ("auto", "mpi", "torch")
 #: ``--grad-bucket-mb``: MiB of gradients per bucket of the overlapped all-reduce (``--comm
 #: torch``; smaller than DDP's 25 MiB because GNN models are small: a few buckets per model).
@@ -178,6 +180,11 @@ MAX_THREADS = 4096
 #: Default of ``--collective-timeout`` (seconds; :mod:`distmb.watchdog`, which this module
 #: does not import: it needs MPI).
 DEFAULT_COLLECTIVE_TIMEOUT_S = 300.0
+#: Seconds a collective of a torchrun job may wait for a peer before it fails the job
+#: (:class:`distmb.comm.TorchCommunicator`; torch's own default). Long, because every rank
+#: waits in one while rank 0 partitions ``--dataset``: a rank that *dies* ends the job at
+#: once (torchrun stops the others), this bounds only one that stops without dying.
+TORCHRUN_TIMEOUT_S = 1800.0
 
 #: How halo (remote) leaves of a multi-rank mini-batch are handled, see
 #: :attr:`TrainConfig.halo_scheme`.
@@ -609,8 +616,10 @@ class TrainConfig:
         "library of the collectives: mpi (mpi4py), torch (torch.distributed: NCCL for GPU "
         "tensors, gloo on the CPU, its group set up from the MPI launch) or auto (torch with "
         "--device cuda, else mpi); with torch the gradient all-reduce (in buckets during the "
-        "backward pass) and the HEC's embedding push go through torch.distributed, the rest "
-        "through MPI",
+        "backward pass), the HEC's embedding push, --exact-remote's exchanges and exact "
+        "evaluation's halo exchange go through torch.distributed, the small collectives "
+        "through MPI. Under torchrun (no MPI) everything goes through torch.distributed: auto "
+        "means torch and mpi is refused",
         group=GROUP_HEC,
         choices=COMM_BACKENDS,
     )
@@ -626,7 +635,9 @@ class TrainConfig:
         DEFAULT_COLLECTIVE_TIMEOUT_S,
         "seconds a rank may wait in one collective (at least 10x the slowest iteration so "
         "far) before the job is aborted naming the rank that stopped sending heartbeats; a "
-        "slow but live rank only gets a warning (0 = no watchdog)",
+        "slow but live rank only gets a warning (0 = no watchdog). MPI launches only: under "
+        "torchrun a rank that dies ends the job, and one that stops fails its peers' "
+        f"collectives after {TORCHRUN_TIMEOUT_S:.0f} s",
         group=GROUP_HEC,
         min=0,
         resume_applied=True,

@@ -1,6 +1,7 @@
 """Starting a run: one rank's part (opened and checked on every rank), the on-the-fly
 partition of ``--dataset`` for P ranks, whether an MPI launcher started us, and one rank's
-error handling (:func:`run_on_ranks`: an error on any rank aborts the job).
+error handling (:func:`run_on_ranks`: an error on any rank aborts the job), under an MPI
+launcher or torchrun.
 
 This module sits above both the runtime and the partitioner (``distmb.partition``), so
 neither imports the other's entry points: the runtime packages never import the partitioner.
@@ -16,18 +17,18 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from distmb.comm import Communicator
+from distmb.comm import RankGroup, launch_communicator
 from distmb.data.format import NODE_PART_FILE
 from distmb.data.store import PartitionStore, read_meta
 from distmb.errors import DistmbError, InputError, PartitionError
-from distmb.mpienv import is_mpi_launch  # noqa: F401 - re-exported (train, predict)
+from distmb.mpienv import is_mpi_launch, is_torchrun_launch
 
 #: Part of the ``--partition-cache`` key: bump it when a loader's output or the partition
 #: format changes, so that no run reuses a partition of the old data (the key is computed
 #: before any rank loads the dataset). 2: the synthetic generator's features were rescaled.
 PARTITION_CACHE_REVISION = 2
 
-def open_part(comm: Communicator, part_dir: str, *, verify: bool = True) -> PartitionStore:
+def open_part(comm: RankGroup, part_dir: str, *, verify: bool = True) -> PartitionStore:
     """Open part ``rank`` of ``part_dir`` on every rank, after checking on every rank that
     the partition has one part per rank and that all ranks see the same graph."""
     num_parts = int(read_meta(part_dir)["num_parts"])  # every rank reads the same file
@@ -96,7 +97,7 @@ def dataset_fingerprint(spec: str) -> str:
     return digest.hexdigest()
 
 
-def ensure_partition(comm: Communicator, spec: str, cache_root: str, seed: int, log) -> str:
+def ensure_partition(comm: RankGroup, spec: str, cache_root: str, seed: int, log) -> str:
     """Rank 0 partitions ``spec`` into the cache (unless already there); the others wait and
     use the directory rank 0 chose. An error on rank 0 is re-raised on every rank, so nobody
     waits forever."""
@@ -116,34 +117,46 @@ def ensure_partition(comm: Communicator, spec: str, cache_root: str, seed: int, 
                 )
         except Exception as exc:  # noqa: BLE001 - forwarded to every rank below
             error = f"{type(exc).__name__}: {exc}"
-    error, out = comm.comm.bcast((error, out), root=0)
+    error, out = comm.bcast((error, out), root=0)
     if error is not None:
         raise InputError(f"--dataset {spec}: partitioning on rank 0 failed: {error}")
     return str(out)
 
 
-#: Seconds a failing rank waits after writing its message and before ``MPI_Abort``, so the
-#: launcher forwards the message before it tears the job down.
+#: Seconds a failing rank waits after writing its message and before it aborts the job, so
+#: the launcher forwards the message before it tears the job down.
 ABORT_GRACE_S = 0.5
 
 
-def run_on_ranks(prog: str, body: Callable[[Communicator], None]) -> int:
-    """Run ``body(comm)`` as one rank of an MPI job (``mpirun -np P python -m PROG``).
+def is_multi_rank_launch() -> bool:
+    """Whether a launcher started this process as one rank of several: an MPI launcher
+    (:func:`~distmb.mpienv.is_mpi_launch`) or torchrun
+    (:func:`~distmb.mpienv.is_torchrun_launch`)."""
+    return is_mpi_launch() or is_torchrun_launch()
 
-    Any error on any rank aborts the whole job (``MPI_Abort``), so a dead rank never leaves
-    the others waiting: a :class:`DistmbError` as one line ``PROG: error: [rank i] ...`` with
-    its exit code, anything else with its traceback (exit 1). argparse's ``--help`` and flag
-    errors exit every rank alike (they all parse the same flags).
+
+def run_on_ranks(prog: str, body: Callable[[RankGroup], None]) -> int:
+    """Run ``body(comm)`` as one rank of a multi-rank job (``mpirun -np P python -m PROG``,
+    or ``torchrun --nproc_per_node P -m PROG``; :func:`~distmb.comm.launch_communicator`).
+
+    Any error on any rank aborts the whole job (``MPI_Abort``; under torchrun the rank exits
+    and torchrun stops the others), so a dead rank never leaves the others waiting: a
+    :class:`DistmbError` as one line ``PROG: error: [rank i] ...`` with its exit code,
+    anything else with its traceback (exit 1). argparse's ``--help`` and flag errors exit
+    every rank alike (they all parse the same flags). The torch.distributed group, if any,
+    is torn down when ``body`` returns.
 
     Returns:
         0 when ``body`` returned on this rank.
     """
-    comm = Communicator()
+    comm = launch_communicator()
     try:
         body(comm)
+        comm.close_torch_distributed()
     except SystemExit as exc:  # argparse --help / bad flags: every rank exits alike
         if exc.code not in (0, None):
             comm.abort(int(exc.code) if isinstance(exc.code, int) else 2)
+        comm.close_torch_distributed()
         raise
     except DistmbError as exc:
         _report_and_abort(comm, f"{prog}: error: [rank {comm.rank}] {exc}\n", exc.exit_code)
@@ -157,7 +170,7 @@ def run_on_ranks(prog: str, body: Callable[[Communicator], None]) -> int:
     return 0
 
 
-def _report_and_abort(comm: Communicator, message: str, code: int) -> None:
+def _report_and_abort(comm: RankGroup, message: str, code: int) -> None:
     """Write ``message`` to stderr in one write (the summary line first), give the launcher
     :data:`ABORT_GRACE_S` to forward it, then abort every rank with ``code``."""
     sys.stderr.write(message)

@@ -1,5 +1,6 @@
-"""Whether this process is one rank of an MPI job, read from the launcher's environment
-(no mpi4py import: the partitioner and the trainer ask before deciding to load MPI)."""
+"""Whether this process is one rank of an MPI job or of a ``torchrun`` job, read from the
+launcher's environment (no mpi4py or torch import: the partitioner and the trainer ask before
+deciding what to load)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,24 @@ MPI_LAUNCH_MARKERS = (
 def is_mpi_launch() -> bool:
     """Whether this process was started by an MPI launcher (mpirun, mpiexec, srun)."""
     return any(m in os.environ for m in MPI_LAUNCH_MARKERS)
+
+
+#: Set by ``torchrun`` (``python -m torch.distributed.run``) in every worker it starts.
+TORCHRUN_MARKER = "TORCHELASTIC_RUN_ID"
+#: The ``env://`` rendezvous of ``torch.distributed``: set together by torchrun, or by hand
+#: for a launcher of one's own.
+TORCH_ENV_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def is_torchrun_launch(environ: dict[str, str] | None = None) -> bool:
+    """Whether this process is one worker of ``torchrun`` (its :data:`TORCHRUN_MARKER`, or all
+    of :data:`TORCH_ENV_VARIABLES`) and was not started by an MPI launcher: an MPI job that
+    happens to export ``RANK`` or ``MASTER_ADDR`` stays an MPI job (:func:`is_mpi_launch`
+    wins)."""
+    env = os.environ if environ is None else environ
+    if any(m in env for m in MPI_LAUNCH_MARKERS):
+        return False
+    return TORCHRUN_MARKER in env or all(env.get(v) for v in TORCH_ENV_VARIABLES)
 
 
 #: Environment variables that hold this process's rank among the ranks of its node, most

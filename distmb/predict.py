@@ -47,10 +47,10 @@ from distmb.errors import InputError, PartitionError, exit_on_user_error
 from distmb.malloc import DEFAULT_MALLOC_POLICY, MALLOC_POLICIES, configure_malloc
 
 if TYPE_CHECKING:
-    from distmb.comm import Communicator, SingleProcess
+    from distmb.comm import RankGroup, SingleProcess
     from distmb.data.local import LocalGraph
 
-    Ranks = Communicator | SingleProcess
+    Ranks = RankGroup | SingleProcess
 
 #: The command (messages, ``--help``).
 PROG = "distmb.predict"
@@ -142,7 +142,8 @@ def predict(
             :data:`distmb.malloc.MALLOC_POLICIES`; ``retain`` keeps each batch's freed
             buffers for the next; distmb/malloc.py).
         verify: check the partition's files when opening them.
-        comm: the ranks (:class:`distmb.comm.Communicator` under MPI; default: one rank).
+        comm: the ranks (:class:`distmb.comm.RankGroup` under mpirun or torchrun; default: one
+            rank).
         log: prints one line (rank 0 only); default: ``print``.
 
     Returns:
@@ -460,7 +461,7 @@ def _run(
 
 class GatherWriter:
     """The outputs of every rank in one table per array, on rank 0, in ``VID_o`` order:
-    rows arrive chunk by chunk (:meth:`Communicator.gather_rows`) and are written into a
+    rows arrive chunk by chunk (:meth:`RankGroup.gather_rows`) and are written into a
     memory map of a temporary file (renamed into place when complete: atomic) or, without
     an output directory, into an array in memory. Every rank calls the same methods in the
     same order (each is a collective).
@@ -758,10 +759,10 @@ def _run_cli(argv: list[str] | None, comm: Ranks | None) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: every rank of an MPI job predicts its part; else one rank."""
-    from distmb.launch import is_mpi_launch, run_on_ranks
+    """Entry point: every rank of an MPI or torchrun job predicts its part; else one rank."""
+    from distmb.launch import is_multi_rank_launch, run_on_ranks
 
-    if is_mpi_launch():
+    if is_multi_rank_launch():
         return run_on_ranks(PROG, lambda comm: _run_cli(argv, comm))
     return _main_single(argv)
 

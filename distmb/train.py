@@ -43,17 +43,19 @@ def load_local(args: TrainConfig, log) -> object:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: multi-rank when started by an MPI launcher, else single rank."""
-    from distmb.launch import is_mpi_launch
+    """Entry point: multi-rank when started by an MPI launcher or torchrun, else single
+    rank."""
+    from distmb.launch import is_multi_rank_launch
 
-    if is_mpi_launch():
+    if is_multi_rank_launch():
         return main_distributed(argv)
     return main_single(argv)
 
 
 def main_distributed(argv: list[str] | None) -> int:
-    """One rank of ``mpirun -np P python -m distmb.train``. Any error on any rank aborts
-    the whole job (``MPI_Abort``), so a dead rank never leaves the others waiting."""
+    """One rank of ``mpirun -np P python -m distmb.train`` (or ``torchrun --nproc_per_node
+    P -m distmb.train``). Any error on any rank aborts the whole job, so a dead rank never
+    leaves the others waiting."""
     from distmb.launch import run_on_ranks
 
     return run_on_ranks(
@@ -65,6 +67,7 @@ def run_distributed(args: argparse.Namespace, comm) -> None:
     import torch
 
     from distmb.cuda.device import (
+        check_comm_launch,
         check_gpu_path,
         gpu_identity,
         resolve_comm,
@@ -79,7 +82,8 @@ def run_distributed(args: argparse.Namespace, comm) -> None:
     from distmb.launch import ensure_partition, open_part
 
     config = config_from_args(args)
-    prepare_outputs(config, comm.rank)  # before partitioning or loading anything
+    check_comm_launch(config.comm, comm.launcher)  # before partitioning or loading anything
+    prepare_outputs(config, comm.rank)
     progress.configure(config.progress and comm.rank == 0, config.progress_every)
     warning = set_threads(config)
     if warning and comm.rank == 0:
@@ -106,7 +110,7 @@ def run_distributed(args: argparse.Namespace, comm) -> None:
 
         shared = shares_gpu(comm.allgather((socket.gethostname(), gpu_identity(device))))
         log(f"{comm.size} ranks on GPUs" + (" (shared by several ranks)" if shared else ""))
-    if resolve_comm(config.comm, device, shared) == "torch":
+    if resolve_comm(config.comm, device, shared, comm.launcher) == "torch":
         if device.type == "cuda":
             torch.cuda.set_device(device)  # NCCL's communicator binds to the current GPU
         backend = torch_backend(device)
@@ -114,7 +118,8 @@ def run_distributed(args: argparse.Namespace, comm) -> None:
         log(
             "--comm torch: gradient all-reduce over torch.distributed "
             f"({comm.size} ranks, {backend}; in buckets during the backward pass), HEC push "
-            "over its all-to-all"
+            "and exact exchanges over its all-to-all"
+            + (" (started by torchrun, without MPI)" if comm.launcher != "mpi" else "")
         )
     train(LocalGraph.from_store(store), config, comm=comm, halo=halo, log=log)
     # Not on an error: the job is aborted then (a teardown barrier would wait for the dead).

@@ -36,7 +36,7 @@ def resolve_device(spec: str, local_rank: int = 0) -> torch.device:
     Args:
         spec: the flag's value.
         local_rank: this rank's index among the ranks on its node
-            (:meth:`distmb.comm.Communicator.local_rank`).
+            (:meth:`distmb.comm.RankGroup.local_rank`).
 
     Raises:
         InputError: ``cuda`` where torch sees no GPU (a CPU build, no driver, hidden
@@ -141,24 +141,50 @@ def shares_gpu(identities: list[tuple[str, str]]) -> bool:
     return len(set(identities)) < len(identities)
 
 
-def resolve_comm(spec: str, device: torch.device, shared_gpu: bool = False) -> str:
+def check_comm_launch(spec: str, launcher: str) -> None:
+    """Refuse ``--comm mpi`` in a job that was not started by an MPI launcher (torchrun).
+
+    Args:
+        spec: ``--comm``'s value.
+        launcher: :attr:`distmb.comm.RankGroup.launcher` (``mpi`` or ``torchrun``).
+
+    Raises:
+        InputError: naming the flag, the launcher and the alternatives.
+    """
+    if spec == "mpi" and launcher != "mpi":
+        raise InputError(
+            f"--comm mpi: this job was started by {launcher}, without MPI; use --comm torch "
+            "(or auto), or start it with mpiexec / srun to use MPI"
+        )
+
+
+def resolve_comm(
+    spec: str, device: torch.device, shared_gpu: bool = False, launcher: str = "mpi"
+) -> str:
     """The collectives' library of ``--comm`` ``spec`` on ``device``: ``auto`` is ``torch`` on
     a GPU (NCCL moves device tensors without a host copy) and ``mpi`` on the CPU, and ``mpi``
-    when ranks share a GPU (NCCL refuses two ranks of one group on one GPU).
+    when ranks share a GPU (NCCL refuses two ranks of one group on one GPU). Without MPI
+    (``launcher`` torchrun) it is always ``torch``.
 
     Args:
         shared_gpu: whether some GPU trains more than one rank (:func:`shares_gpu`).
+        launcher: what started the ranks (:attr:`distmb.comm.RankGroup.launcher`).
 
     Raises:
-        InputError: ``--comm torch`` on GPUs shared by several ranks.
+        InputError: ``--comm mpi`` without MPI (:func:`check_comm_launch`), or
+            ``torch.distributed`` on GPUs shared by several ranks.
     """
+    check_comm_launch(spec, launcher)
     if device.type == "cuda" and shared_gpu:
-        if spec == "torch":
+        if spec == "torch" or launcher != "mpi":
             raise InputError(
-                "--comm torch: several ranks train on one GPU, and NCCL allows one rank per "
-                "GPU in a group; use --comm mpi (or auto) to share GPUs, or one rank per GPU"
+                f"--comm {spec}: several ranks train on one GPU, and NCCL allows one rank "
+                "per GPU in a group; use one rank per GPU, or share GPUs in a job started by "
+                "mpiexec / srun with --comm mpi (or auto)"
             )
         return "mpi"
+    if launcher != "mpi":
+        return "torch"
     if spec != "auto":
         return spec
     return "torch" if device.type == "cuda" else "mpi"

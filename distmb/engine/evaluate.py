@@ -7,7 +7,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from distmb.comm import Communicator, SingleProcess
+from distmb.comm import RankGroup, SingleProcess
 from distmb.data.local import LocalGraph
 from distmb.features.base import FeatureSource
 from distmb.features.memory import ArrayFeatures, PartFeatures
@@ -93,7 +93,7 @@ def layerwise_inference(
 class HaloExchange:
     """The :data:`LayerTable` of one rank of several: layer 0 reads the replicated halo
     features when the partition has them; otherwise, and for every later layer, one
-    synchronous halo exchange (:meth:`Communicator.halo_exchange`) supplies the halo rows.
+    synchronous halo exchange (:meth:`RankGroup.halo_exchange`) supplies the halo rows.
 
     Args:
         comm: the ranks (every rank evaluates, layer by layer).
@@ -106,7 +106,7 @@ class HaloExchange:
 
     def __init__(
         self,
-        comm: Communicator,
+        comm: RankGroup,
         send_ptr: np.ndarray,
         send_ids: np.ndarray,
         halo_owner: np.ndarray,
@@ -129,7 +129,7 @@ class HaloExchange:
 
 
 def part_layer_table(
-    comm: Communicator | SingleProcess, local: LocalGraph, features: PartFeatures
+    comm: RankGroup | SingleProcess, local: LocalGraph, features: PartFeatures
 ) -> HaloExchange | None:
     """The :data:`LayerTable` of exact inference on ``local``: ``None`` on one rank (a whole
     graph, or the only part: no halo vertices), else a :class:`HaloExchange` over the part's
@@ -154,7 +154,7 @@ def part_layer_table(
 
 
 def split_accuracies(
-    comm: Communicator | SingleProcess,
+    comm: RankGroup | SingleProcess,
     logits: torch.Tensor,
     labels: np.ndarray,
     splits: dict[str, np.ndarray],

@@ -9,13 +9,13 @@ from typing import Any
 import numpy as np
 
 from distmb.atomic import write_atomic
-from distmb.comm import Communicator, SingleProcess
+from distmb.comm import RankGroup, SingleProcess
 from distmb.engine.timers import PHASES
 from distmb.halo.base import SECOND_COUNTERS
 
 
 def allreduce_named(
-    comm: Communicator | SingleProcess, arrays: dict[str, np.ndarray]
+    comm: RankGroup | SingleProcess, arrays: dict[str, np.ndarray]
 ) -> dict[str, np.ndarray]:
     """Element-wise sums over ranks of several float64-compatible arrays in one
     ``Allreduce``: packed by name in a fixed order, unpacked by the same names."""
@@ -30,7 +30,7 @@ def allreduce_named(
 
 
 def global_stats(
-    comm: Communicator | SingleProcess,
+    comm: RankGroup | SingleProcess,
     record: dict[str, Any],
     halo: dict[str, np.ndarray],
     feature_cache: dict[str, float] | None = None,
@@ -84,7 +84,7 @@ def global_stats(
 
 
 def rank_records(
-    comm: Communicator | SingleProcess, counts: dict[str, Any], times: dict[str, float]
+    comm: RankGroup | SingleProcess, counts: dict[str, Any], times: dict[str, float]
 ) -> dict[str, list[dict[str, Any]]]:
     """Every rank's own view of an epoch, gathered (one ``allgather``; every rank gets all).
 
@@ -108,7 +108,7 @@ def rank_records(
 _CACHE_SUMS = ("lookups", "hits", "rows_read", "bytes_read", "memory_bytes")
 
 
-def cache_record(comm: Communicator | SingleProcess, counters: dict[str, float]) -> dict[str, Any]:
+def cache_record(comm: RankGroup | SingleProcess, counters: dict[str, float]) -> dict[str, Any]:
     """The epoch record of an out-of-core cache (``feature_cache``, ``neighbor_cache``):
     rows (or lists) requested (``lookups``), ``hits`` and the ``hit_rate``, rows and bytes
     read from disk, cache memory (summed over ranks); disk read and inspector seconds
@@ -128,7 +128,7 @@ DEVICE_CACHE_SUMS = (
 
 
 def device_cache_record(
-    comm: Communicator | SingleProcess, counters: dict[str, int], policy: str
+    comm: RankGroup | SingleProcess, counters: dict[str, int], policy: str
 ) -> dict[str, Any]:
     """The epoch record of the GPU path's device feature cache (``device_cache``): ids
     looked up, cache hits and the ``hit_rate``, rows read from host memory (``rows_loaded``)

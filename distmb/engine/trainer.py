@@ -25,7 +25,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from distmb.comm import Communicator, SingleProcess
+from distmb.comm import Communicator, RankGroup, SingleProcess
 from distmb.config import MODELS, RESUME_APPLIED, TrainConfig, flag_of
 from distmb.cuda.device import (
     check_gpu_path,
@@ -118,7 +118,7 @@ class Trainer:
         local: LocalGraph,
         config: TrainConfig,
         *,
-        comm: Communicator | SingleProcess | None = None,
+        comm: RankGroup | SingleProcess | None = None,
         halo: HaloScheme | None = None,
         log: Callable[[str], None] = print,
         model: torch.nn.Module | None = None,

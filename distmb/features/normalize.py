@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from distmb.comm import Communicator, SingleProcess
+from distmb.comm import RankGroup, SingleProcess
 from distmb.config import NORMALIZATIONS
 from distmb.errors import InputError
 from distmb.features.base import FeatureSource
@@ -106,7 +106,7 @@ def fit_normalization(
     kind: str,
     features: np.ndarray,
     train_idx: np.ndarray,
-    comm: Communicator | SingleProcess,
+    comm: RankGroup | SingleProcess,
 ) -> FeatureNormalization | None:
     """The normalisation ``--normalize-features kind`` asks for (None for ``none``).
 

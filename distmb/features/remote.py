@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from distmb.comm import Communicator
+from distmb.comm import RankGroup
 from distmb.data.owners import VertexOwners
 from distmb.features.base import FeatureSource
 from distmb.units import FLOAT32_BYTES, ID_BYTES
@@ -30,7 +30,7 @@ class RemoteFeatures(FeatureSource):
     uses_collectives = True
 
     def __init__(
-        self, comm: Communicator, owners: VertexOwners, local: FeatureSource, num_nodes: int
+        self, comm: RankGroup, owners: VertexOwners, local: FeatureSource, num_nodes: int
     ) -> None:
         super().__init__(num_nodes, local.dim)
         self.comm = comm
@@ -51,10 +51,11 @@ class RemoteFeatures(FeatureSource):
         order = np.argsort(owner, kind="stable")
         counts = np.bincount(owner, minlength=size).astype(np.int64)
         req_counts, requests = self.comm.alltoallv(counts, ids[order])
-        # The GPU path's device cache answers on its device: the exchange runs on the host.
-        rows = self.local.gather(self.owners.local(requests)).cpu().numpy()
+        # The answers are sent from where ``local`` holds them: the GPU path's device cache
+        # answers on its device, which NCCL sends from (--comm torch); MPI copies to the host.
+        rows = self.local.gather(self.owners.local(requests))
         self.bytes_read += rows.shape[0] * self.dim * FLOAT32_BYTES
         _, back = self.comm.alltoallv(req_counts, rows, recv_counts=counts)
-        out[torch.from_numpy(order)] = torch.from_numpy(back)
+        out[torch.from_numpy(order)] = back.to(out.device)
         self.bytes_sent += int(counts.sum() - counts[rank]) * ID_BYTES + (size - 1) * ID_BYTES
         self.bytes_sent += int(req_counts.sum() - req_counts[rank]) * self.dim * FLOAT32_BYTES

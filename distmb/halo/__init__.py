@@ -20,7 +20,7 @@ from distmb.halo.hec import HistoricalCache
 if TYPE_CHECKING:
     import torch
 
-    from distmb.comm import Communicator
+    from distmb.comm import RankGroup
     from distmb.config import TrainConfig
     from distmb.data.store import PartitionStore
 
@@ -36,7 +36,7 @@ __all__ = [
 
 
 def make_halo_scheme(
-    comm: Communicator,
+    comm: RankGroup,
     store: PartitionStore,
     config: TrainConfig,
     cache_device: torch.device | None = None,

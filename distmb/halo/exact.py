@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from distmb.comm import Communicator
+from distmb.comm import RankGroup
 from distmb.data.owners import VertexOwners
 from distmb.data.store import PartitionStore
 from distmb.features.base import FeatureSource
@@ -34,7 +34,7 @@ class ExactRemote(HaloScheme):
     def describe(self) -> str:
         return "none (exact remote sampling and feature fetch)"
 
-    def __init__(self, comm: Communicator, store: PartitionStore, fanouts: tuple[int, ...]) -> None:
+    def __init__(self, comm: RankGroup, store: PartitionStore, fanouts: tuple[int, ...]) -> None:
         super().__init__()
         self.comm = comm
         self.owners = VertexOwners(store)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from distmb.comm import Communicator, EmbeddingPush, TorchEmbeddingPush, make_push
+from distmb.comm import EmbeddingPush, RankGroup, TorchEmbeddingPush, make_push
 from distmb.config import HecSettings
 from distmb.data.graph import csr_row_positions
 from distmb.data.store import PartitionStore
@@ -62,7 +62,7 @@ class HistoricalCache(HaloScheme):
 
     def __init__(
         self,
-        comm: Communicator,
+        comm: RankGroup,
         store: PartitionStore,
         config: HecSettings,
         seed: int,

@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from distmb.comm import Communicator
+from distmb.comm import RankGroup
 from distmb.data.graph import csr_row_positions
 from distmb.data.owners import VertexOwners
 from distmb.sampling.blocks import Block
@@ -46,7 +46,7 @@ class ExactBatchSampler:
 
     def __init__(
         self,
-        comm: Communicator,
+        comm: RankGroup,
         owners: VertexOwners,
         sampler: NeighborSampler,
         fanouts: list[int] | tuple[int, ...],
@@ -135,7 +135,7 @@ class ExactBatchSampler:
     def _exchange(
         self, counts: np.ndarray, send: np.ndarray, recv_counts: np.ndarray | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
-        """:meth:`Communicator.alltoallv`, counting the bytes sent to other ranks (rows, and
+        """:meth:`RankGroup.alltoallv`, counting the bytes sent to other ranks (rows, and
         the per-peer counts when they have to be exchanged). An answer's ``recv_counts`` are
         the request's ``counts``, so answers skip the count exchange."""
         exchanged_counts = recv_counts is None

@@ -1,8 +1,9 @@
-"""Run under mpiexec: exact layer-wise evaluation (per part, with halo exchanges) equals an
-independent full-graph GraphSAGE forward pass (float64, scatter-mean over the whole graph's
-in-edges) with the same weights, for every vertex of every part.
+"""Run under mpiexec or torchrun: exact layer-wise evaluation (per part, with halo exchanges)
+equals an independent full-graph GraphSAGE forward pass (float64, scatter-mean over the whole
+graph's in-edges) with the same weights, for every vertex of every part.
 
-argv: PART_DIR DATASET_SPEC
+argv: PART_DIR DATASET_SPEC [torch]  (torch: the halo exchanges over torch.distributed, as
+--comm torch; always so under torchrun)
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import sys
 import numpy as np
 import torch
 
-from distmb.comm import Communicator
+from distmb.comm import launch_communicator
 from distmb.config import TrainConfig
 from distmb.data import load_dataset
 from distmb.data.local import LocalGraph
@@ -22,7 +23,9 @@ from distmb.halo import make_halo_scheme
 from distmb.launch import open_part
 
 part_dir, spec = sys.argv[1], sys.argv[2]
-comm = Communicator()
+comm = launch_communicator()
+if sys.argv[3:] == ["torch"] and comm.launcher == "mpi":
+    comm.use_torch_distributed("gloo", "cpu")
 store = open_part(comm, part_dir)
 config = TrainConfig(layers=3, fanout=(3, 3, 3), hidden=8, batch_size=100, epochs=1, progress=False)
 trainer = Trainer(
@@ -58,3 +61,4 @@ if comm.rank == 0:
         covered[orig] = True
     assert covered.all()
     print(f"evaluation equals the full-graph reference on {comm.size} rank(s)", flush=True)
+comm.close_torch_distributed()

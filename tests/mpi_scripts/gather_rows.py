@@ -1,5 +1,6 @@
-"""Run under mpiexec: Communicator.gather_rows hands rank 0 every rank's rows, in chunks of at
-most ``chunk_bytes``, each with its ids; reassembled by id they equal the whole table.
+"""Run under mpiexec or torchrun: RankGroup.gather_rows hands rank 0 every rank's rows, in
+chunks of at most ``chunk_bytes``, each with its ids; reassembled by id they equal the whole
+table.
 
 argv: CHUNK_BYTES
 """
@@ -10,10 +11,10 @@ import sys
 
 import numpy as np
 
-from distmb.comm import Communicator
+from distmb.comm import launch_communicator
 
 chunk_bytes = int(sys.argv[1])
-comm = Communicator()
+comm = launch_communicator()
 n, width = 1000, 3
 table = np.random.default_rng(0).standard_normal((n, width)).astype(np.float32)
 owner = np.random.default_rng(1).integers(0, comm.size, n)  # uneven shares, some maybe empty
@@ -39,3 +40,4 @@ if comm.rank == 0:
     print(f"gathered {n} rows in {len(chunks)} chunks", flush=True)
 else:
     assert not chunks
+comm.close_torch_distributed()
