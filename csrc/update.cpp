@@ -13,9 +13,11 @@
 // counter-based hash of (seed, row, column)), packed gate bits; GAT adds the per-head
 // attention scores over the block while it is hot. Backward: one pass over row blocks builds
 // the pre-activation gradient tile (gate bits or ReLU state applied, bias / attention-vector
-// gradients accumulated), then the input gradients of that tile and the weight gradients
+// gradients accumulated), then the input gradients of that tile and the weight gradients,
+// transposed (X^T . gp: the tile's rows are the product's right-hand operand as they are),
 // into private accumulators (N split into contiguous chunks that the threads take
-// dynamically, one accumulator per chunk), reduced once at the end in chunk order.
+// dynamically, one accumulator per chunk), reduced once at the end in chunk order. All
+// scratch buffers start on cache lines (AlignedFloats), so no vector load straddles two.
 //
 // Forward values, gate bits and input gradients do not depend on the thread count; the
 // reductions over N (weight, bias and attention-vector gradients) are deterministic for a
@@ -130,20 +132,6 @@ void pack_panels(const float* src, int64_t sl, int64_t sj, int64_t L, int64_t J,
     for (int64_t l = 0; l < L; ++l)
       for (int j = 0; j < w; ++j)
         panel[l * w + j] = j0 + j < J ? src[l * sl + (j0 + j) * sj] : 0.0f;
-  }
-}
-
-// pack_panels for a row-major block x[L][J] (sl = J, sj = 1), copying whole row segments.
-void pack_row_panels(const float* x, int64_t L, int64_t J, float* dst) {
-  const int64_t jp = pad_cols(J);
-  for (int64_t j0 = 0; j0 < jp; j0 += tile_width(j0, jp)) {
-    const int w = tile_width(j0, jp);
-    const int64_t jv = std::min<int64_t>(w, J - j0);
-    float* panel = dst + j0 * L;
-    for (int64_t l = 0; l < L; ++l) {
-      std::copy(x + l * J + j0, x + l * J + j0 + jv, panel + l * w);
-      std::fill(panel + l * w + jv, panel + (l + 1) * w, 0.0f);
-    }
   }
 }
 
@@ -411,9 +399,9 @@ void check_sources(int64_t k, const UpdateSource* src, int nsrc) {
 
 // Per-thread scratch of the backward pass.
 struct BwdScratch {
-  AlignedFloats gp;   // [kBwdRowBlock][kp]: pre-activation gradient tile, zero-padded
-  AlignedFloats xp;   // a source's rows as zero-padded column panels (pack_row_panels)
-  AlignedFloats gpk;  // gp repacked as [kp / kMR][rows][kMR] (weight-gradient operand)
+  AlignedFloats gp;  // [kBwdRowBlock][kp]: pre-activation gradient tile, zero-padded
+  AlignedFloats xk;  // a source's rows repacked as [pad_rows(c) / kMR][rows][kMR], zero-padded
+                     // (the weight gradient's operand A)
 };
 
 // Work split of the backward pass: the row blocks are cut into a fixed number of contiguous
@@ -444,10 +432,31 @@ inline void sum_parts(const float* parts, int64_t nparts, size_t stride, int64_t
   }
 }
 
+// c rounded up to whole kMR-row tiles: the rows of a weight gradient's transpose as the
+// backward pass accumulates it.
+inline int64_t pad_rows(int64_t c) { return (c + kMR - 1) / kMR * kMR; }
+
+// Rows [0, rows) of a row-major x[rows][c] repacked kMR columns at a time:
+// dst[(c0 / kMR) * rows * kMR + r * kMR + q] = x[r][c0 + q] (0 for c0 + q >= c).
+inline void pack_column_groups(const float* x, int64_t rows, int64_t c, float* dst) {
+  const int64_t full = c / kMR * kMR;
+  for (int64_t c0 = 0; c0 < full; c0 += kMR) {
+    float* d = dst + c0 * rows;
+    for (int64_t r = 0; r < rows; ++r) std::memcpy(d + r * kMR, x + r * c + c0, kMR * 4);
+  }
+  if (full < c) {
+    float* d = dst + full * rows;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int q = 0; q < kMR; ++q) d[r * kMR + q] = full + q < c ? x[r * c + full + q] : 0.0f;
+  }
+}
+
 // The shared backward pass. prologue(chunk, i0, rows, gp) fills gp[rows][kp] with the
 // pre-activation gradient of rows [i0, i0 + rows) (columns >= k zero) and may accumulate the
 // chunk's private reductions; then, per source, grad_x = gp . W and grad_w += gp^T . X, and
-// grad_bias += column sums of gp. The caller sizes the prologue's per-chunk privates from
+// grad_bias += column sums of gp. The weight gradient is accumulated transposed, X^T . gp,
+// tiles over (c, k): gp's rows are operand B as they are (no repacking), and k (a multiple of
+// 16, usually of 32) fills whole register tiles where c often does not. The caller sizes the prologue's per-chunk privates from
 // split.nchunks and zeroes them.
 template <class Prologue>
 void backward_engine(int64_t n, int64_t k, const UpdateSource* src, int nsrc,
@@ -456,19 +465,18 @@ void backward_engine(int64_t n, int64_t k, const UpdateSource* src, int nsrc,
   const int64_t kp = pad_cols(k);
   const int64_t nchunks = split.nchunks;
   std::vector<AlignedFloats> wpanels(nsrc);
-  std::vector<AlignedFloats> wpart(nsrc);  // [nchunks][kp][cp], zeroed per chunk
-  int64_t max_cp = 0;
-  bool need_gpk = false;
+  std::vector<AlignedFloats> wpart(nsrc);  // [nchunks][pad_rows(c)][kp] (transposed), zeroed
+                                           // per chunk
+  int64_t max_cr = 0;
   for (int s = 0; s < nsrc; ++s) {
     const int64_t cp = pad_cols(src[s].c);
-    max_cp = std::max(max_cp, cp);
     if (grads[s].grad_x != nullptr) {  // B(l = k, j = c) = W[l][j]
       wpanels[s].resize(k * cp);
       pack_panels(src[s].w, src[s].c, 1, k, src[s].c, wpanels[s].data());
     }
     if (grads[s].grad_w != nullptr) {
-      wpart[s].resize(static_cast<size_t>(nchunks) * kp * cp);
-      need_gpk = true;
+      wpart[s].resize(static_cast<size_t>(nchunks) * pad_rows(src[s].c) * kp);
+      max_cr = std::max(max_cr, pad_rows(src[s].c));
     }
   }
   AlignedFloats bpart(static_cast<size_t>(nchunks) * kp, 0.0f);
@@ -477,16 +485,14 @@ void backward_engine(int64_t n, int64_t k, const UpdateSource* src, int nsrc,
   {
     BwdScratch scratch;
     scratch.gp.assign(kBwdRowBlock * kp, 0.0f);
-    scratch.xp.assign(kBwdRowBlock * max_cp, 0.0f);
-    if (need_gpk) scratch.gpk.assign(kBwdRowBlock * kp, 0.0f);
-    float* gpk = scratch.gpk.data();
+    scratch.xk.assign(kBwdRowBlock * max_cr, 0.0f);
     float* gp = scratch.gp.data();
 #pragma omp for schedule(dynamic, 1)
     for (int64_t chunk = 0; chunk < nchunks; ++chunk) {
       float* db = bpart.data() + static_cast<size_t>(chunk) * kp;
       for (int s = 0; s < nsrc; ++s)
         if (!wpart[s].empty()) {
-          const size_t size = static_cast<size_t>(kp) * pad_cols(src[s].c);
+          const size_t size = static_cast<size_t>(kp) * pad_rows(src[s].c);
           std::fill_n(wpart[s].data() + chunk * size, size, 0.0f);
         }
       for (int64_t blk = split.chunk_begin(chunk); blk < split.chunk_begin(chunk + 1); ++blk) {
@@ -497,13 +503,6 @@ void backward_engine(int64_t n, int64_t k, const UpdateSource* src, int nsrc,
 #pragma omp simd
           for (int64_t j = 0; j < kp; ++j) db[j] += g[j];
         }
-        // The weight-gradient products broadcast gp column-wise: repack kMR columns at a time
-        // so that those reads are contiguous.
-        if (need_gpk)
-          for (int64_t k0 = 0; k0 < kp; k0 += kMR)
-            for (int64_t r = 0; r < rows; ++r)
-#pragma omp simd
-              for (int j = 0; j < kMR; ++j) gpk[k0 * rows + r * kMR + j] = gp[r * kp + k0 + j];
         for (int s = 0; s < nsrc; ++s) {
           const int64_t c = src[s].c, cp = pad_cols(c);
           // Input gradient: grad_x[rows] = gp . W, tiles over (rows, c).
@@ -528,21 +527,23 @@ void backward_engine(int64_t n, int64_t k, const UpdateSource* src, int nsrc,
               }
             }
           }
-          // Weight gradient: wpriv[t] += gp^T . X[rows], tiles over (c, k), depth = rows. X's
-          // rows are packed into column panels [rows][w] (one stays in L1 while the k panels of
-          // gpk stream past it).
+          // Weight gradient, transposed: wpriv[t]^T += X[rows]^T . gp, tiles over (c, k),
+          // depth = rows: X's rows repacked kMR columns at a time (operand A, broadcast);
+          // gp's rows as they are (operand B; a column tile's lines stay in L1 while the c
+          // tiles pass).
           if (grads[s].grad_w != nullptr) {
-            float* xp = scratch.xp.data();
-            pack_row_panels(src[s].x + i0 * c, rows, c, xp);
-            float* acc_w = wpart[s].data() + static_cast<size_t>(chunk) * kp * cp;
-            for (int64_t j0 = 0; j0 < cp; j0 += tile_width(j0, cp)) {
-              const int w = tile_width(j0, cp);
-              for (int64_t k0 = 0; k0 < kp; k0 += kMR) {
-                const Operand op{gpk + k0 * rows, 0, 0, xp + j0 * rows, w, rows, true};
+            float* xk = scratch.xk.data();
+            pack_column_groups(src[s].x + i0 * c, rows, c, xk);
+            const int64_t cr = pad_rows(c);
+            float* acc_w = wpart[s].data() + static_cast<size_t>(chunk) * cr * kp;
+            for (int64_t j0 = 0; j0 < kp; j0 += tile_width(j0, kp)) {
+              const int w = tile_width(j0, kp);
+              for (int64_t c0 = 0; c0 < cr; c0 += kMR) {
+                const Operand op{xk + c0 * rows, 0, 0, gp + j0, kp, rows, true};
                 auto add = [&](const auto& acc) {
                   constexpr int NR = std::extent<std::remove_reference_t<decltype(acc)>, 1>::value;
                   for (int r = 0; r < kMR; ++r) {
-                    float* o = acc_w + (k0 + r) * cp + j0;
+                    float* o = acc_w + (c0 + r) * kp + j0;
 #pragma omp simd
                     for (int j = 0; j < NR; ++j) o[j] += acc[r][j];
                   }
@@ -559,15 +560,23 @@ void backward_engine(int64_t n, int64_t k, const UpdateSource* src, int nsrc,
     }
   }
 
-  // Reduction of the per-chunk accumulators in chunk order (parallel over output rows).
+  // Reduction of the per-chunk accumulators in chunk order (parallel over rows of the
+  // transpose), written back transposed: grad_w[kk][cc] = sum over chunks of part[cc][kk].
   for (int s = 0; s < nsrc; ++s) {
     float* gw = grads[s].grad_w;
     if (gw == nullptr) continue;
-    const int64_t c = src[s].c, cp = pad_cols(c);
+    const int64_t c = src[s].c;
+    const size_t stride = static_cast<size_t>(pad_rows(c)) * kp;
     const float* part = wpart[s].data();
-#pragma omp parallel for schedule(static) num_threads(split.nt)
-    for (int64_t kk = 0; kk < k; ++kk)
-      sum_parts(part + kk * cp, nchunks, static_cast<size_t>(kp) * cp, c, gw + kk * c);
+#pragma omp parallel num_threads(split.nt)
+    {
+      AlignedFloats row(k);
+#pragma omp for schedule(static)
+      for (int64_t cc = 0; cc < c; ++cc) {
+        sum_parts(part + cc * kp, nchunks, stride, k, row.data());
+        for (int64_t kk = 0; kk < k; ++kk) gw[kk * c + cc] = row[kk];
+      }
+    }
   }
   if (grad_bias != nullptr) sum_parts(bpart.data(), nchunks, kp, k, grad_bias);
 }
