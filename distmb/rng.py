@@ -8,9 +8,10 @@ same functions:
   call, such as the key of one iteration, and the reference the tensor form is tested
   against;
 - on ``int64`` torch tensors on any device (:func:`finalize64_t`, :func:`mix64_t`,
-  :func:`hash_key_t`): a tensor holds the two's-complement bit pattern of the ``uint64``
-  value. Torch's int64 multiplication and addition wrap, ``^`` is bitwise; its ``>>`` is
-  arithmetic, so every right shift is masked to the logical shift.
+  :func:`hash_chain_t`, :func:`hash_key_t`): a tensor holds the two's-complement bit
+  pattern of the ``uint64`` value. Torch's int64 multiplication and addition wrap, ``^``
+  is bitwise; its ``>>`` is arithmetic, so every right shift is masked to the logical
+  shift.
 
 ``hash_key(seed, a, b, c)`` equals ``distmb::hash_key`` in ``csrc/rng.h`` bit for bit (the
 C++ dropout masks use it; ``tests/test_push_select.py`` checks the tensor form against
@@ -46,9 +47,19 @@ def mix64(x: int) -> int:
     return finalize64(x + GOLDEN)
 
 
+def hash_chain(seed: int, *parts: int) -> int:
+    """Hash of ``seed`` and one or more parts: ``mix64(... mix64(mix64(seed ^ mix64(a)) ^ b)
+    ... ^ z)`` (every value taken modulo 2**64)."""
+    first, *rest = parts
+    x = (seed & MASK64) ^ mix64(first)
+    for part in rest:
+        x = mix64(x) ^ (part & MASK64)
+    return mix64(x)
+
+
 def hash_key(seed: int, a: int, b: int = 0, c: int = 0) -> int:
-    """Hash of a key tuple (seed first), chained through :func:`mix64` (as ``csrc/rng.h``)."""
-    return mix64(mix64(mix64((seed & MASK64) ^ mix64(a)) ^ (b & MASK64)) ^ (c & MASK64))
+    """Hash of a key tuple (seed first), as ``csrc/rng.h``: ``hash_chain(seed, a, b, c)``."""
+    return hash_chain(seed, a, b, c)
 
 
 def to_signed(x: int) -> int:
@@ -66,29 +77,52 @@ _MIX1_S, _MIX2_S, _GOLDEN_S = to_signed(MIX1), to_signed(MIX2), to_signed(GOLDEN
 
 
 def finalize64_t(x: torch.Tensor) -> torch.Tensor:
-    """:func:`finalize64` of every entry of int64 ``x`` (any shape, any device)."""
-    x = (x ^ _srl(x, SHIFT1)) * _MIX1_S
-    x = (x ^ _srl(x, SHIFT2)) * _MIX2_S
-    return x ^ _srl(x, SHIFT3)
+    """:func:`finalize64` of every entry of int64 ``x`` (any shape, any device), in place:
+    ``x`` is overwritten and returned."""
+    t = torch.empty_like(x)
+    for shift, mult in ((SHIFT1, _MIX1_S), (SHIFT2, _MIX2_S), (SHIFT3, None)):
+        torch.bitwise_right_shift(x, shift, out=t)
+        t &= (1 << (64 - shift)) - 1  # the logical shift
+        x ^= t
+        if mult is not None:
+            x *= mult
+    return x
 
 
 def mix64_t(x: torch.Tensor) -> torch.Tensor:
-    """:func:`mix64` of every entry of int64 ``x``."""
+    """:func:`mix64` of every entry of int64 ``x`` (a new tensor)."""
+    return finalize64_t(x + _GOLDEN_S)
+
+
+def hash_chain_t(seed: int | torch.Tensor, *parts: int | torch.Tensor) -> torch.Tensor:
+    """:func:`hash_chain` elementwise: ``seed`` and each part a Python int or an int64
+    tensor (broadcast together; the first part a tensor, which gives the device)."""
+    first, *rest = parts
+    if not isinstance(first, torch.Tensor):
+        raise TypeError("hash_chain_t: the first part must be a tensor")
+    x = _xor(mix64_t(first), seed)
+    for part in rest:
+        x = _xor(finalize64_t(x + _GOLDEN_S), part)
     return finalize64_t(x + _GOLDEN_S)
 
 
 def hash_key_t(
     seed: int | torch.Tensor,
-    a: int | torch.Tensor,
+    a: torch.Tensor,
     b: int | torch.Tensor = 0,
     c: int | torch.Tensor = 0,
 ) -> torch.Tensor:
-    """:func:`hash_key` elementwise: each argument a Python int or an int64 tensor
-    (broadcast together; at least one a tensor, which gives the device)."""
-    seed, a, b, c = (to_signed(v) if isinstance(v, int) else v for v in (seed, a, b, c))
-    if not isinstance(a, torch.Tensor):
-        a = torch.as_tensor(a, dtype=torch.int64)
-    return mix64_t(mix64_t(mix64_t(seed ^ mix64_t(a)) ^ b) ^ c)
+    """:func:`hash_key` elementwise (``a`` an int64 tensor; the others Python ints or int64
+    tensors, broadcast together)."""
+    return hash_chain_t(seed, a, b, c)
+
+
+def _xor(x: torch.Tensor, v: int | torch.Tensor) -> torch.Tensor:
+    """``x ^ v``: in place for a Python int, broadcast into a new tensor for a tensor."""
+    if isinstance(v, int):
+        x ^= to_signed(v)
+        return x
+    return x ^ v
 
 
 def to_unit_open(h: torch.Tensor) -> torch.Tensor:

@@ -27,13 +27,14 @@ from distmb.halo.hec import _peers_of_solid
 from distmb.halo.push_select import (
     PushTables,
     _largest,
+    peer_keys,
     push_call_key,
     push_keys,
     select_push_device,
     select_push_host,
 )
 from distmb.partition import partition_graph
-from distmb.rng import hash_key_t, mix64_t, to_unit_open
+from distmb.rng import hash_chain, hash_chain_t, hash_key, hash_key_t, mix64_t, to_unit_open
 
 DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=pytest.mark.cuda)]
 M64 = (1 << 64) - 1
@@ -50,6 +51,13 @@ def ref_mix64(x: int) -> int:
 
 def ref_hash_key(seed: int, a: int, b: int = 0, c: int = 0) -> int:
     return ref_mix64(ref_mix64(ref_mix64(seed ^ ref_mix64(a)) ^ b) ^ c)
+
+
+def ref_push_uniform(call: int, vid: int, peer: int) -> float:
+    """u of candidate (vid, peer): the top 52 bits of mix64(hash_key(call, peer) ^ mix64(vid)),
+    plus one half, over 2**52."""
+    h = ref_mix64(ref_hash_key(call, peer) ^ ref_mix64(vid))
+    return ((h >> 12) + 0.5) * 2.0**-52
 
 
 def as_u64(t: torch.Tensor) -> list[int]:
@@ -90,9 +98,22 @@ def test_tensor_hash_equals_pure_python_integers(device: str) -> None:
         got = as_u64(hash_key_t(seed, signed(a).to(device), signed(b).to(device), 5))
         assert got == [ref_hash_key(seed, x, y, 5) for x, y in zip(a, b, strict=True)]
         assert as_u64(mix64_t(signed(a).to(device))) == [ref_mix64(x) for x in a]
+    # Chains of one to four parts, mixed Python ints and tensors.
+    for parts in ([a], [a, 9], [a, b, 3, b]):
+        t_parts = [signed(p).to(device) if isinstance(p, list) else p for p in parts]
+        got = as_u64(hash_chain_t(11, *t_parts))
+        for i in range(len(a)):
+            want = 11 ^ ref_mix64(a[i])
+            for p in parts[1:]:
+                want = ref_mix64(want) ^ (p[i] if isinstance(p, list) else p)
+            assert got[i] == ref_mix64(want)
+            if i < 3:
+                assert (
+                    hash_chain(11, *[p[i] if isinstance(p, list) else p for p in parts]) == got[i]
+                )
     # A tensor seed broadcast against a scalar key.
     seeds = [int(v) for v in rng.integers(0, 2**63, 30)]
-    got = as_u64(hash_key_t(signed(seeds).to(device), 123, 4))
+    got = as_u64(hash_key_t(signed(seeds).to(device), torch.tensor(123, device=device), 4))
     assert got == [ref_hash_key(s, 123, 4) for s in seeds]
 
 
@@ -117,10 +138,14 @@ def test_unit_is_open_and_keys_follow_the_formula() -> None:
     vid = torch.tensor([10, 11, 12], dtype=torch.int64)
     peer = torch.tensor([1, 1, 2], dtype=torch.int64)
     degree = torch.tensor([0.0, 2.0, 5.0], dtype=torch.float64)
-    keys = push_keys(call, vid, peer, degree).tolist()
+    vid_mix = mix64_t(vid)
+    keys = push_keys(peer_keys(call, 3, torch.device("cpu"))[peer], vid_mix, degree).tolist()
+    for j in range(3):  # one peer's key as a Python int gives the same keys
+        mine = peer == j
+        one = push_keys(hash_key(call, j), vid_mix[mine], degree[mine]).tolist()
+        assert one == [k for k, m in zip(keys, mine.tolist(), strict=True) if m]
     for v, j, d, key in zip(vid.tolist(), peer.tolist(), degree.tolist(), keys, strict=True):
-        h = ref_hash_key(call, v, j)
-        want = np.log(((h >> 12) + 0.5) * 2.0**-52) / max(d, 1.0)
+        want = np.log(ref_push_uniform(call, v, j)) / max(d, 1.0)
         assert key == pytest.approx(want, rel=1e-15)
     # The call key mixes every counter.
     calls = {push_call_key(3, *c) for c in itertools.product(range(2), repeat=4)}
@@ -152,9 +177,8 @@ def brute_force(
         cands = [i for i, v in enumerate(solid) if j in peer_lists[v]]
         keys = {
             i: push_keys(
-                call,
-                torch.tensor([int(tables.orig_ids[solid[i]])]),
-                torch.tensor([j]),
+                hash_key(call, j),
+                mix64_t(torch.tensor([int(tables.orig_ids[solid[i]])])),
                 torch.tensor([float(tables.degree[solid[i]])], dtype=torch.float64),
             ).item()
             for i in cands
@@ -304,7 +328,8 @@ def test_inclusion_follows_efraimidis_spirakis_probabilities() -> None:
     # One call key per (epoch, iteration): the keys of all trials in one hash call.
     calls = [push_call_key(42, e, k, 1, 0) for e in range(TRIALS // 1000) for k in range(1000)]
     call_t = torch.tensor([c - (1 << 64) if c >> 63 else c for c in calls], dtype=torch.int64)
-    u = to_unit_open(hash_key_t(call_t[:, None], torch.tensor([100, 200, 300, 400]), 1))
+    peer_keys = hash_key_t(call_t, torch.ones(TRIALS, dtype=torch.int64))  # peer 1
+    u = to_unit_open(hash_chain_t(peer_keys[:, None], torch.tensor([100, 200, 300, 400])))
     keys = torch.log(u) / torch.tensor(weights, dtype=torch.float64)
     chosen = torch.sort(torch.topk(keys, 2, dim=1).indices, dim=1).values.numpy()
     # The same keys as push_keys, and the same choices as select_push_host (a sample).

@@ -6,7 +6,8 @@ peer ``j``) where ``j`` holds that source as a halo vertex (the inverse send lis
 :func:`distmb.halo.hec._peers_of_solid`). Each peer keeps all of its candidates when it has
 at most ``nc``, else the ``nc`` of them with the largest Efraimidis-Spirakis keys
 
-    ``key = log(u) / max(in_degree, 1)``, ``u = to_unit_open(hash_key(call, VID_o, j))``,
+    ``key = log(u) / max(in_degree, 1)``,
+    ``u = to_unit_open(hash_chain(hash_key(call, j), VID_o))`` (:func:`push_keys`),
 
 which draws ``nc`` of them without replacement with probability proportional to in-degree.
 ``u`` is counter-based (:mod:`distmb.rng`): ``call`` = :func:`push_call_key` of (seed,
@@ -16,8 +17,9 @@ The result is grouped by peer (rank 0's first), each peer's positions ascending.
 
 Two implementations of the same choice:
 
-- :func:`select_push_host`: numpy on the host (a stable radix sort by peer, keys only for
-  peers above the cap, a linear-time partition per such peer): the CPU path;
+- :func:`select_push_host`: numpy on the host (a stable radix sort by peer; keys, with torch
+  on CPU tensors, only for the peers above the cap; a linear-time partition per such
+  peer): the CPU path;
 - :func:`select_push_device`: torch ops on the block's device (padded CSR expansion, sorts,
   no host round trip; the per-peer counts, int64[P], are the only values copied to the
   host): the GPU path.
@@ -35,7 +37,7 @@ import numpy as np
 import torch
 
 from distmb.data.graph import csr_row_positions
-from distmb.rng import hash_key, hash_key_t, to_unit_open
+from distmb.rng import hash_key, hash_key_t, mix64_t, to_signed, to_unit_open
 
 #: The smallest weight of a candidate (an in-degree of 0 counts as 1).
 MIN_WEIGHT = 1.0
@@ -47,13 +49,30 @@ def push_call_key(seed: int, epoch: int, iteration: int, layer: int, rank: int) 
     return hash_key(hash_key(seed, epoch, iteration, layer), rank)
 
 
+def peer_keys(call_key: int, num_peers: int, device: torch.device) -> torch.Tensor:
+    """int64[num_peers] on ``device``: ``hash_key(call_key, j)`` of every peer ``j``."""
+    return hash_key_t(call_key, torch.arange(num_peers, device=device))
+
+
 def push_keys(
-    call_key: int, vid_o: torch.Tensor, peer: torch.Tensor, degree: torch.Tensor
+    peer_key: int | torch.Tensor, vid_mix: torch.Tensor, degree: torch.Tensor
 ) -> torch.Tensor:
-    """float64[n] Efraimidis-Spirakis keys (all negative) of candidates ``(vid_o int64[n],
-    peer int64[n])`` of in-degrees ``degree`` (float64[n]), on their device."""
-    u = to_unit_open(hash_key_t(call_key, vid_o, peer))
-    return torch.log(u) / degree.clamp_min(MIN_WEIGHT)
+    """float64[n] Efraimidis-Spirakis keys (all negative) on the candidates' device.
+
+    Args:
+        peer_key: ``hash_key(call, j)`` of the candidates' peers: a Python int (one peer) or
+            int64[n] (gathered from :func:`peer_keys`).
+        vid_mix: int64[n], ``mix64(VID_o)`` of the candidates (:attr:`PushTables.vid_mix`).
+        degree: float64[n], their in-degrees.
+
+    Returns:
+        ``log(u) / max(degree, 1)`` with ``u = to_unit_open(mix64(peer_key ^ vid_mix))``,
+        i.e. ``to_unit_open(hash_chain(peer_key, VID_o))``: one splitmix64 step per
+        candidate, the vertex's own step taken once per part.
+    """
+    peer_key = to_signed(peer_key) if isinstance(peer_key, int) else peer_key
+    u = to_unit_open(mix64_t(vid_mix ^ peer_key))
+    return torch.log_(u).div_(degree.clamp_min(MIN_WEIGHT))
 
 
 @dataclass(frozen=True)
@@ -64,7 +83,9 @@ class PushTables:
     Attributes:
         peer_ptr: int64[n_solid + 1], CSR pointers of the peers holding each solid vertex.
         peer_ids: int64[n_send] (int32 allowed on the host), those peers' ranks.
-        orig_ids: int64[n_local], ``VID_o`` of every local vertex (solid first).
+        orig_ids: int64[n_local], ``VID_o`` of every local vertex (solid first): the tags.
+        vid_mix: int64[n_solid], ``mix64(VID_o)`` of the solid vertices (the key's
+            per-vertex hash step, computed once).
         degree: float64[n_solid], in-degrees (the sampling weights).
         max_peers: the most peers any solid vertex has (the width of the padded expansion).
     """
@@ -72,6 +93,7 @@ class PushTables:
     peer_ptr: np.ndarray | torch.Tensor
     peer_ids: np.ndarray | torch.Tensor
     orig_ids: np.ndarray | torch.Tensor
+    vid_mix: np.ndarray | torch.Tensor
     degree: np.ndarray | torch.Tensor
     max_peers: int
 
@@ -80,7 +102,9 @@ class PushTables:
         cls, peer_ptr: np.ndarray, peer_ids: np.ndarray, orig_ids: np.ndarray, degree: np.ndarray
     ) -> PushTables:
         widths = np.diff(peer_ptr)
-        return cls(peer_ptr, peer_ids, orig_ids, degree, int(widths.max(initial=0)))
+        solid_vid = torch.from_numpy(np.array(orig_ids[: degree.size], dtype=np.int64))
+        vid_mix = mix64_t(solid_vid).numpy()
+        return cls(peer_ptr, peer_ids, orig_ids, vid_mix, degree, int(widths.max(initial=0)))
 
     def to(self, device: torch.device, orig_ids: torch.Tensor | None = None) -> PushTables:
         """A copy on ``device`` (``orig_ids``: an int64 copy already there, reused)."""
@@ -94,6 +118,7 @@ class PushTables:
             put(self.peer_ptr, torch.int64),
             put(self.peer_ids, torch.int64),
             orig_ids if orig_ids is not None else put(self.orig_ids, torch.int64),
+            put(self.vid_mix, torch.int64),
             put(self.degree, torch.float64),
             self.max_peers,
         )
@@ -125,24 +150,17 @@ def select_push_host(
     if counts.max(initial=0) <= nc:
         return pos, counts
     bounds = np.concatenate([[0], np.cumsum(counts)])
-    over = np.flatnonzero(counts > nc)
-    # One key computation for every candidate of the peers above the cap.
-    sel = np.concatenate([np.arange(bounds[j], bounds[j + 1]) for j in over])
-    src = solid[pos[sel]]
-    keys = push_keys(
-        call_key,
-        torch.from_numpy(np.asarray(tables.orig_ids[src], dtype=np.int64)),
-        torch.from_numpy(peer[sel].astype(np.int64)),
-        torch.from_numpy(np.asarray(tables.degree[src], dtype=np.float64)),
-    ).numpy()
     keep = []
-    start = 0
     for j in range(num_peers):
         group = pos[bounds[j] : bounds[j + 1]]
         if counts[j] > nc:
-            group_keys = keys[start : start + group.size]
-            start += group.size
-            group = group[_largest(group_keys, nc)]
+            src = solid[group]
+            keys = push_keys(
+                hash_key(call_key, j),
+                torch.from_numpy(tables.vid_mix[src]),
+                torch.from_numpy(np.asarray(tables.degree[src], dtype=np.float64)),
+            )
+            group = group[_largest(keys.numpy(), nc)]
             counts[j] = nc
         keep.append(group)
     return np.concatenate(keep), counts
@@ -186,7 +204,9 @@ def select_push_device(
     cand.scatter_add_(0, peer, torch.ones_like(peer))
     if nc < n:  # else no peer can have more than nc candidates (one per position)
         src = solid[pos]
-        keys = push_keys(call_key, tables.orig_ids[src], peer, tables.degree[src])
+        # The empty slots (peer P) get peer P - 1's keys: they are never chosen.
+        keys_of_peer = peer_keys(call_key, num_peers, device)[peer.clamp_max(num_peers - 1)]
+        keys = push_keys(keys_of_peer, tables.vid_mix[src], tables.degree[src])
         # By peer, then key descending; stable sorts: among equal keys the smaller position.
         order = torch.sort(keys, descending=True, stable=True).indices
         order = order[torch.sort(peer[order], stable=True).indices]
