@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -21,9 +22,10 @@ import torch
 from conftest import SMALL
 
 from distmb import _C
+from distmb.config import HecSettings
 from distmb.data import load_dataset
 from distmb.data.store import PartitionStore
-from distmb.halo.hec import _peers_of_solid
+from distmb.halo.hec import HistoricalCache, _peers_of_solid
 from distmb.halo.push_select import (
     PushTables,
     _largest,
@@ -35,6 +37,7 @@ from distmb.halo.push_select import (
 )
 from distmb.partition import partition_graph
 from distmb.rng import hash_chain, hash_chain_t, hash_key, hash_key_t, mix64_t, to_unit_open
+from distmb.sampling import NeighborSampler
 
 DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=pytest.mark.cuda)]
 M64 = (1 << 64) - 1
@@ -351,3 +354,78 @@ def test_inclusion_follows_efraimidis_spirakis_probabilities() -> None:
     uniform = {pair: 1 / 6 for pair in exact}
     chi2_uniform = sum((observed[p] - TRIALS * q) ** 2 / (TRIALS * q) for p, q in uniform.items())
     assert chi2_uniform > 100 * CHI2_5DOF_P1E6
+
+
+# -- the halo scheme's push --------------------------------------------------------------------
+class RecordingPush:
+    """Stands in for the embedding push: appends what ``start`` was given, on the host, to
+    ``calls`` (shared by the layers: in call order)."""
+
+    def __init__(self, calls: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> None:
+        self.calls = calls
+
+    def start(self, counts, tags, rows) -> None:
+        host = [
+            t.cpu().numpy() if isinstance(t, torch.Tensor) else np.asarray(t) for t in (tags, rows)
+        ]
+        self.calls.append((np.array(counts), *host))
+
+
+#: Iterations per epoch of the push traces (pushes start while k < M - d).
+TRACE_ITERS = 6
+
+
+def push_trace(part_dir: Path, rank: int, cache_device: str | None, block_device: str, nc: int):
+    """HistoricalCache._push of 3 iterations x 2 layers of real blocks of ``rank``'s part:
+    what the pushes were given and what ``record`` saw."""
+    store = PartitionStore(part_dir, rank)
+    comm = SimpleNamespace(rank=rank, size=3)
+    settings = HecSettings(enabled=True, size=1000, nc=nc, lifespan=2, delay=1)
+    halo = HistoricalCache(comm, store, settings, seed=5, cache_device=cache_device)
+    halo.setup([4, 4])
+    calls: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    halo.pushes = [RecordingPush(calls), RecordingPush(calls)]
+    records: list[tuple] = []
+    halo.record = lambda *args: records.append(args)
+    sampler = NeighborSampler(
+        np.asarray(store.indptr), np.asarray(store.indices), store.n_solid, store.n_local, [4, 4], 1
+    )
+    train = np.asarray(store.train_idx, np.int64)
+    for k in range(3):
+        blocks = sampler.sample(np.sort(train[k * 40 : (k + 1) * 40]), 0, k)
+        for layer, block in enumerate(blocks):
+            gen = torch.Generator().manual_seed(100 * k + layer)
+            x = torch.randn(block.n_computed, 4, generator=gen)
+            halo._push(layer, block.to(block_device), x.to(block_device), k, TRACE_ITERS)
+    return calls, records
+
+
+@pytest.mark.parametrize(
+    ("cache_device", "block_device"),
+    [
+        pytest.param("cpu", "cpu", id="torch-ops-on-cpu"),
+        pytest.param("cuda", "cuda", id="cuda", marks=pytest.mark.cuda),
+    ],
+)
+def test_halo_push_on_the_device_equals_the_host_push(three_parts, cache_device, block_device):
+    """HistoricalCache._push with the C++ caches (the host choice) and with a device cache
+    (the torch choice on the blocks' device): the same counts, tags and rows go to the push,
+    and ``record`` sees them; some peers are capped at nc."""
+    for rank in range(3):
+        for nc in (7, 10**6):
+            want, want_rec = push_trace(three_parts, rank, None, "cpu", nc)
+            got, got_rec = push_trace(three_parts, rank, cache_device, block_device, nc)
+            assert len(want) == len(got) == 6
+            capped = 0
+            for (c0, t0, r0), (c1, t1, r1), rec in zip(want, got, got_rec, strict=True):
+                np.testing.assert_array_equal(c1, c0)
+                np.testing.assert_array_equal(t1, t0)
+                np.testing.assert_array_equal(r1, r0)
+                assert c0[rank] == 0 and c0.max() <= nc and t0.size == c0.sum() == r0.shape[0]
+                capped += int((c0 == nc).sum())
+                assert rec[0] == "push"
+                np.testing.assert_array_equal(rec[3], t1)
+                np.testing.assert_array_equal(rec[4], r1)
+                np.testing.assert_array_equal(rec[5], c1)
+            assert [r[:3] for r in want_rec] == [r[:3] for r in got_rec]
+            assert (capped > 0) == (nc == 7)
