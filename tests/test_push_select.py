@@ -32,6 +32,7 @@ from distmb.halo.push_select import (
     peer_keys,
     push_call_key,
     push_keys,
+    rank_candidates_device,
     select_push_device,
     select_push_host,
 )
@@ -429,3 +430,25 @@ def test_halo_push_on_the_device_equals_the_host_push(three_parts, cache_device,
                 np.testing.assert_array_equal(rec[5], c1)
             assert [r[:3] for r in want_rec] == [r[:3] for r in got_rec]
             assert (capped > 0) == (nc == 7)
+
+
+@pytest.mark.cuda
+def test_device_choice_synchronises_only_for_the_counts(three_parts: Path) -> None:
+    """Everything before the per-peer counts' copy queues device work only."""
+    store = PartitionStore(three_parts, 0)
+    ptr, ids = _peers_of_solid(store, 3)
+    degree = np.asarray(store.in_degree[: store.n_solid], np.float64)
+    tables = PushTables.on_host(ptr, ids, np.asarray(store.orig_ids), degree)
+    cuda = tables.to(torch.device("cuda"))
+    solid = torch.arange(store.n_solid, device="cuda")
+    call = push_call_key(0, 0, 0, 0, 0)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for nc in (5, 10**6):
+            ordered, kept = rank_candidates_device(solid, cuda, nc, 3, call)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    pos, counts = select_push_host(solid.cpu().numpy(), tables, 10**6, 3, call)
+    np.testing.assert_array_equal(kept.cpu().numpy(), counts)
+    np.testing.assert_array_equal((ordered[: counts.sum()] % solid.numel()).cpu().numpy(), pos)

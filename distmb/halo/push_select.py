@@ -188,10 +188,26 @@ def select_push_device(
         choice as :func:`select_push_host` (see the module notes on ``log``). Reading the
         counts is the one host synchronisation.
     """
+    n = solid.numel()
+    if n == 0 or tables.max_peers == 0:
+        return torch.empty(0, dtype=torch.int64, device=solid.device), np.zeros(num_peers, np.int64)
+    ordered, kept = rank_candidates_device(solid, tables, nc, num_peers, call_key)
+    counts = kept.cpu().numpy()
+    return ordered[: int(counts.sum())] % n, counts
+
+
+def rank_candidates_device(
+    solid: torch.Tensor, tables: PushTables, nc: int, num_peers: int, call_key: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The device work of :func:`select_push_device`, without a host synchronisation.
+
+    Returns:
+        ``(ordered, kept)`` on the device: ``ordered`` int64[n * max_peers], the chosen
+        candidates as ``peer * n + position`` ascending, then ``num_peers * n`` for the rest;
+        ``kept`` int64[P], the chosen per peer (``min(candidates, nc)``).
+    """
     device = solid.device
     n, width = solid.numel(), tables.max_peers
-    if n == 0 or width == 0:
-        return torch.empty(0, dtype=torch.int64, device=device), np.zeros(num_peers, np.int64)
     # Padded expansion: slot (i, r) is the r-th peer of solid[i] when r < its peer count.
     starts = tables.peer_ptr[solid]
     per_src = tables.peer_ptr[solid + 1] - starts
@@ -199,7 +215,7 @@ def select_push_device(
     valid = (r < per_src[:, None]).reshape(-1)
     slot = (starts[:, None] + r).reshape(-1).clamp_max(tables.peer_ids.numel() - 1)
     peer = torch.where(valid, tables.peer_ids[slot], num_peers)  # P: no peer
-    pos = torch.arange(n, device=device).repeat_interleave(width)
+    pos = torch.arange(n, device=device)[:, None].expand(n, width).reshape(-1)
     cand = torch.zeros(num_peers + 1, dtype=torch.int64, device=device)
     cand.scatter_add_(0, peer, torch.ones_like(peer))
     if nc < n:  # else no peer can have more than nc candidates (one per position)
@@ -215,7 +231,5 @@ def select_push_device(
         rank_in_peer = torch.arange(peer.numel(), device=device) - first[peer]
         valid = (peer < num_peers) & (rank_in_peer < nc)
     # The kept candidates by (peer, position); the rest after them.
-    composite = torch.where(valid, peer * n + pos, num_peers * n)
-    composite = torch.sort(composite).values
-    counts = torch.clamp_max(cand[:num_peers], nc).cpu().numpy()
-    return composite[: int(counts.sum())] % n, counts
+    ordered = torch.sort(torch.where(valid, peer * n + pos, num_peers * n)).values
+    return ordered, torch.clamp_max(cand[:num_peers], nc)
