@@ -838,10 +838,12 @@ class EmbeddingPush:
     def __len__(self) -> int:
         return len(self._inflight)
 
-    def start(self, counts: np.ndarray, ids: np.ndarray, rows: np.ndarray | torch.Tensor) -> None:
-        """Send ``ids[k]`` (int64 VID_o) and ``rows[k]`` (float32[dim]; a tensor on any
-        device, copied to host memory first) grouped by peer: the first ``counts[0]`` entries
-        go to rank 0, the next ``counts[1]`` to rank 1, ..."""
+    def start(
+        self, counts: np.ndarray, ids: np.ndarray | torch.Tensor, rows: np.ndarray | torch.Tensor
+    ) -> None:
+        """Send ``ids[k]`` (int64 VID_o) and ``rows[k]`` (float32[dim]; both may be tensors
+        on any device, copied to host memory first) grouped by peer: the first ``counts[0]``
+        entries go to rank 0, the next ``counts[1]`` to rank 1, ..."""
         MPI = _mpi()
         size, dim = self.comm.size, self.dim
         counts = np.ascontiguousarray(counts, dtype=np.int64)
@@ -859,6 +861,8 @@ class EmbeddingPush:
         buf.recv_rows = _fit(buf.recv_rows, n_recv * dim)
         if isinstance(rows, torch.Tensor):  # device rows are staged through host memory
             rows = rows.detach().cpu().numpy()
+        if isinstance(ids, torch.Tensor):
+            ids = ids.cpu().numpy()
         buf.send_ids[:n_send] = ids
         buf.send_rows[: n_send * dim] = np.asarray(rows, dtype=np.float32).reshape(-1)
         sdisp = _offsets(counts)

@@ -32,6 +32,7 @@ from distmb import _C
 from distmb.cuda.choose import choose_positions
 from distmb.cuda.idmap import Backend, RepeatedDestinationError, fused_map
 from distmb.cuda.placement import Placement, place
+from distmb.rng import GOLDEN, finalize64
 from distmb.sampling.blocks import Block
 from distmb.sampling.neighbor import (
     FANOUT_ALL,
@@ -40,25 +41,13 @@ from distmb.sampling.neighbor import (
     _index_array,
 )
 
-_MASK64 = (1 << 64) - 1
-#: splitmix64 increment and finaliser constants (as in csrc/rng.h).
-_GOLDEN = 0x9E3779B97F4A7C15
-_MIX1, _MIX2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
-
-
-def _finalize64(x: int) -> int:
-    x &= _MASK64
-    x = ((x ^ (x >> 30)) * _MIX1) & _MASK64
-    x = ((x ^ (x >> 27)) * _MIX2) & _MASK64
-    return x ^ (x >> 31)
-
 
 def batch_seed(seed: int, epoch: int, iteration: int) -> int:
     """The generator seed of one mini-batch: a splitmix64 hash of the triple, in
     ``[0, 2**63)``."""
-    h = _finalize64(seed + _GOLDEN)
-    h = _finalize64(h ^ (epoch + 2 * _GOLDEN))
-    h = _finalize64(h ^ (iteration + 3 * _GOLDEN))
+    h = finalize64(seed + GOLDEN)
+    h = finalize64(h ^ (epoch + 2 * GOLDEN))
+    h = finalize64(h ^ (iteration + 3 * GOLDEN))
     return h >> 1
 
 

@@ -10,8 +10,9 @@ Per iteration (step) ``k`` of ``M`` (all ranks run the same ``M``), for every la
 2. :meth:`HistoricalCache.layer_input` (during the forward pass, once layer ``l``'s input is
    known): if ``k < M - d``, take block ``l``'s solid sources that some peer holds as halo
    (``send_lists``), keep at most ``nc`` per peer (sampled without replacement with
-   probability proportional to in-degree), and start the non-blocking all-to-all-v of their
-   ``VID_o`` and detached layer-``l`` inputs.
+   probability proportional to in-degree, counter-based keys: :mod:`distmb.halo.push_select`;
+   on the block's device), and start the non-blocking all-to-all-v of their ``VID_o`` and
+   detached layer-``l`` inputs.
 3. :meth:`HistoricalCache.end_iteration`: every cache's ages advance by one.
 """
 
@@ -24,10 +25,15 @@ import torch
 
 from distmb.comm import EmbeddingPush, RankGroup, TorchEmbeddingPush, make_push
 from distmb.config import HecSettings
-from distmb.data.graph import csr_row_positions
 from distmb.data.store import PartitionStore
 from distmb.halo.base import HaloScheme
 from distmb.halo.cache import LIFESPAN_UNBOUNDED, HistoricalEmbeddingCache
+from distmb.halo.push_select import (
+    PushTables,
+    push_call_key,
+    select_push_device,
+    select_push_host,
+)
 from distmb.loader.minibatch import MiniBatch
 from distmb.sampling.blocks import Block
 
@@ -76,7 +82,10 @@ class HistoricalCache(HaloScheme):
         self.orig_ids = np.asarray(store.orig_ids)
         self.replicated_halo = store.replicated
         self.degree = np.asarray(store.in_degree[: store.n_solid], dtype=np.float64)
-        self.peer_ptr, self.peer_ids = _peers_of_solid(store, comm.size)
+        peer_ptr, peer_ids = _peers_of_solid(store, comm.size)
+        #: What the push choice reads (host arrays), and its copies per device.
+        self._tables = PushTables.on_host(peer_ptr, peer_ids, self.orig_ids, self.degree)
+        self._tables_on: dict[torch.device, PushTables] = {}
         #: Lines per cache: only this part's halo vertices are ever pushed here, so more than
         #: ``n_halo`` lines would never be used (``--hec-size`` is an upper bound).
         self.capacity = max(1, min(config.size, store.n_halo))
@@ -192,48 +201,43 @@ class HistoricalCache(HaloScheme):
     def _push(
         self, layer: int, block: Block, x_computed: torch.Tensor, k: int, num_iters: int
     ) -> None:
+        """Push the chosen rows of ``x_computed`` (float32[n_computed, dim], on the block's
+        device) to the peers (:mod:`distmb.halo.push_select`): chosen on the host (numpy)
+        for CPU blocks with the C++ caches, else with torch ops on the block's device (the
+        GPU path; only the per-peer counts cross to the host). Both choose the same rows."""
         push = self.pushes[layer]
         if push is None or k >= num_iters - self.cfg.delay:
             return
-        # The choice of rows (peers' send lists, the nc cap by degree) runs on the host, as
-        # on the CPU path: the block's computed source ids cross once (a device -> host copy
-        # of int64[n_computed] on a GPU); the rows stay where the layer computed them.
-        solid = block.src_ids[: block.n_computed].cpu().numpy()
-        counts_per_src = self.peer_ptr[solid + 1] - self.peer_ptr[solid]
-        pos = np.repeat(np.arange(solid.size), counts_per_src)
-        peer = self.peer_ids[csr_row_positions(self.peer_ptr[solid], counts_per_src)]
-        chosen_pos, counts = self._cap_per_peer(pos, peer, solid, k, layer)
+        solid = block.src_ids[: block.n_computed]
+        call_key = push_call_key(self.seed, self.epoch, k, layer, self.comm.rank)
+        nc, size = self.cfg.nc, self.comm.size
+        tags: np.ndarray | torch.Tensor
+        if self.cache_device is None and solid.device.type == "cpu":
+            solid_np = solid.numpy()
+            chosen_np, counts = select_push_host(solid_np, self._tables, nc, size, call_key)
+            chosen = torch.from_numpy(chosen_np)
+            tags = self.orig_ids[solid_np[chosen_np]]
+        else:
+            tables = self._device_tables(solid.device)
+            chosen, counts = select_push_device(solid, tables, nc, size, call_key)
+            tags = tables.orig_ids[solid[chosen]]
         x = x_computed.detach()
         # float32 whatever --precision (a bf16 row has no numpy view for the MPI push).
-        rows = x[torch.from_numpy(chosen_pos).to(x.device)].float()
-        tags = self.orig_ids[solid[chosen_pos]]
+        rows = x[chosen.to(x.device)].float()
         if self.record is not None:
-            self.record("push", k, layer, tags, rows.cpu().numpy().copy(), counts.copy())
+            host_tags = tags.cpu().numpy() if isinstance(tags, torch.Tensor) else tags
+            self.record("push", k, layer, host_tags, rows.cpu().numpy().copy(), counts.copy())
         push.start(counts, tags, rows)
 
-    def _cap_per_peer(
-        self, pos: np.ndarray, peer: np.ndarray, solid: np.ndarray, k: int, layer: int
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Group candidates by peer; keep at most ``nc`` per peer, drawn without replacement
-        with probability proportional to in-degree (Efraimidis-Spirakis keys)."""
-        order = np.argsort(peer, kind="stable")
-        pos, peer = pos[order], peer[order]
-        counts = np.bincount(peer, minlength=self.comm.size).astype(np.int64)
-        nc = self.cfg.nc
-        if counts.max(initial=0) <= nc:
-            return pos, counts
-        rng = np.random.default_rng([self.seed, self.epoch, k, layer, self.comm.rank])
-        keep = []
-        bounds = np.concatenate([[0], np.cumsum(counts)])
-        for j in range(self.comm.size):
-            group = pos[bounds[j] : bounds[j + 1]]
-            if group.size > nc:
-                weight = np.maximum(self.degree[solid[group]], 1.0)
-                keys = np.log(rng.random(group.size)) / weight
-                group = np.sort(group[np.argpartition(-keys, nc - 1)[:nc]])
-                counts[j] = nc
-            keep.append(group)
-        return np.concatenate(keep), counts
+    def _device_tables(self, device: torch.device) -> PushTables:
+        """:attr:`_tables` on ``device`` (copied once per device; ``orig_ids`` shared with
+        the cache's lookups when they are on the same device)."""
+        tables = self._tables_on.get(device)
+        if tables is None:
+            same = self._orig_ids_device is not None and self._orig_ids_device.device == device
+            tables = self._tables.to(device, self._orig_ids_device if same else None)
+            self._tables_on[device] = tables
+        return tables
 
     def end_iteration(self) -> None:
         """Ages advance once per iteration."""

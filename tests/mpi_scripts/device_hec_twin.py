@@ -1,8 +1,9 @@
 """Run under mpiexec: the same training with the historical caches in the C++ cache and in
 the device cache (``DeviceHistoricalCache`` on ``DEVICE``) gives the same per-epoch records
-(loss, accuracy, hits and bytes per layer), loads the same halo rows and hit masks at every
-step, and ends with the same cache state, with caches small enough to evict and a short
-life-span.
+(loss, accuracy, hits and bytes per layer), pushes the same tags, rows and counts (the C++
+run chooses them on the host with numpy, the device-cache run with torch ops:
+``distmb.halo.push_select``), loads the same halo rows and hit masks at every step, and ends
+with the same cache state, with caches small enough to evict and a short life-span.
 
 argv: PART_DIR EPOCHS DEVICE
 """
