@@ -249,22 +249,27 @@ class RankGroup(ABC):
         if self._buckets is not None and self._buckets.model is model:
             self._buckets.finish()
         else:
-            # torch.distributed reduces where the gradients are; MPI reads host memory.
-            device = self.torch_device if self.torch_group is not None else torch.device("cpu")
-            if (
-                self._grad_buffer is None
-                or self._grad_buffer.numel() != total
-                or self._grad_buffer.device != device
-            ):
-                self._grad_buffer = torch.empty(total, dtype=torch.float32, device=device)
-            flat = self._grad_buffer
-            _pack_gradients(params, flat)
-            with self.watched("gradient allreduce"):
-                self._sum_flat(flat)
-            flat.div_(self.size)
-            _unpack_gradients(params, flat)
+            self._allreduce_flat(params, total)
         self.allreduce_stats.calls += 1
         self.allreduce_stats.payload_bytes += total * FLOAT32_BYTES
+
+    def _allreduce_flat(self, params: list[torch.nn.Parameter], total: int) -> None:
+        """One all-reduce of every gradient packed into one flat float32 buffer of ``total``
+        elements, then averaged and unpacked."""
+        # torch.distributed reduces where the gradients are; MPI reads host memory.
+        device = self.torch_device if self.torch_group is not None else torch.device("cpu")
+        if (
+            self._grad_buffer is None
+            or self._grad_buffer.numel() != total
+            or self._grad_buffer.device != device
+        ):
+            self._grad_buffer = torch.empty(total, dtype=torch.float32, device=device)
+        flat = self._grad_buffer
+        _pack_gradients(params, flat)
+        with self.watched("gradient allreduce"):
+            self._sum_flat(flat)
+        flat.div_(self.size)
+        _unpack_gradients(params, flat)
 
     def _sum_flat(self, flat: torch.Tensor) -> None:
         """Sum ``flat`` (float32[total], on :attr:`torch_device`) over ranks in place."""
