@@ -442,7 +442,8 @@ inline void pack_column_groups(const float* x, int64_t rows, int64_t c, float* d
   const int64_t full = c / kMR * kMR;
   for (int64_t c0 = 0; c0 < full; c0 += kMR) {
     float* d = dst + c0 * rows;
-    for (int64_t r = 0; r < rows; ++r) std::memcpy(d + r * kMR, x + r * c + c0, kMR * 4);
+    for (int64_t r = 0; r < rows; ++r)
+      std::memcpy(d + r * kMR, x + r * c + c0, kMR * sizeof(float));
   }
   if (full < c) {
     float* d = dst + full * rows;
@@ -456,8 +457,8 @@ inline void pack_column_groups(const float* x, int64_t rows, int64_t c, float* d
 // chunk's private reductions; then, per source, grad_x = gp . W and grad_w += gp^T . X, and
 // grad_bias += column sums of gp. The weight gradient is accumulated transposed, X^T . gp,
 // tiles over (c, k): gp's rows are operand B as they are (no repacking), and k (a multiple of
-// 16, usually of 32) fills whole register tiles where c often does not. The caller sizes the prologue's per-chunk privates from
-// split.nchunks and zeroes them.
+// 16, usually of 32) fills whole register tiles where c often does not. The caller sizes the
+// prologue's per-chunk privates from split.nchunks and zeroes them.
 template <class Prologue>
 void backward_engine(int64_t n, int64_t k, const UpdateSource* src, int nsrc,
                      const UpdateGrads* grads, float* grad_bias, const BwdSplit& split,
@@ -687,8 +688,9 @@ void dropout_forward(int64_t n, int64_t k, const float* x, double p_drop, uint64
             keep_all ? static_cast<__mmask16>(0xFFFF)
                      : _mm512_cmplt_epu32_mask(_mm512_load_si512(u + 16 * q),
                                                _mm512_set1_epi32(static_cast<int>(threshold32)));
-        _mm512_storeu_ps(o + j0 + 16 * q, _mm512_maskz_mul_ps(keep, _mm512_loadu_ps(xr + j0 + 16 * q),
-                                                              _mm512_set1_ps(scale)));
+        _mm512_storeu_ps(o + j0 + 16 * q,
+                         _mm512_maskz_mul_ps(keep, _mm512_loadu_ps(xr + j0 + 16 * q),
+                                             _mm512_set1_ps(scale)));
         std::memcpy(br + (j0 + 16 * q) / kBitsPerByte, &keep, 2);
       }
       continue;

@@ -121,9 +121,9 @@ def run_distributed(args: argparse.Namespace, comm) -> None:
             "and exact exchanges over its all-to-all"
             + (" (started by torchrun, without MPI)" if comm.launcher != "mpi" else "")
         )
+    # run_on_ranks tears the torch.distributed group down once this returns (not on an
+    # error: the job is aborted then, and a teardown barrier would wait for the dead).
     train(LocalGraph.from_store(store), config, comm=comm, halo=halo, log=log)
-    # Not on an error: the job is aborted then (a teardown barrier would wait for the dead).
-    comm.close_torch_distributed()
 
 
 def set_threads(config: TrainConfig) -> str | None:
