@@ -359,9 +359,11 @@ void stream_copy(const float* src, int64_t n, float* dst);
 constexpr int kMaxUpdateSources = 2;
 
 struct UpdateSource {
-  const float* x;  // [n][c]
+  const float* x;  // [n][c], or with rows a table [N][c] whose row rows[i] is row i
   const float* w;  // [k][c]
   int64_t c;
+  const int64_t* rows = nullptr;  // int64[n] in [0, N), or null: X_s's rows read in place
+                                  // (no gathered copy); the source then gets no grad_x
 };
 
 struct UpdateGrads {

@@ -56,6 +56,8 @@ constexpr int64_t kBwdRowBlock = 128;  // rows per backward work item (weight-gr
 constexpr int kBitsPerByte = 8;
 constexpr int kUnpack = 16;         // gate bits unpacked per step in the backward pass
 constexpr int64_t kChunksPerThread = 4;  // backward work chunks per thread (load balance)
+constexpr int64_t kCacheLine = 64;        // bytes
+constexpr int64_t kPackPrefetchRows = 8;  // rows read through ids prefetched ahead in packing
 // Multiplying 8 bytes that are each 0 or 1 by this constant gathers them, in order, into the
 // top byte (byte i -> bit i): the gate-bit packing of 8 columns.
 constexpr uint64_t kPackBitsMagic = 0x0102040810204080ull;
@@ -83,6 +85,7 @@ struct Operand {
   int64_t ldb;
   int64_t len;  // inner dimension L
   bool packed = false;
+  const int64_t* rows = nullptr;  // unpacked only: A(r, l) = a[rows[min(r, mr - 1)] * ars + ...]
 };
 
 // acc[r][j] = sum over the operands of sum_{l < L} A(r, l) * B(l, j), r < kMR, j < NR; then
@@ -107,7 +110,10 @@ inline void micro_tile(int mr, const Operand* ops, int nops, Epilogue&& epi) {
       continue;
     }
     const float* arow[kMR];
-    for (int r = 0; r < kMR; ++r) arow[r] = op.a + std::min(r, mr - 1) * op.ars;
+    for (int r = 0; r < kMR; ++r) {
+      const int64_t i = std::min(r, mr - 1);
+      arow[r] = op.a + (op.rows != nullptr ? op.rows[i] : i) * op.ars;
+    }
     for (int64_t l = 0; l < op.len; ++l) {
       const float* b = op.b + l * op.ldb;
       const int64_t al = l * op.als;
@@ -139,10 +145,21 @@ void pack_panels(const float* src, int64_t sl, int64_t sj, int64_t L, int64_t J,
 // columns [0, kp), sum the sources' X_s[row] . W_s^T (packed panels) and call
 // epi(acc, row0, mr, j0, width).
 struct FwdSource {
-  const float* x;       // [n][c]
+  const float* x;       // [n][c], or a table whose row rows[i] is row i
   const float* panels;  // pack of W^T: [c][kp] in panels
   int64_t c;
+  const int64_t* rows;  // int64[n] or null
 };
+
+// Prefetch rows [r_begin, r_end) of an indexed source (row i at x + ids[i] * c), every line.
+inline void prefetch_indexed_rows(const float* x, const int64_t* ids, int64_t c, int64_t r_begin,
+                                  int64_t r_end) {
+  for (int64_t r = r_begin; r < r_end; ++r) {
+    const char* row = reinterpret_cast<const char*>(x + ids[r] * c);
+    for (int64_t b = 0; b < c * static_cast<int64_t>(sizeof(float)); b += kCacheLine)
+      __builtin_prefetch(row + b, 0, 3);
+  }
+}
 
 template <class Epilogue>
 void forward_row_block(int64_t i0, int64_t rows, int64_t kp, const FwdSource* src, int nsrc,
@@ -151,10 +168,21 @@ void forward_row_block(int64_t i0, int64_t rows, int64_t kp, const FwdSource* sr
     const int w = tile_width(j0, kp);
     for (int64_t r0 = 0; r0 < rows; r0 += kMR) {
       const int mr = static_cast<int>(std::min<int64_t>(kMR, rows - r0));
+      // Rows read through ids are scattered over their table: on the first column tile,
+      // fetch the next register tile's rows while this one computes (the block's first tile
+      // fetches its own).
+      if (j0 == 0)
+        for (int s = 0; s < nsrc; ++s)
+          if (src[s].rows != nullptr)
+            prefetch_indexed_rows(src[s].x, src[s].rows, src[s].c, i0 + (r0 == 0 ? 0 : r0 + kMR),
+                                  i0 + std::min(rows, r0 + 2 * kMR));
       Operand ops[2];
-      for (int s = 0; s < nsrc; ++s)
-        ops[s] = {src[s].x + (i0 + r0) * src[s].c, src[s].c, 1, src[s].panels + j0 * src[s].c,
-                  w, src[s].c};
+      for (int s = 0; s < nsrc; ++s) {
+        const bool indexed = src[s].rows != nullptr;
+        ops[s] = {src[s].x + (indexed ? 0 : (i0 + r0) * src[s].c), src[s].c, 1,
+                  src[s].panels + j0 * src[s].c, w, src[s].c, false,
+                  indexed ? src[s].rows + i0 + r0 : nullptr};
+      }
       if (w == kNR)
         micro_tile<kNR>(mr, ops, nsrc,
                         [&](const float(&acc)[kMR][kNR]) { epi(acc, i0 + r0, mr, j0); });
@@ -369,7 +397,7 @@ void update_forward_impl(int64_t n, int64_t k, const UpdateSource* src, int nsrc
   std::copy(bias, bias + k, bias_p.begin());
   const auto packed = pack_forward(src, nsrc, k);
   FwdSource fsrc[2];
-  for (int s = 0; s < nsrc; ++s) fsrc[s] = {src[s].x, packed[s].data(), src[s].c};
+  for (int s = 0; s < nsrc; ++s) fsrc[s] = {src[s].x, packed[s].data(), src[s].c, src[s].rows};
   const int64_t nblocks = (n + kRowBlock - 1) / kRowBlock;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(num_work_threads(nblocks))
   for (int64_t blk = 0; blk < nblocks; ++blk) {
@@ -387,12 +415,16 @@ void update_forward_impl(int64_t n, int64_t k, const UpdateSource* src, int nsrc
   }
 }
 
-void check_sources(int64_t k, const UpdateSource* src, int nsrc) {
+void check_sources(int64_t k, const UpdateSource* src, int nsrc,
+                   const UpdateGrads* grads = nullptr) {
   if (k < 1) throw std::invalid_argument("the output width k must be >= 1");
   if (nsrc < 0 || nsrc > kMaxUpdateSources)
     throw std::invalid_argument("an UPDATE takes 0 to 2 sources");
-  for (int s = 0; s < nsrc; ++s)
+  for (int s = 0; s < nsrc; ++s) {
     if (src[s].c < 1) throw std::invalid_argument("a source width c must be >= 1");
+    if (grads != nullptr && src[s].rows != nullptr && grads[s].grad_x != nullptr)
+      throw std::invalid_argument("a source read through row ids has no input gradient");
+  }
 }
 
 // ---- backward engine ---------------------------------------------------------------------
@@ -436,19 +468,34 @@ inline void sum_parts(const float* parts, int64_t nparts, size_t stride, int64_t
 // backward pass accumulates it.
 inline int64_t pad_rows(int64_t c) { return (c + kMR - 1) / kMR * kMR; }
 
-// Rows [0, rows) of a row-major x[rows][c] repacked kMR columns at a time:
-// dst[(c0 / kMR) * rows * kMR + r * kMR + q] = x[r][c0 + q] (0 for c0 + q >= c).
-inline void pack_column_groups(const float* x, int64_t rows, int64_t c, float* dst) {
+// Rows [i0, i0 + rows) of a row-major x[.][c] (row i at x + (ids ? ids[i] : i) * c) repacked
+// kMR columns at a time: dst[(c0 / kMR) * rows * kMR + r * kMR + q] = X[i0 + r][c0 + q] (0 for
+// c0 + q >= c).
+inline void pack_column_groups(const float* x, const int64_t* ids, int64_t i0, int64_t rows,
+                               int64_t c, float* dst) {
+  const auto row = [&](int64_t r) { return x + (ids != nullptr ? ids[i0 + r] : i0 + r) * c; };
   const int64_t full = c / kMR * kMR;
+  if (ids != nullptr) {  // scattered rows: each read whole, the next ones prefetched
+    prefetch_indexed_rows(x, ids, c, i0, i0 + std::min(rows, kPackPrefetchRows));
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t ahead = r + kPackPrefetchRows;
+      if (ahead < rows) prefetch_indexed_rows(x, ids, c, i0 + ahead, i0 + ahead + 1);
+      const float* xr = row(r);
+      for (int64_t c0 = 0; c0 < full; c0 += kMR)
+        std::memcpy(dst + c0 * rows + r * kMR, xr + c0, kMR * sizeof(float));
+      for (int q = 0; full < c && q < kMR; ++q)
+        dst[full * rows + r * kMR + q] = full + q < c ? xr[full + q] : 0.0f;
+    }
+    return;
+  }
   for (int64_t c0 = 0; c0 < full; c0 += kMR) {
     float* d = dst + c0 * rows;
-    for (int64_t r = 0; r < rows; ++r)
-      std::memcpy(d + r * kMR, x + r * c + c0, kMR * sizeof(float));
+    for (int64_t r = 0; r < rows; ++r) std::memcpy(d + r * kMR, row(r) + c0, kMR * sizeof(float));
   }
   if (full < c) {
     float* d = dst + full * rows;
     for (int64_t r = 0; r < rows; ++r)
-      for (int q = 0; q < kMR; ++q) d[r * kMR + q] = full + q < c ? x[r * c + full + q] : 0.0f;
+      for (int q = 0; q < kMR; ++q) d[r * kMR + q] = full + q < c ? row(r)[full + q] : 0.0f;
   }
 }
 
@@ -498,6 +545,19 @@ void backward_engine(int64_t n, int64_t k, const UpdateSource* src, int nsrc,
         }
       for (int64_t blk = split.chunk_begin(chunk); blk < split.chunk_begin(chunk + 1); ++blk) {
         const int64_t i0 = blk * kBwdRowBlock, rows = std::min(kBwdRowBlock, n - i0);
+        // Sources read through ids: the next block's rows (scattered over their tables) are
+        // fetched a row per weight-gradient tile while this block computes.
+        const bool next_in_chunk = blk + 1 < split.chunk_begin(chunk + 1);
+        const int64_t next_rows = next_in_chunk ? std::min(kBwdRowBlock, n - i0 - rows) : 0;
+        int64_t fetched = 0;
+        const auto fetch_next_row = [&]() {
+          if (fetched == next_rows) return;
+          for (int s = 0; s < nsrc; ++s)
+            if (src[s].rows != nullptr && grads[s].grad_w != nullptr)
+              prefetch_indexed_rows(src[s].x, src[s].rows, src[s].c, i0 + rows + fetched,
+                                    i0 + rows + fetched + 1);
+          ++fetched;
+        };
         prologue(chunk, i0, rows, gp);
         for (int64_t r = 0; r < rows; ++r) {
           const float* g = gp + r * kp;
@@ -534,12 +594,13 @@ void backward_engine(int64_t n, int64_t k, const UpdateSource* src, int nsrc,
           // tiles pass).
           if (grads[s].grad_w != nullptr) {
             float* xk = scratch.xk.data();
-            pack_column_groups(src[s].x + i0 * c, rows, c, xk);
+            pack_column_groups(src[s].x, src[s].rows, i0, rows, c, xk);
             const int64_t cr = pad_rows(c);
             float* acc_w = wpart[s].data() + static_cast<size_t>(chunk) * cr * kp;
             for (int64_t j0 = 0; j0 < kp; j0 += tile_width(j0, kp)) {
               const int w = tile_width(j0, kp);
               for (int64_t c0 = 0; c0 < cr; c0 += kMR) {
+                fetch_next_row();
                 const Operand op{xk + c0 * rows, 0, 0, gp + j0, kp, rows, true};
                 auto add = [&](const auto& acc) {
                   constexpr int NR = std::extent<std::remove_reference_t<decltype(acc)>, 1>::value;
@@ -612,7 +673,7 @@ void update_forward(int64_t n, int64_t k, const UpdateSource* src, int nsrc,
 void update_backward(int64_t n, int64_t k, const float* grad_out, const uint8_t* gate_bits,
                      float scale, const UpdateSource* src, int nsrc, const UpdateGrads* grads,
                      float* grad_bias, float* grad_addend) {
-  check_sources(k, src, nsrc);
+  check_sources(k, src, nsrc, grads);
   const int64_t kb = bytes_per_row(k);
   backward_engine(n, k, src, nsrc, grads, grad_bias, backward_split(n),
                   [&](int64_t, int64_t i0, int64_t rows, float* gp) {
@@ -747,7 +808,7 @@ void gat_projection_forward(int64_t n, int64_t c, int64_t heads, int64_t d, cons
   AlignedFloats bias_p(kp, 0.0f);
   std::copy(bias, bias + k, bias_p.begin());
   const auto packed = pack_forward(&src, 1, k);
-  const FwdSource fsrc{x, packed[0].data(), c};
+  const FwdSource fsrc{x, packed[0].data(), c, nullptr};
   const int64_t nblocks = (n + kRowBlock - 1) / kRowBlock;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(num_work_threads(nblocks))
   for (int64_t blk = 0; blk < nblocks; ++blk) {

@@ -42,7 +42,9 @@ T* upd_optional(const py::object& a, std::initializer_list<int64_t> shape, const
   return a.is_none() ? nullptr : upd_data<T>(a.cast<py::array>(), shape, name, output);
 }
 
-// The UPDATE sources from parallel lists xs[s] [n, c_s] and ws[s] [k, c_s].
+// The UPDATE sources from parallel lists xs[s] and ws[s] [k, c_s]: xs[s] is x [n, c_s], or a
+// pair (table [N, c_s], rows int64[n]) whose row rows[i] is the source's row i (every rows[i]
+// checked to lie in [0, N)).
 std::vector<UpdateSource> upd_sources(const py::list& xs, const py::list& ws, int64_t n,
                                       int64_t k) {
   if (xs.size() != ws.size() || xs.size() > static_cast<size_t>(kMaxUpdateSources))
@@ -52,8 +54,23 @@ std::vector<UpdateSource> upd_sources(const py::list& xs, const py::list& ws, in
     const auto w = ws[s].cast<py::array>();
     if (w.ndim() != 2) throw py::value_error("every weight must be 2-D [k, c]");
     const int64_t c = w.shape(1);
-    src.push_back({upd_data<float>(xs[s].cast<py::array>(), {n, c}, "x"),
-                   upd_data<float>(w, {k, c}, "w"), c});
+    const float* wp = upd_data<float>(w, {k, c}, "w");
+    if (!py::isinstance<py::tuple>(xs[s])) {
+      src.push_back({upd_data<float>(xs[s].cast<py::array>(), {n, c}, "x"), wp, c});
+      continue;
+    }
+    const auto pair = xs[s].cast<py::tuple>();
+    if (pair.size() != 2) throw py::value_error("an indexed source is a pair (table, rows)");
+    const auto table = pair[0].cast<py::array>();
+    if (table.ndim() != 2) throw py::value_error("an indexed source's table must be 2-D [N, c]");
+    const int64_t num_rows = table.shape(0);
+    const float* tp = upd_data<float>(table, {num_rows, c}, "table");
+    const int64_t* rows = upd_data<int64_t>(pair[1].cast<py::array>(), {n}, "rows");
+    for (int64_t i = 0; i < n; ++i)
+      if (rows[i] < 0 || rows[i] >= num_rows)
+        throw py::value_error("rows[" + std::to_string(i) + "] = " + std::to_string(rows[i]) +
+                              " is outside the table's " + std::to_string(num_rows) + " rows");
+    src.push_back({tp, wp, c, rows});
   }
   return src;
 }

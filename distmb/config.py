@@ -465,6 +465,15 @@ class TrainConfig:
         group=GROUP_DATA_LOADING,
         min=0,
     )
+    gather_in_place: bool = option(
+        True,
+        "gather block 0's input rows into a batch buffer even where the first layer could read "
+        "them in place (by default a fused GraphSAGE first layer reads in-memory features "
+        "through their ids on one rank: no gathered copy; same results)",
+        flag="--no-gather-in-place",
+        inverted=True,
+        group=GROUP_DATA_LOADING,
+    )
     sampler: str = option(
         "auto",
         "neighbour sampler: cpp (thread-parallel C++), device (the GPU path's PyTorch-ops "

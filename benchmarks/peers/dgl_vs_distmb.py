@@ -306,6 +306,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="distmb's --malloc (its default: retain); DGL's side keeps glibc's defaults",
     )
     p.add_argument(
+        "--no-gather-in-place",
+        dest="gather_in_place",
+        action="store_false",
+        help="distmb's --no-gather-in-place: gather block 0's input rows into a buffer (by "
+        "default its fused SAGEConv reads them from the feature table through their ids)",
+    )
+    p.add_argument(
         "--prefetch",
         type=int,
         default=0,
@@ -408,6 +415,7 @@ def command_line(args: argparse.Namespace) -> str:
         args.kernels,
         "--malloc",
         args.malloc,
+        *([] if args.gather_in_place else ["--no-gather-in-place"]),
         "--prefetch",
         str(args.prefetch),
         "--dgl-workers",
@@ -489,6 +497,7 @@ def run(args: argparse.Namespace, workdir: Path) -> None:
         kernels=args.kernels,
         malloc=args.malloc,
         prefetch=args.prefetch,
+        gather_in_place=args.gather_in_place,
         progress=False,
     )
     args.lr = config.lr  # the model's default when not given: both sides use it
@@ -579,6 +588,7 @@ def run(args: argparse.Namespace, workdir: Path) -> None:
             "distmb_kernels": args.kernels,
             "distmb_prefetch": args.prefetch,
             "distmb_malloc": args.malloc,
+            "distmb_gather_in_place": args.gather_in_place,
             "dgl_num_workers": args.dgl_workers,
             "seed": args.seed,
         },

@@ -8,6 +8,8 @@ from abc import ABC, abstractmethod
 import numpy as np
 import torch
 
+from distmb.rows import IndexedRows
+
 
 class FeatureSource(ABC):
     """Rows of a float32 feature table, addressed by vertex id.
@@ -62,6 +64,22 @@ class FeatureSource(ABC):
         self._read_into(ids_np, out)
         self.rows_served += ids_np.size
         return out
+
+    def rows_in_place(self, ids: np.ndarray | torch.Tensor) -> IndexedRows | None:
+        """The rows of ``ids`` as :class:`~distmb.rows.IndexedRows` over a table this source
+        holds in memory (no copy), or None when it cannot serve them that way (then use
+        :meth:`gather_into`). Counted as served rows like a gather."""
+        ids_np = self._check_ids(ids)
+        table = self._table_in_place(ids_np)
+        if table is None:
+            return None
+        self.rows_served += ids_np.size
+        return IndexedRows(table, torch.from_numpy(ids_np))
+
+    def _table_in_place(self, ids: np.ndarray) -> torch.Tensor | None:
+        """A contiguous float32 CPU tensor whose rows ``ids`` (checked int64) are this
+        source's rows of those ids, or None (the default: rows must be gathered)."""
+        return None
 
     def counters(self) -> dict[str, int]:
         return {"rows_served": self.rows_served, "bytes_read": self.bytes_read}

@@ -28,6 +28,13 @@ class ArrayFeatures(FeatureSource):
         take_rows(self._rows, ids, out)
         self.bytes_read += ids.size * self.dim * FLOAT32_BYTES
 
+    def _table_in_place(self, ids: np.ndarray) -> torch.Tensor | None:
+        t = self._rows
+        if isinstance(t, torch.Tensor) and t.dtype == torch.float32 and t.is_contiguous():
+            self.bytes_read += ids.size * self.dim * FLOAT32_BYTES
+            return t
+        return None
+
 
 class ConcatFeatures(FeatureSource):
     """Two sources stacked: ids ``[0, head.num_rows)`` read ``head``, the next
@@ -69,6 +76,12 @@ class ConcatFeatures(FeatureSource):
         tail_pos = torch.from_numpy(np.flatnonzero(in_tail))
         out[head_pos] = _read(self.head, ids[~in_tail])
         out[tail_pos] = _read(self.tail, ids[in_tail] - split)
+
+    def _table_in_place(self, ids: np.ndarray) -> torch.Tensor | None:
+        # Head ids only (a block without halo leaves): the head's table as it is.
+        if ids.size and int(ids.max()) >= self.head.num_rows:
+            return None
+        return self.head._table_in_place(ids)
 
     def counters(self) -> dict[str, int]:
         return {

@@ -56,6 +56,9 @@ class HaloScheme:
     name = "local"
     #: Whether :meth:`state` has anything to checkpoint.
     stateful = False
+    #: Whether :meth:`layer_input` reads layer 0's rows themselves (not only appends halo
+    #: rows): then the loader must gather them (no :class:`~distmb.rows.IndexedRows`).
+    reads_input_rows = False
 
     def __init__(self) -> None:
         self.layer_dims: list[int] = []

@@ -64,6 +64,7 @@ class HistoricalCache(HaloScheme):
     """
 
     name = "hec"
+    reads_input_rows = True  # pushes layer 0's rows to the peers
     stateful = True
 
     def __init__(

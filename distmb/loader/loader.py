@@ -117,6 +117,11 @@ class BatchLoader:
             device; rows gathered on the host are copied there (synchronously, on the thread
             that made the batch, so a recycled host buffer is never refilled while a copy
             reads it).
+        in_place: hand block 0's input rows over as :class:`~distmb.rows.IndexedRows` (no
+            gathered copy) when the source holds them in memory
+            (:meth:`~distmb.features.FeatureSource.rows_in_place`), the batch stays on the
+            host and block 0 has no halo leaves; the consumer's first layer must take them
+            (:func:`~distmb.nn.models.reads_input_in_place`). Otherwise rows are gathered.
         reuse_buffers: gather into recycled buffers (no page faults for a fresh tensor, no
             unmapping when it is freed). The consumer must then hold one batch at a time: a
             batch's ``x`` is valid until the next batch is requested (then the batch's ``x``
@@ -136,6 +141,7 @@ class BatchLoader:
         threads: int | None = None,
         reuse_buffers: bool = False,
         device: torch.device | str | None = None,
+        in_place: bool = False,
     ) -> None:
         if prefetch < 0:
             raise ValueError(f"prefetch must be >= 0, got {prefetch}")
@@ -154,6 +160,11 @@ class BatchLoader:
         self.device = torch.device(device) if device is not None else None
         self._on_device = callable(getattr(features, "gather_device", None))
         self.reuse_buffers = reuse_buffers
+        self.in_place = (
+            in_place
+            and (self.device is None or self.device.type == "cpu")
+            and not self._on_device
+        )
         self._free: list[torch.Tensor] = []  # flat float32 buffers ready for reuse
         self._free_lock = threading.Lock()
         #: Buffers allocated by the gather stage so far (reuse keeps this at most prefetch + 2).
@@ -224,6 +235,11 @@ class BatchLoader:
             batch.x = rows[: first.n_computed]
             batch.x_halo = rows[first.n_computed :] if self._gather_halo and first.n_halo else None
             return self._to_device(batch, start, cpu_start)
+        if self.in_place and not first.n_halo:
+            in_place = self.features.rows_in_place(ids)
+            if in_place is not None:
+                batch.x, batch.x_halo = in_place, None
+                return self._to_device(batch, start, cpu_start)
         dim = self.features.dim
         buffer = self._take_buffer(int(ids.numel()) * dim)
         rows = buffer[: int(ids.numel()) * dim].view(int(ids.numel()), dim)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from distmb.rows import IndexedRows, materialized
 from distmb.sampling.blocks import Block
 
 
@@ -23,7 +24,9 @@ class MiniBatch:
         blocks: one per layer, ``blocks[0]`` feeding the input layer.
         labels: int64[batch], the seeds' labels.
         x: float32[blocks[0].n_computed, F], input features of block 0's computed (solid)
-            sources; None until the gather stage ran.
+            sources; None until the gather stage ran. With the loader's ``in_place``, the
+            same rows as :class:`~distmb.rows.IndexedRows` (read where they are; a consumer
+            that needs a tensor calls :meth:`input_rows`).
         x_halo: float32[blocks[0].n_halo, F], input features of block 0's halo leaves when
             the feature source holds them (replicated halo features), else None: the halo
             scheme supplies those rows.
@@ -42,7 +45,7 @@ class MiniBatch:
     seeds: np.ndarray
     blocks: list[Block]
     labels: torch.Tensor
-    x: torch.Tensor | None = None
+    x: torch.Tensor | IndexedRows | None = None
     x_halo: torch.Tensor | None = None
     halo_rows: list[torch.Tensor] = field(default_factory=list)
     sample_s: float = 0.0
@@ -65,12 +68,18 @@ class MiniBatch:
         device = torch.device(device)
         self.blocks = [block.to(device, non_blocking) for block in self.blocks]
         self.labels = self.labels.to(device, non_blocking=non_blocking)
+        if isinstance(self.x, IndexedRows) and self.x.device != device:
+            self.x = self.x.materialize()
         if self.x is not None and self.x.device != device:
             self.x = self.x.to(device, non_blocking=non_blocking)
         if self.x_halo is not None and self.x_halo.device != device:
             self.x_halo = self.x_halo.to(device, non_blocking=non_blocking)
         self.halo_rows = [rows.to(device, non_blocking=non_blocking) for rows in self.halo_rows]
         return self
+
+    def input_rows(self) -> torch.Tensor | None:
+        """``x`` as a tensor (rows read in place are gathered now)."""
+        return materialized(self.x) if self.x is not None else None
 
     def solid_ids(self, layer: int) -> torch.Tensor:
         """int64[n_computed]: ids of ``blocks[layer]``'s computed (solid) sources."""

@@ -24,6 +24,7 @@ from torch import Tensor
 from torch.autograd.function import FunctionCtx, once_differentiable
 
 from distmb import _C
+from distmb.rows import IndexedRows
 from distmb.sampling import Block
 
 #: The only dtype the fused kernels compute in.
@@ -107,10 +108,25 @@ def _numpy_or_none(t: Tensor | None) -> np.ndarray | None:
 # --------------------------------------------------------------------------- mean / sum / gcn
 
 
-def aggregate_forward(block: Block, x: Tensor, kind: str) -> Tensor:
-    """``aggregate`` of x float32[n_src, F] (contiguous) -> float32[n_dst, F], no autograd."""
-    indptr, indices = _csr(block)
+def aggregate_forward(block: Block, x: Tensor | IndexedRows, kind: str) -> Tensor:
+    """``aggregate`` of x float32[n_src, F] (contiguous) -> float32[n_dst, F], no autograd.
+
+    ``x`` may be rows read in place (:class:`~distmb.rows.IndexedRows`, ``kind`` not
+    ``"gcn"``): the edges then name the table's rows directly (``ids[indices]``, int64[edges]),
+    and no gathered copy of the sources is made."""
     out = torch.empty(block.n_dst, x.shape[1], dtype=DTYPE)
+    if isinstance(x, IndexedRows):
+        if kind == "gcn":  # its self term reads x[v] by destination position
+            raise ValueError("aggregate_forward: the gcn aggregator needs gathered rows")
+        if x.shape[0] != block.n_src:
+            raise ValueError(f"x has {x.shape[0]} rows but the block has n_src={block.n_src}")
+        table_rows = torch.index_select(x.ids, 0, block.indices)
+        _C.aggregate_forward(
+            _np(block.indptr), table_rows.numpy(), x.table.shape[0], x.table.numpy(),
+            x.shape[1], kind, out.numpy(),
+        )  # fmt: skip
+        return out
+    indptr, indices = _csr(block)
     _C.aggregate_forward(indptr, indices, block.n_src, _np(x), x.shape[1], kind, out.numpy())
     return out
 

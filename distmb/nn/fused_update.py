@@ -37,6 +37,7 @@ from torch import Tensor
 
 from distmb import _C
 from distmb.nn.backend import get_kernels
+from distmb.rows import IndexedRows
 
 #: Seeds are drawn uniformly from [0, SEED_BOUND) (a non-negative int64).
 SEED_BOUND = 2**63 - 1
@@ -71,6 +72,12 @@ def _np(t: Tensor) -> np.ndarray:
     return t.detach().numpy()
 
 
+def _source(x: Tensor | IndexedRows) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+    """An UPDATE source as the kernels take it: an array, or ``(table, ids)`` for rows read
+    in place."""
+    return x.kernel_source() if isinstance(x, IndexedRows) else _np(x)
+
+
 def _opt_np(t: Tensor | None) -> np.ndarray | None:
     return None if t is None else _np(t)
 
@@ -89,7 +96,7 @@ def _check_p(p: float) -> None:
 
 
 def update_forward(
-    xs: Sequence[Tensor],
+    xs: Sequence[Tensor | IndexedRows],
     ws: Sequence[Tensor],
     addend: Tensor | None,
     bias: Tensor,
@@ -100,7 +107,8 @@ def update_forward(
     """One fused forward pass, no autograd: ``act(sum_s xs[s] @ ws[s]^T + addend + bias)``.
 
     Args:
-        xs: float32[N, C_s] each (contiguous: see :func:`_contig`); ws: float32[K, C_s].
+        xs: float32[N, C_s] each (contiguous: see :func:`_contig`), or
+            :class:`~distmb.rows.IndexedRows` read in place; ws: float32[K, C_s].
         addend: float32[N, K] or None. bias: float32[K].
         activation: ReLU + dropout ``p`` with ``seed`` (``p`` = 0: no dropout).
 
@@ -112,7 +120,7 @@ def update_forward(
     out = torch.empty(n, k, dtype=F32)
     bits = torch.empty(n, _bits_per_row(k), dtype=torch.uint8) if activation else None
     _C.update_forward(
-        [_np(x) for x in xs],
+        [_source(x) for x in xs],
         [_np(w) for w in ws],
         _opt_np(_contig(addend)),
         _np(bias.detach().contiguous()),
@@ -129,7 +137,7 @@ def update_backward(
     grad_out: Tensor,
     bits: Tensor | None,
     scale: float,
-    xs: Sequence[Tensor],
+    xs: Sequence[Tensor | IndexedRows],
     ws: Sequence[Tensor],
     need_xs: Sequence[bool],
     need_ws: Sequence[bool],
@@ -140,8 +148,11 @@ def update_backward(
 
     ``bits`` and ``scale`` (the dropout scale ``1 / (1 - p)``; 1 without activation) come
     from the forward call. Returns ``(grad_addend, grad_bias, grad_xs, grad_ws)``, None where
-    not needed.
+    not needed. Rows read in place (:class:`~distmb.rows.IndexedRows`) get no gradient.
     """
+    for x, need in zip(xs, need_xs, strict=True):
+        if need and isinstance(x, IndexedRows):
+            raise ValueError("update_backward: rows read in place (IndexedRows) get no gradient")
     grad_out = grad_out.contiguous()
     n, k = grad_out.shape
     grad_addend = torch.empty(n, k, dtype=F32) if need_addend else None
@@ -152,7 +163,7 @@ def update_backward(
         _np(grad_out),
         _opt_np(bits),
         scale,
-        [_np(x) for x in xs],
+        [_source(x) for x in xs],
         [_np(w) for w in ws],
         [_opt_np(g) for g in grad_xs],
         [_opt_np(g) for g in grad_ws],
@@ -254,7 +265,7 @@ def output_dropout(x: Tensor, module: torch.nn.Dropout) -> Tensor:
     return module(x)
 
 
-def _rows(xs: Sequence[Tensor], addend: Tensor | None) -> int:
+def _rows(xs: Sequence[Tensor | IndexedRows], addend: Tensor | None) -> int:
     return addend.shape[0] if addend is not None else xs[0].shape[0]
 
 

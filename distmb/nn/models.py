@@ -23,6 +23,7 @@ from distmb.nn.gat import GATConv
 from distmb.nn.gcn import GCNConv
 from distmb.nn.gin import GINConv
 from distmb.nn.sage import SAGEConv
+from distmb.rows import IndexedRows
 from distmb.sampling import Block
 
 #: ``halo_inputs(l, block) -> float[block.n_halo, layer_dims()[l]]``: input rows of the halo
@@ -82,6 +83,13 @@ class BlockModel(nn.Module):
         """Input width of every layer (``[in_dim, ...]``, one entry per layer)."""
         return list(self._dims)
 
+    @property
+    def reads_input_in_place(self) -> bool:
+        """Whether the first layer reads :class:`~distmb.rows.IndexedRows` through their
+        ids (a layer with a true ``reads_in_place``, e.g. :class:`SAGEConv`); for any other
+        :meth:`forward` gathers them first."""
+        return bool(self.layers) and bool(getattr(self.layers[0], "reads_in_place", False))
+
     def forward_layer(self, l: int, block: Block, x_src: Tensor) -> Tensor:
         """Apply layer ``l``: ``x_src`` float[block.n_src, layer_dims()[l]] ->
         float[block.n_dst, width of layer l's output]."""
@@ -90,7 +98,7 @@ class BlockModel(nn.Module):
     def forward(
         self,
         blocks: Sequence[Block],
-        x: Tensor,
+        x: Tensor | IndexedRows,
         halo_inputs: HaloInputs | None = None,
         *,
         layer_input: LayerInput | None = None,
@@ -102,7 +110,8 @@ class BlockModel(nn.Module):
                 blocks[l].n_dst``).
             x: without ``layer_input``: float[blocks[0].n_src, in_dim], the input rows of all
                 sources of ``blocks[0]``; with it: float[blocks[0].n_computed, in_dim], the
-                computed sources' rows.
+                computed sources' rows. Either may be :class:`~distmb.rows.IndexedRows`
+                (rows read in place).
             halo_inputs: supplies the halo rows of ``blocks[l]``, ``l >= 1``; required when
                 any of those blocks has ``n_halo > 0`` (and no ``layer_input`` is given).
             layer_input: ``layer_input(l, block, h)`` turns the computed sources' rows ``h``
@@ -118,6 +127,8 @@ class BlockModel(nn.Module):
         """
         if len(blocks) != self.num_layers:
             raise ValueError(f"expected {self.num_layers} blocks, got {len(blocks)}")
+        if isinstance(x, IndexedRows) and not self.reads_input_in_place:
+            x = x.materialize()
         h = x
         for l, block in enumerate(blocks):
             if layer_input is not None:

@@ -8,6 +8,7 @@ from torch import Tensor, nn
 from distmb.nn import fused_aggregate, fused_update
 from distmb.nn.aggregate import AGGREGATORS, aggregate, check_layer_input
 from distmb.nn.backend import get_kernels
+from distmb.rows import IndexedRows
 from distmb.sampling import Block
 
 #: Gain of the Xavier-uniform initialisation of the weights (DGL SAGEConv uses ReLU's).
@@ -72,16 +73,22 @@ class SAGEConv(nn.Module):
             nn.init.xavier_uniform_(self.fc_self.weight, gain=INIT_GAIN)
         nn.init.zeros_(self.bias)
 
-    def forward(self, block: Block, x_src: Tensor) -> Tensor:
+    def forward(self, block: Block, x_src: Tensor | IndexedRows) -> Tensor:
         """Args:
             block: the layer's block.
             x_src: float[n_src, in_dim]; rows ``[0, n_dst)`` are the destinations' own rows.
+                May be :class:`~distmb.rows.IndexedRows` (a first layer's features read in
+                place): the fused kernels read them through their ids (not with the
+                ``"gcn"`` aggregator); otherwise they are gathered first.
 
         Returns:
             float[n_dst, out_dim].
         """
         check_layer_input("SAGEConv", x_src, self.in_dim)
-        if get_kernels() == "fused" and fused_update.supported(x_src, *self.parameters()):
+        fused = get_kernels() == "fused" and fused_update.supported(x_src, *self.parameters())
+        if isinstance(x_src, IndexedRows) and not (fused and self.reads_in_place):
+            x_src = x_src.materialize()
+        if fused:
             return self._forward_fused(block, x_src)
         if self.out_dim < self.in_dim:
             h = aggregate(block, self.fc_neigh(x_src), self.aggr)
@@ -94,7 +101,13 @@ class SAGEConv(nn.Module):
             h = self.dropout(torch.relu(h))
         return h
 
-    def _forward_fused(self, block: Block, x_src: Tensor) -> Tensor:
+    @property
+    def reads_in_place(self) -> bool:
+        """Whether the fused path reads an :class:`~distmb.rows.IndexedRows` input through
+        its ids (every aggregator but ``"gcn"``, whose self term needs the gathered rows)."""
+        return self.aggr != "gcn"
+
+    def _forward_fused(self, block: Block, x_src: Tensor | IndexedRows) -> Tensor:
         """The forward pass through the fused kernels (same contract as forward)."""
         p, seed = fused_update.effective_dropout(
             self.activation, self.dropout.p, self.training, None
@@ -146,24 +159,27 @@ class _FusedSAGE(torch.autograd.Function):
         p: float,
         seed: int,
     ) -> Tensor:
-        x = x_src.detach().contiguous()
+        in_place = isinstance(x_src, IndexedRows)
+        x = x_src if in_place else x_src.detach().contiguous()
         wn = w_neigh.detach().contiguous()
         ws = None if w_self is None else w_self.detach().contiguous()
         n_dst = block.n_dst
-        self_x, self_w = ([], []) if ws is None else ([x[:n_dst]], [ws])
+        self_x, self_w = ([], []) if ws is None else ([_first_rows(x, n_dst)], [ws])
         project = wn.shape[0] < wn.shape[1]
+        saved_x = None if in_place else x  # in-place rows are not a tensor: kept on ctx
         if project:
             zero = torch.zeros(wn.shape[0], dtype=torch.float32)
             z, _ = fused_update.update_forward([x], [wn], None, zero, False, 0.0, 0)
             h = fused_aggregate.aggregate_forward(block, z, aggr)
             out, bits = fused_update.update_forward(self_x, self_w, h, bias, activation, p, seed)
-            ctx.save_for_backward(x, wn, ws, bits)
+            ctx.save_for_backward(saved_x, wn, ws, bits)
         else:
             h = fused_aggregate.aggregate_forward(block, x, aggr)
             out, bits = fused_update.update_forward(
                 [h, *self_x], [wn, *self_w], None, bias, activation, p, seed
             )
-            ctx.save_for_backward(x, wn, ws, bits, h)
+            ctx.save_for_backward(saved_x, wn, ws, bits, h)
+        ctx.in_place = x if in_place else None
         ctx.block, ctx.aggr, ctx.project = block, aggr, project
         ctx.scale = fused_update.dropout_scale(p) if activation else 1.0
         return out
@@ -172,10 +188,12 @@ class _FusedSAGE(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out: Tensor) -> tuple[Tensor | None, ...]:
         x, wn, ws, bits, *rest = ctx.saved_tensors
+        if ctx.in_place is not None:
+            x = ctx.in_place
         need_x, need_wn, need_ws, need_b = ctx.needs_input_grad[:4]
         block: Block = ctx.block
         n_dst = block.n_dst
-        self_x, self_w = ([], []) if ws is None else ([x[:n_dst]], [ws])
+        self_x, self_w = ([], []) if ws is None else ([_first_rows(x, n_dst)], [ws])
         grad_x = grad_wn = grad_ws = None
         if ctx.project:
             grad_h, grad_b, grad_self, grad_self_w = fused_update.update_backward(
@@ -203,3 +221,9 @@ class _FusedSAGE(torch.autograd.Function):
         if grad_self_w:
             grad_ws = grad_self_w[0]
         return grad_x, grad_wn, grad_ws, grad_b, None, None, None, None, None
+
+
+def _first_rows(x: Tensor | IndexedRows, n: int) -> Tensor | IndexedRows:
+    """Rows ``[0, n)`` of a layer input (the destinations' own rows), in place for
+    :class:`~distmb.rows.IndexedRows`."""
+    return x.prefix(n) if isinstance(x, IndexedRows) else x[:n]
