@@ -306,11 +306,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="distmb's --malloc (its default: retain); DGL's side keeps glibc's defaults",
     )
     p.add_argument(
-        "--no-gather-in-place",
-        dest="gather_in_place",
-        action="store_false",
-        help="distmb's --no-gather-in-place: gather block 0's input rows into a buffer (by "
-        "default its fused SAGEConv reads them from the feature table through their ids)",
+        "--gather-in-place",
+        action="store_true",
+        help="distmb's --gather-in-place: its fused SAGEConv reads block 0's input rows from "
+        "the feature table through their ids (no gathered copy)",
     )
     p.add_argument(
         "--prefetch",
@@ -415,7 +414,7 @@ def command_line(args: argparse.Namespace) -> str:
         args.kernels,
         "--malloc",
         args.malloc,
-        *([] if args.gather_in_place else ["--no-gather-in-place"]),
+        *(["--gather-in-place"] if args.gather_in_place else []),
         "--prefetch",
         str(args.prefetch),
         "--dgl-workers",

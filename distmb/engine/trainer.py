@@ -214,8 +214,8 @@ class Trainer:
             threads=config.loader_threads or config.threads,
             reuse_buffers=True,  # the loop holds one batch at a time
             device=self.device,
-            # A first layer that reads the feature table through row ids needs no gathered
-            # copy of block 0's input rows (~4 % of a products-shaped SAGE batch).
+            # --gather-in-place: a first layer that reads the feature table through row ids
+            # needs no gathered copy of block 0's input rows.
             in_place=config.gather_in_place
             and not self.halo.reads_input_rows
             and isinstance(self.model, BlockModel)
