@@ -59,13 +59,6 @@ int64_t agg_transposed(const py::array& t_indptr, int64_t n_edges, const char* w
   return n;
 }
 
-AggKind agg_kind(const std::string& kind) {
-  if (kind == "sum") return AggKind::kSum;
-  if (kind == "mean") return AggKind::kMean;
-  if (kind == "gcn") return AggKind::kGcn;
-  throw py::value_error("unknown aggregator '" + kind + "'; expected sum, mean or gcn");
-}
-
 void agg_nonnegative(int64_t value, const char* name) {
   if (value < 0) throw py::value_error(std::string(name) + " must be >= 0");
 }

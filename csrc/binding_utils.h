@@ -12,6 +12,8 @@
 #include <utility>
 #include <vector>
 
+#include "kernels.h"
+
 namespace distmb {
 
 namespace py = pybind11;
@@ -67,5 +69,13 @@ void bind_update(py::module_& m);     // csrc/update_bindings.cpp
 void bind_feature_cache(py::module_& m);  // csrc/feature_cache_bindings.cpp
 void bind_rowfile(py::module_& m);    // csrc/rowfile_bindings.cpp
 void bind_neighbor_file(py::module_& m);  // csrc/neighbor_file_bindings.cpp
+
+// The aggregator named by kind ("sum", "mean" or "gcn").
+inline AggKind agg_kind(const std::string& kind) {
+  if (kind == "sum") return AggKind::kSum;
+  if (kind == "mean") return AggKind::kMean;
+  if (kind == "gcn") return AggKind::kGcn;
+  throw py::value_error("unknown aggregator '" + kind + "'; expected sum, mean or gcn");
+}
 
 }  // namespace distmb

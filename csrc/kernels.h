@@ -390,6 +390,20 @@ void update_backward(int64_t n, int64_t k, const float* grad_out, const uint8_t*
                      float scale, const UpdateSource* src, int nsrc, const UpdateGrads* grads,
                      float* grad_bias, float* grad_addend);
 
+// update_backward_aggregated: update_backward whose grad_out rows are made on the fly as the
+// next layer's aggregate_backward would make them (so that n x k gradient is never written):
+// grad_out[u] = sum over u's transposed edges j of the next block (t_indptr / t_dst, ascending)
+// of w[t_dst[j]] * grad_dst[t_dst[j]], then + addend[u] for u < n_addend; w[v] = 1 (sum) or
+// 1 / deg(v), 0 without edges (mean), deg from next_indptr [n_next_dst + 1]; gcn is refused.
+// grad_dst is [n_next_dst][k]; rows u < n of the next block's sources are this UPDATE's rows.
+// Bit-identical to aggregate_backward followed by update_backward.
+void update_backward_aggregated(int64_t n, int64_t k, const int64_t* next_indptr,
+                                int64_t n_next_dst, const int64_t* t_indptr, const int64_t* t_dst,
+                                AggKind kind, const float* grad_dst, const float* addend,
+                                int64_t n_addend, const uint8_t* gate_bits, float scale,
+                                const UpdateSource* src, int nsrc, const UpdateGrads* grads,
+                                float* grad_bias);
+
 // dropout_keep_mask: keep[n][k] (0/1 bytes), the dropout decisions update_forward makes for
 // (seed, p_drop) (all 1 for p_drop = 0); for tests and diagnostics.
 void dropout_keep_mask(uint64_t seed, int64_t n, int64_t k, double p_drop, uint8_t* keep);

@@ -56,7 +56,9 @@ constexpr int64_t kBwdRowBlock = 128;  // rows per backward work item (weight-gr
 constexpr int kBitsPerByte = 8;
 constexpr int kUnpack = 16;         // gate bits unpacked per step in the backward pass
 constexpr int64_t kChunksPerThread = 4;  // backward work chunks per thread (load balance)
+constexpr int64_t kFwdChunksPerThread = 16;  // forward work chunks per thread (load balance)
 constexpr int64_t kCacheLine = 64;        // bytes
+constexpr int64_t kAggPrefetchEdges = 4;  // edges ahead whose rows an aggregation prefetches
 constexpr int64_t kPackPrefetchRows = 8;  // rows read through ids prefetched ahead in packing
 // Multiplying 8 bytes that are each 0 or 1 by this constant gathers them, in order, into the
 // top byte (byte i -> bit i): the gate-bit packing of 8 columns.
@@ -71,6 +73,9 @@ inline int64_t pad_cols(int64_t k) { return (k + kPad - 1) / kPad * kPad; }
 inline int tile_width(int64_t j0, int64_t padded) {
   return padded - j0 >= kNR ? kNR : kNRTail;
 }
+
+// Column tiles of a padded width (kNR wide, the last one kNRTail when fewer remain).
+inline int64_t num_tiles(int64_t padded) { return (padded + kNR - 1) / kNR; }
 
 inline int64_t bytes_per_row(int64_t k) { return (k + kBitsPerByte - 1) / kBitsPerByte; }
 
@@ -151,23 +156,66 @@ struct FwdSource {
   const int64_t* rows;  // int64[n] or null
 };
 
+// The cache lines of the next row block's inputs (up to kMaxPrefetchRanges contiguous ranges),
+// prefetched toward L2 a slice per register tile while the current block computes, so that
+// the next block's first column tile finds its rows there instead of waiting on memory.
+constexpr int kMaxPrefetchRanges = 3;
+struct NextRowsPrefetch {
+  const char* base[kMaxPrefetchRanges];
+  int64_t lines[kMaxPrefetchRanges];
+  int nranges = 0;
+  int64_t total = 0;   // lines over all ranges
+  int64_t issued = 0;  // lines prefetched so far
+  int range = 0;       // range of the next line to prefetch
+  int64_t offset = 0;  // its line within that range
+
+  // Add floats [0, count) from p (nothing when p is null or count <= 0).
+  void add(const float* p, int64_t count) {
+    if (p == nullptr || count <= 0 || nranges == kMaxPrefetchRanges) return;
+    const auto first = reinterpret_cast<uintptr_t>(p) / kCacheLine;
+    const auto last = (reinterpret_cast<uintptr_t>(p + count) - 1) / kCacheLine;
+    base[nranges] = reinterpret_cast<const char*>(first * kCacheLine);
+    lines[nranges] = static_cast<int64_t>(last - first + 1);
+    total += lines[nranges++];
+  }
+
+  // Prefetch the lines up to fraction (step + 1) / steps of the total.
+  void advance(int64_t step, int64_t steps) {
+    const int64_t upto = total * std::min(step + 1, steps) / steps;
+    for (; issued < upto; ++issued) {
+      while (offset == lines[range]) {
+        ++range;
+        offset = 0;
+      }
+      __builtin_prefetch(base[range] + offset++ * kCacheLine, 0, 2);
+    }
+  }
+};
+
+// Prefetch every line of floats [0, count) at p.
+inline void prefetch_lines(const float* p, int64_t count) {
+  const char* c = reinterpret_cast<const char*>(p);
+  for (int64_t b = 0; b < count * static_cast<int64_t>(sizeof(float)); b += kCacheLine)
+    __builtin_prefetch(c + b, 0, 3);
+}
+
 // Prefetch rows [r_begin, r_end) of an indexed source (row i at x + ids[i] * c), every line.
 inline void prefetch_indexed_rows(const float* x, const int64_t* ids, int64_t c, int64_t r_begin,
                                   int64_t r_end) {
-  for (int64_t r = r_begin; r < r_end; ++r) {
-    const char* row = reinterpret_cast<const char*>(x + ids[r] * c);
-    for (int64_t b = 0; b < c * static_cast<int64_t>(sizeof(float)); b += kCacheLine)
-      __builtin_prefetch(row + b, 0, 3);
-  }
+  for (int64_t r = r_begin; r < r_end; ++r) prefetch_lines(x + ids[r] * c, c);
 }
 
+// next (or null): the next block's inputs, a slice of them prefetched per register tile.
 template <class Epilogue>
 void forward_row_block(int64_t i0, int64_t rows, int64_t kp, const FwdSource* src, int nsrc,
-                       Epilogue&& epi) {
+                       NextRowsPrefetch* next, Epilogue&& epi) {
+  const int64_t steps = num_tiles(kp) * ((rows + kMR - 1) / kMR);
+  int64_t step = 0;
   for (int64_t j0 = 0; j0 < kp; j0 += tile_width(j0, kp)) {
     const int w = tile_width(j0, kp);
     for (int64_t r0 = 0; r0 < rows; r0 += kMR) {
       const int mr = static_cast<int>(std::min<int64_t>(kMR, rows - r0));
+      if (next != nullptr) next->advance(step++, steps);
       // Rows read through ids are scattered over their table: on the first column tile,
       // fetch the next register tile's rows while this one computes (the block's first tile
       // fetches its own).
@@ -398,20 +446,34 @@ void update_forward_impl(int64_t n, int64_t k, const UpdateSource* src, int nsrc
   const auto packed = pack_forward(src, nsrc, k);
   FwdSource fsrc[2];
   for (int s = 0; s < nsrc; ++s) fsrc[s] = {src[s].x, packed[s].data(), src[s].c, src[s].rows};
+  // Contiguous chunks of row blocks taken dynamically: within a chunk the next block is
+  // known, so its input rows are prefetched while the current one computes.
   const int64_t nblocks = (n + kRowBlock - 1) / kRowBlock;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(num_work_threads(nblocks))
-  for (int64_t blk = 0; blk < nblocks; ++blk) {
-    const int64_t i0 = blk * kRowBlock, rows = std::min(kRowBlock, n - i0);
-    uint64_t row_keys[kRowBlock];
-    if (kDrop)
-      for (int64_t r = 0; r < rows; ++r) row_keys[r] = dropout_row_key(seed, i0 + r);
-    forward_row_block(i0, rows, kp, fsrc, nsrc,
-                      [&](const auto& acc, int64_t row0, int mr, int64_t j0) {
-                        sage_epilogue<std::extent<std::remove_reference_t<decltype(acc)>, 1>::value,
-                                      kRelu, kDrop>(acc, row0, mr, j0, k, bias_p.data(), addend,
-                                                    row_keys + (row0 - i0), threshold, scale,
-                                                    out, gate_bits);
-                      });
+  const int nt = num_work_threads(nblocks);
+  const int64_t nchunks = std::min<int64_t>(nblocks, kFwdChunksPerThread * nt);
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
+  for (int64_t chunk = 0; chunk < nchunks; ++chunk) {
+    const int64_t end = (chunk + 1) * nblocks / nchunks;
+    for (int64_t blk = chunk * nblocks / nchunks; blk < end; ++blk) {
+      const int64_t i0 = blk * kRowBlock, rows = std::min(kRowBlock, n - i0);
+      NextRowsPrefetch next;
+      if (blk + 1 < end) {
+        const int64_t i1 = i0 + rows, rows1 = std::min(kRowBlock, n - i1);
+        for (int s = 0; s < nsrc; ++s)
+          if (src[s].rows == nullptr) next.add(src[s].x + i1 * src[s].c, rows1 * src[s].c);
+        next.add(addend == nullptr ? nullptr : addend + i1 * k, rows1 * k);
+      }
+      uint64_t row_keys[kRowBlock];
+      if (kDrop)
+        for (int64_t r = 0; r < rows; ++r) row_keys[r] = dropout_row_key(seed, i0 + r);
+      forward_row_block(
+          i0, rows, kp, fsrc, nsrc, &next,
+          [&](const auto& acc, int64_t row0, int mr, int64_t j0) {
+            sage_epilogue<std::extent<std::remove_reference_t<decltype(acc)>, 1>::value, kRelu,
+                          kDrop>(acc, row0, mr, j0, k, bias_p.data(), addend,
+                                 row_keys + (row0 - i0), threshold, scale, out, gate_bits);
+          });
+    }
   }
 }
 
@@ -670,36 +732,88 @@ void update_forward(int64_t n, int64_t k, const UpdateSource* src, int nsrc,
                                      gate_bits);
 }
 
+namespace {
+
+// d[0 .. kp) = the pre-activation gradient of one row from its output gradient g[0 .. k) (d == g
+// allowed): g * scale where the row's gate bit is set, else 0 (bits null: g as it is); columns
+// >= k zero.
+inline void gate_row(const float* g, const uint8_t* bits, int64_t k, int64_t kp, float scale,
+                     float* d) {
+  if (bits == nullptr) {
+    if (d != g) std::copy(g, g + k, d);
+  } else {
+    // 16 columns per step from their two gate bytes as one 16-bit word (kp >= 16 * steps).
+    const int64_t kb = bytes_per_row(k);
+    for (int64_t j0 = 0; j0 < k; j0 += kUnpack) {
+      const int64_t b0 = j0 / kBitsPerByte;
+      const uint32_t word =
+          bits[b0] | (b0 + 1 < kb ? static_cast<uint32_t>(bits[b0 + 1]) << 8 : 0u);
+      apply_gate_word(word, g + j0, static_cast<int>(std::min<int64_t>(kUnpack, k - j0)), scale,
+                      d + j0);
+    }
+  }
+  std::fill(d + k, d + kp, 0.0f);
+}
+
+}  // namespace
+
 void update_backward(int64_t n, int64_t k, const float* grad_out, const uint8_t* gate_bits,
                      float scale, const UpdateSource* src, int nsrc, const UpdateGrads* grads,
                      float* grad_bias, float* grad_addend) {
   check_sources(k, src, nsrc, grads);
-  const int64_t kb = bytes_per_row(k);
+  const int64_t kb = bytes_per_row(k), kp = pad_cols(k);
   backward_engine(n, k, src, nsrc, grads, grad_bias, backward_split(n),
                   [&](int64_t, int64_t i0, int64_t rows, float* gp) {
-                    const int64_t kp = pad_cols(k);
-                    for (int64_t r = 0; r < rows; ++r) {
-                      const int64_t row = i0 + r;
-                      const float* g = grad_out + row * k;
-                      float* d = gp + r * kp;
-                      if (gate_bits == nullptr) {
-                        std::copy(g, g + k, d);
-                      } else {
-                        // 16 columns per step from their two gate bytes as one 16-bit word
-                        // (gp rows have kp >= 16 * steps columns).
-                        const uint8_t* bits = gate_bits + row * kb;
-                        for (int64_t j0 = 0; j0 < k; j0 += kUnpack) {
-                          const int64_t b0 = j0 / kBitsPerByte;
-                          const uint32_t word =
-                              bits[b0] | (b0 + 1 < kb ? static_cast<uint32_t>(bits[b0 + 1]) << 8
-                                                      : 0u);
-                          apply_gate_word(word, g + j0,
-                                          static_cast<int>(std::min<int64_t>(kUnpack, k - j0)),
-                                          scale, d + j0);
-                        }
-                      }
-                      std::fill(d + k, d + kp, 0.0f);
+                    for (int64_t row = i0; row < i0 + rows; ++row) {
+                      float* d = gp + (row - i0) * kp;
+                      gate_row(grad_out + row * k,
+                               gate_bits == nullptr ? nullptr : gate_bits + row * kb, k, kp,
+                               scale, d);
                       if (grad_addend != nullptr) std::copy(d, d + k, grad_addend + row * k);
+                    }
+                  });
+}
+
+void update_backward_aggregated(int64_t n, int64_t k, const int64_t* next_indptr,
+                                int64_t n_next_dst, const int64_t* t_indptr, const int64_t* t_dst,
+                                AggKind kind, const float* grad_dst, const float* addend,
+                                int64_t n_addend, const uint8_t* gate_bits, float scale,
+                                const UpdateSource* src, int nsrc, const UpdateGrads* grads,
+                                float* grad_bias) {
+  check_sources(k, src, nsrc, grads);
+  if (kind == AggKind::kGcn)
+    throw std::invalid_argument("update_backward_aggregated: the gcn aggregator is not supported");
+  const int64_t kb = bytes_per_row(k), kp = pad_cols(k);
+  // Per destination weight of the next layer's aggregation (as aggregate_backward's scale).
+  std::vector<float> weight(n_next_dst, 1.0f);
+  if (kind == AggKind::kMean)
+    for (int64_t v = 0; v < n_next_dst; ++v) {
+      const int64_t deg = next_indptr[v + 1] - next_indptr[v];
+      weight[v] = deg > 0 ? 1.0f / static_cast<float>(deg) : 0.0f;
+    }
+  const float* w = weight.data();
+  const bool weighted = kind != AggKind::kSum;
+  backward_engine(n, k, src, nsrc, grads, grad_bias, backward_split(n),
+                  [&](int64_t, int64_t i0, int64_t rows, float* gp) {
+                    for (int64_t u = i0; u < i0 + rows; ++u) {
+                      float* __restrict d = gp + (u - i0) * kp;
+                      std::fill(d, d + k, 0.0f);
+                      const int64_t end = t_indptr[u + 1];
+                      for (int64_t j = t_indptr[u]; j < end; ++j) {
+                        if (j + kAggPrefetchEdges < end)
+                          prefetch_lines(grad_dst + t_dst[j + kAggPrefetchEdges] * k, k);
+                        const float* __restrict r = grad_dst + t_dst[j] * k;
+                        const float wv = weighted ? w[t_dst[j]] : 1.0f;
+#pragma omp simd
+                        for (int64_t f = 0; f < k; ++f) d[f] += wv * r[f];
+                      }
+                      if (u < n_addend) {
+                        const float* __restrict a = addend + u * k;
+#pragma omp simd
+                        for (int64_t f = 0; f < k; ++f) d[f] += a[f];
+                      }
+                      gate_row(d, gate_bits == nullptr ? nullptr : gate_bits + u * kb, k, kp,
+                               scale, d);
                     }
                   });
 }
@@ -813,7 +927,7 @@ void gat_projection_forward(int64_t n, int64_t c, int64_t heads, int64_t d, cons
 #pragma omp parallel for schedule(dynamic, 1) num_threads(num_work_threads(nblocks))
   for (int64_t blk = 0; blk < nblocks; ++blk) {
     const int64_t i0 = blk * kRowBlock, rows = std::min(kRowBlock, n - i0);
-    forward_row_block(i0, rows, kp, &fsrc, 1,
+    forward_row_block(i0, rows, kp, &fsrc, 1, nullptr,
                       [&](const auto& acc, int64_t row0, int mr, int64_t j0) {
                         constexpr int NR =
                             std::extent<std::remove_reference_t<decltype(acc)>, 1>::value;

@@ -114,6 +114,56 @@ void py_update_backward(const py::array& grad_out, const py::object& gate_bits, 
                   gb, ga);
 }
 
+// The next block's CSR (indptr [n_next_dst + 1]) and its transpose (t_indptr [n_src + 1],
+// t_dst [edges], as block_transpose makes them); grad_dst [n_next_dst, k]; addend
+// [n_addend, k] or None; this UPDATE's n = xs' rows <= n_src. The t_dst entries of rows < n
+// are checked to lie in [0, n_next_dst).
+void py_update_backward_aggregated(const py::array& next_indptr, const py::array& t_indptr,
+                                   const py::array& t_dst, const std::string& kind,
+                                   const py::array& grad_dst, const py::object& addend,
+                                   const py::object& gate_bits, float scale, int64_t n,
+                                   const py::list& xs, const py::list& ws,
+                                   const py::list& grad_xs, const py::list& grad_ws,
+                                   const py::object& grad_bias) {
+  const AggKind agg = agg_kind(kind);
+  if (next_indptr.ndim() != 1 || next_indptr.shape(0) < 1 || t_indptr.ndim() != 1 ||
+      t_indptr.shape(0) < 1 || t_dst.ndim() != 1 || grad_dst.ndim() != 2)
+    throw py::value_error("next_indptr, t_indptr and t_dst must be 1-D, grad_dst 2-D");
+  const int64_t n_next_dst = next_indptr.shape(0) - 1, n_src = t_indptr.shape(0) - 1;
+  const int64_t k = grad_dst.shape(1), n_edges = t_dst.shape(0);
+  if (n < 0 || n > n_src)
+    throw py::value_error("n = " + std::to_string(n) + " must be in [0, " +
+                          std::to_string(n_src) + "], the next block's sources");
+  const int64_t* ip = upd_data<int64_t>(next_indptr, {n_next_dst + 1}, "next_indptr");
+  const int64_t* tp = upd_data<int64_t>(t_indptr, {n_src + 1}, "t_indptr");
+  const int64_t* td = upd_data<int64_t>(t_dst, {n_edges}, "t_dst");
+  const float* g = upd_data<float>(grad_dst, {n_next_dst, k}, "grad_dst");
+  const int64_t n_addend = addend.is_none() ? 0 : addend.cast<py::array>().shape(0);
+  const float* ad = upd_optional<float>(addend, {n_addend, k}, "addend");
+  const uint8_t* bits = upd_optional<uint8_t>(gate_bits, {n, upd_bytes_per_row(k)}, "gate_bits");
+  if (tp[0] < 0 || tp[n] > n_edges)
+    throw py::value_error("t_indptr's rows < n must lie within t_dst's " +
+                          std::to_string(n_edges) + " entries");
+  for (int64_t u = 0; u < n; ++u)
+    if (tp[u + 1] < tp[u]) throw py::value_error("t_indptr must be non-decreasing");
+  for (int64_t j = tp[0]; j < tp[n]; ++j)
+    if (td[j] < 0 || td[j] >= n_next_dst)
+      throw py::value_error("t_dst[" + std::to_string(j) + "] = " + std::to_string(td[j]) +
+                            " is outside the next block's " + std::to_string(n_next_dst) +
+                            " destinations");
+  const auto src = upd_sources(xs, ws, n, k);
+  if (grad_xs.size() != src.size() || grad_ws.size() != src.size())
+    throw py::value_error("grad_xs and grad_ws need one entry (array or None) per source");
+  std::vector<UpdateGrads> grads;
+  for (size_t s = 0; s < src.size(); ++s)
+    grads.push_back({upd_optional<float>(grad_xs[s], {n, src[s].c}, "grad_x", true),
+                     upd_optional<float>(grad_ws[s], {k, src[s].c}, "grad_w", true)});
+  float* gb = upd_optional<float>(grad_bias, {k}, "grad_bias", true);
+  py::gil_scoped_release nogil;
+  update_backward_aggregated(n, k, ip, n_next_dst, tp, td, agg, g, ad, n_addend, bits, scale,
+                             src.data(), static_cast<int>(src.size()), grads.data(), gb);
+}
+
 py::array_t<uint8_t> py_dropout_keep_mask(uint64_t seed, int64_t n, int64_t k, double p_drop) {
   if (n < 0 || k < 0) throw py::value_error("n and k must be >= 0");
   std::vector<uint8_t> keep(static_cast<size_t>(n * k));
@@ -207,6 +257,12 @@ void bind_update(py::module_& m) {
         py::arg("grad_bias"), py::arg("grad_addend"),
         "Gradients of update_forward from the gate bits (None: linear) into the given buffers "
         "(None entries: skipped).");
+  m.def("update_backward_aggregated", &py_update_backward_aggregated, py::arg("next_indptr"),
+        py::arg("t_indptr"), py::arg("t_dst"), py::arg("kind"), py::arg("grad_dst"),
+        py::arg("addend"), py::arg("gate_bits"), py::arg("scale"), py::arg("n"), py::arg("xs"),
+        py::arg("ws"), py::arg("grad_xs"), py::arg("grad_ws"), py::arg("grad_bias"),
+        "update_backward with its output gradient aggregated on the fly from the next layer's "
+        "destination gradients over the next block's transposed CSR (never written).");
   m.def("dropout_keep_mask", &py_dropout_keep_mask, py::arg("seed"), py::arg("n"), py::arg("k"),
         py::arg("p_drop"),
         "uint8[n * k] (row-major, 0/1): the dropout decisions update_forward makes for seed.");

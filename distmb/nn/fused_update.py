@@ -38,6 +38,7 @@ from torch import Tensor
 from distmb import _C
 from distmb.nn.backend import get_kernels
 from distmb.rows import IndexedRows
+from distmb.sampling import Block
 
 #: Seeds are drawn uniformly from [0, SEED_BOUND) (a non-negative int64).
 SEED_BOUND = 2**63 - 1
@@ -171,6 +172,61 @@ def update_backward(
         _opt_np(grad_addend),
     )
     return grad_addend, grad_bias, grad_xs, grad_ws
+
+
+def update_backward_aggregated(
+    next_block: Block,
+    kind: str,
+    grad_dst: Tensor,
+    addend: Tensor | None,
+    bits: Tensor | None,
+    scale: float,
+    xs: Sequence[Tensor | IndexedRows],
+    ws: Sequence[Tensor],
+    need_xs: Sequence[bool],
+    need_ws: Sequence[bool],
+    need_bias: bool,
+) -> tuple[Tensor | None, list[Tensor | None], list[Tensor | None]]:
+    """:func:`update_backward` of a layer whose output feeds ``next_block``'s aggregation
+    (``kind``: ``"mean"`` or ``"sum"``), with its output gradient never materialised.
+
+    The output gradient would be ``aggregate_backward(next_block, kind, grad_dst, addend)``
+    rows ``[0, N)`` (N = the rows of ``xs``: the next block's computed sources): the kernel
+    makes each row from ``grad_dst`` float32[next_block.n_dst, K] over the block's transposed
+    CSR (:func:`~distmb.nn.fused_aggregate.block_transpose`) as it needs it. Bit-identical to
+    the two calls. Returns ``(grad_bias, grad_xs, grad_ws)``, None where not needed.
+    """
+    from distmb.nn.fused_aggregate import block_transpose
+
+    for x, need in zip(xs, need_xs, strict=True):
+        if need and isinstance(x, IndexedRows):
+            raise ValueError("update_backward: rows read in place (IndexedRows) get no gradient")
+    grad_dst = grad_dst.contiguous()
+    n, k = _rows(xs, None), grad_dst.shape[1]
+    t = block_transpose(next_block)
+    grad_bias = torch.empty(k, dtype=F32) if need_bias else None
+    grad_xs = [
+        torch.empty(n, x.shape[1], dtype=F32) if need else None
+        for x, need in zip(xs, need_xs, strict=True)
+    ]
+    grad_ws = [torch.empty_like(w) if need else None for w, need in zip(ws, need_ws, strict=True)]
+    _C.update_backward_aggregated(
+        _np(next_block.indptr.contiguous()),
+        t.indptr.numpy(),
+        t.dst.numpy(),
+        kind,
+        _np(grad_dst),
+        _opt_np(_contig(addend)),
+        _opt_np(bits),
+        scale,
+        n,
+        [_source(x) for x in xs],
+        [_np(w) for w in ws],
+        [_opt_np(g) for g in grad_xs],
+        [_opt_np(g) for g in grad_ws],
+        _opt_np(grad_bias),
+    )
+    return grad_bias, grad_xs, grad_ws
 
 
 class _SageUpdate(torch.autograd.Function):

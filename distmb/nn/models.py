@@ -15,6 +15,7 @@ Common interface (:class:`BlockModel`):
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import partial
 
 import torch
 from torch import Tensor, nn
@@ -22,7 +23,7 @@ from torch import Tensor, nn
 from distmb.nn.gat import GATConv
 from distmb.nn.gcn import GCNConv
 from distmb.nn.gin import GINConv
-from distmb.nn.sage import SAGEConv
+from distmb.nn.sage import SAGEConv, fusable_pair, fused_pair_forward
 from distmb.rows import IndexedRows
 from distmb.sampling import Block
 
@@ -129,8 +130,9 @@ class BlockModel(nn.Module):
             raise ValueError(f"expected {self.num_layers} blocks, got {len(blocks)}")
         if isinstance(x, IndexedRows) and not self.reads_input_in_place:
             x = x.materialize()
-        h = x
-        for l, block in enumerate(blocks):
+
+        def input_of(l: int, h: Tensor) -> Tensor:
+            block = blocks[l]
             if layer_input is not None:
                 self._check_computed(l, block, h)
                 h = layer_input(l, block, h)
@@ -141,8 +143,37 @@ class BlockModel(nn.Module):
                 raise ValueError(
                     f"{where} has {h.shape[0]} rows but blocks[{l}] has n_src={block.n_src} sources"
                 )
-            h = self.forward_layer(l, block, h)
+            return h
+
+        h, l = x, 0
+        while l < self.num_layers:
+            h = input_of(l, h)
+            if l + 1 < self.num_layers and self.fuses_pair(l, h):
+                # Layers l and l + 1 as one node; the hook runs between them, in order.
+                h = self.forward_pair(l, blocks[l], blocks[l + 1], h, partial(input_of, l + 1))
+                l += 2
+            else:
+                h = self.forward_layer(l, blocks[l], h)
+                l += 1
         return h
+
+    def fuses_pair(self, l: int, x_src: Tensor | IndexedRows) -> bool:
+        """Whether :meth:`forward` runs layers ``l`` and ``l + 1`` on input ``x_src`` as one
+        :meth:`forward_pair` (default: never)."""
+        return False
+
+    def forward_pair(
+        self,
+        l: int,
+        block: Block,
+        next_block: Block,
+        x_src: Tensor | IndexedRows,
+        next_input: Callable[[Tensor], Tensor],
+    ) -> Tensor:
+        """Layers ``l`` and ``l + 1`` at once (where :meth:`fuses_pair`): layer ``l + 1``
+        takes ``next_input(layer l's output)``. The same values and gradients as
+        :meth:`forward_layer` twice."""
+        raise NotImplementedError(f"{type(self).__name__} fuses no layer pairs")
 
     @staticmethod
     def _check_computed(l: int, block: Block, h: Tensor) -> None:
@@ -203,6 +234,25 @@ class GraphSAGE(BlockModel):
             lambda d_in, d_out, last: SAGEConv(
                 d_in, d_out, aggr=aggr, activation=not last, dropout=dropout
             ),
+        )
+
+
+    def fuses_pair(self, l: int, x_src: Tensor | IndexedRows) -> bool:
+        """Layers 0 and 1 when :func:`~distmb.nn.sage.fusable_pair` holds (training on the
+        first layer's features with the fused kernels): the first layer's output gradient is
+        then never written (:func:`~distmb.nn.sage.fused_pair_forward`)."""
+        return l == 0 and fusable_pair(self.layers[0], self.layers[1], x_src)
+
+    def forward_pair(
+        self,
+        l: int,
+        block: Block,
+        next_block: Block,
+        x_src: Tensor | IndexedRows,
+        next_input: Callable[[Tensor], Tensor],
+    ) -> Tensor:
+        return fused_pair_forward(
+            self.layers[l], self.layers[l + 1], block, next_block, x_src, next_input
         )
 
 
