@@ -466,11 +466,12 @@ class TrainConfig:
         min=0,
     )
     gather_in_place: bool = option(
-        False,
-        "let a fused GraphSAGE first layer read block 0's input rows from the in-memory "
-        "feature table through their ids instead of a gathered copy (one rank; same results): "
-        "saves the gather and its buffer (rows x features x 4 bytes per batch in flight), but "
-        "the scattered reads cost the layer about as much as the gather on a 2-core Xeon",
+        True,
+        "gather all of block 0's input rows into a batch buffer; by default a fused GraphSAGE "
+        "first layer on one rank reads its neighbours' rows from the in-memory feature table "
+        "through their ids, and only its destinations' own rows are gathered (same results)",
+        flag="--no-gather-in-place",
+        inverted=True,
         group=GROUP_DATA_LOADING,
     )
     sampler: str = option(

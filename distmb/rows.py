@@ -1,10 +1,11 @@
 """Rows of a table read in place by id (:class:`IndexedRows`).
 
 The loader's gather stage copies block 0's input rows out of the feature table (150k rows of a
-products-shaped batch, ~6 ms on two cores), and the first layer then reads the copy once more.
-A layer whose kernels can read through row ids (the fused :class:`~distmb.nn.SAGEConv`: its
-aggregation and the self term of its UPDATE) takes the rows where they are instead: the
-loader hands it an :class:`IndexedRows` (``--gather-in-place``), and anything else turns it
+products-shaped batch, ~6.5 ms on two cores), and the first layer then reads the copy once
+more. A layer whose kernels can read through row ids (the fused :class:`~distmb.nn.SAGEConv`'s
+aggregation) takes the neighbours' rows where they are instead: the
+loader hands it an :class:`IndexedRows` (unless ``--no-gather-in-place``), with the
+destinations' own rows gathered as its ``head``, and anything else turns it
 into a tensor with :meth:`IndexedRows.materialize`.
 
 This module imports nothing of distmb's, so the feature sources and the layers can both use it.
@@ -28,13 +29,17 @@ class IndexedRows:
             memory map, which is never written).
         ids: int64[n], contiguous, each in ``[0, N)``: the maker checks them (a
             :class:`~distmb.features.FeatureSource` does, and the kernels check them again).
+        head: float32[m, F] (m <= n, contiguous) or None: the first ``m`` rows already
+            gathered. A layer reads its destinations' own rows (a prefix) from it
+            sequentially, and only the scattered neighbour rows through the ids.
 
     Raises:
-        ValueError: a table or ids of another dtype, rank, layout or device.
+        ValueError: a table, ids or head of another dtype, rank, layout, size or device.
     """
 
     table: Tensor
     ids: Tensor
+    head: Tensor | None = None
 
     def __post_init__(self) -> None:
         t, ids = self.table, self.ids
@@ -47,6 +52,19 @@ class IndexedRows:
             raise ValueError(
                 "IndexedRows: ids must be a contiguous int64 [n] CPU tensor, got "
                 f"{ids.dtype}{list(ids.shape)} on {ids.device}"
+            )
+        head = self.head
+        if head is not None and (
+            head.dtype != torch.float32
+            or head.dim() != 2
+            or head.shape[0] > ids.shape[0]
+            or head.shape[1] != t.shape[1]
+            or not head.is_contiguous()
+            or head.is_cuda
+        ):
+            raise ValueError(
+                f"IndexedRows: head must be a contiguous float32 [m <= {ids.shape[0]}, "
+                f"{t.shape[1]}] CPU tensor, got {head.dtype}{list(head.shape)} on {head.device}"
             )
 
     # -- the parts of the tensor interface the layers' checks read ---------------------------
@@ -75,15 +93,21 @@ class IndexedRows:
         return int(self.ids.shape[0])
 
     # -- use ---------------------------------------------------------------------------------
-    def prefix(self, n: int) -> IndexedRows:
-        """Rows ``[0, n)`` (a block's destinations), still in place."""
+    def prefix(self, n: int) -> Tensor | IndexedRows:
+        """Rows ``[0, n)`` (a block's destinations): a view of :attr:`head` when it holds
+        them, else still in place."""
         if not 0 <= n <= len(self):
             raise ValueError(f"IndexedRows.prefix: n={n} outside [0, {len(self)}]")
+        if self.head is not None and n <= self.head.shape[0]:
+            return self.head[:n]
         return IndexedRows(self.table, self.ids[:n])
 
     def materialize(self) -> Tensor:
         """float32[n, F]: the rows copied into a new tensor (thread-parallel ``index_select``)."""
-        return torch.index_select(self.table, 0, self.ids)
+        if self.head is None:
+            return torch.index_select(self.table, 0, self.ids)
+        m = self.head.shape[0]
+        return torch.cat([self.head, torch.index_select(self.table, 0, self.ids[m:])])
 
     def kernel_source(self) -> tuple[np.ndarray, np.ndarray]:
         """``(table, ids)`` as numpy views, the form the C++ kernels take an indexed source in."""

@@ -1,4 +1,4 @@
-"""Rows read in place (``distmb.rows.IndexedRows``, ``--gather-in-place``): the kernels that
+"""Rows read in place (``distmb.rows.IndexedRows``, ``--no-gather-in-place``): the kernels that
 read a feature table through row ids give exactly what they give on the gathered copy, bad ids
 are refused, and training with and without the gather is bit-identical."""
 
@@ -75,6 +75,20 @@ def test_indexed_rows_views_and_materialize() -> None:
     assert np.shares_memory(kt, table.numpy()) and np.array_equal(ki, ids.numpy())
     with pytest.raises(ValueError, match=r"prefix: n=21 outside \[0, 20\]"):
         rows.prefix(21)
+
+
+def test_indexed_rows_with_a_gathered_head() -> None:
+    table, ids = table_and_ids(50, 20, 7, 1)
+    rows = IndexedRows(table, ids, table[ids[:8]].contiguous())
+    assert torch.equal(rows.materialize(), table[ids])
+    head = rows.prefix(5)  # inside the head: a tensor view, read in order
+    assert isinstance(head, Tensor) and torch.equal(head, table[ids[:5]])
+    assert rows.prefix(8).data_ptr() == rows.head.data_ptr()
+    tail = rows.prefix(9)  # beyond it: still in place
+    assert isinstance(tail, IndexedRows) and torch.equal(tail.materialize(), table[ids[:9]])
+    for bad in (torch.zeros(21, 7), torch.zeros(3, 6), torch.zeros(3, 7, dtype=torch.float64)):
+        with pytest.raises(ValueError, match="head must be a contiguous float32"):
+            IndexedRows(table, ids, bad)
 
 
 @pytest.mark.parametrize(
@@ -192,7 +206,8 @@ def test_sage_layer_in_place_equals_gathered(
 
 
 def test_models_take_in_place_rows(fused: None) -> None:
-    """GraphSAGE reads them in place; a model whose first layer cannot (GAT) gathers them."""
+    """GraphSAGE reads them in place (with or without a gathered head, fused pair or not);
+    a model whose first layer cannot (GAT) gathers them."""
     block = make_block(30, 70, 6, 5)
     blocks = [block, make_block(10, 30, 5, 6)]
     table, ids = table_and_ids(200, 70, 6, 7)
@@ -200,8 +215,9 @@ def test_models_take_in_place_rows(fused: None) -> None:
     assert sage.reads_input_in_place
     torch.manual_seed(1)
     want = sage(blocks, table[ids])
-    torch.manual_seed(1)
-    assert torch.equal(sage(blocks, IndexedRows(table, ids)), want)
+    for head in (None, table[ids[:30]].contiguous(), table[ids[:12]].contiguous()):
+        torch.manual_seed(1)
+        assert torch.equal(sage(blocks, IndexedRows(table, ids, head)), want)
     gat = GATConv(6, 4, heads=2)
     assert not getattr(gat, "reads_in_place", False)
     assert not GraphSAGE(6, 8, 3, num_layers=2, aggr="gcn").reads_input_in_place
@@ -248,6 +264,28 @@ def test_training_in_place_is_bit_identical(model: str) -> None:
         losses.append([trainer.train_epoch(e)["loss"] for e in range(2)])
         states.append([p.detach().clone() for p in trainer.model.parameters()])
     assert flags == ([True, False] if model == "sage" else [False, False])
+    assert trainer.loader.in_place is False  # the last one built: --no-gather-in-place
     assert losses[0] == losses[1]
     for a, b in zip(*states, strict=True):
         assert torch.equal(a, b)
+
+
+def test_loader_gathers_only_the_destinations_rows() -> None:
+    graph = random_graph(n=300, m=2500, feat_dim=6, classes=3, seed=4)
+    config = TrainConfig(
+        model="sage", layers=2, fanout=(3, 5), hidden=8, batch_size=20, threads=1, seed=0,
+        epochs=1, eval_every=10**9, kernels="fused", prefetch=0, progress=False,
+    )  # fmt: skip
+    trainer = Trainer(LocalGraph.from_graph(graph), config, log=lambda _: None)
+    loader = trainer.loader
+    plan = loader.plan(0, trainer.epoch_batches(0))
+    batch = loader.make_batch(0, 0, plan.batches[0])
+    first = batch.blocks[0]
+    assert isinstance(batch.x, IndexedRows) and batch.x.head is not None
+    ids = first.src_ids[: first.n_computed]
+    assert torch.equal(batch.x.ids, ids)
+    assert batch.x.head.shape == (first.n_dst, 6)
+    features = torch.from_numpy(graph.features)
+    assert torch.equal(batch.x.head, features[ids[: first.n_dst]])
+    assert torch.equal(batch.x.materialize(), features[ids])
+    assert torch.equal(batch.input_rows(), features[ids])

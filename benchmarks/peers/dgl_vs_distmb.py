@@ -306,10 +306,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="distmb's --malloc (its default: retain); DGL's side keeps glibc's defaults",
     )
     p.add_argument(
-        "--gather-in-place",
-        action="store_true",
-        help="distmb's --gather-in-place: its fused SAGEConv reads block 0's input rows from "
-        "the feature table through their ids (no gathered copy)",
+        "--no-gather-in-place",
+        dest="gather_in_place",
+        action="store_false",
+        help="distmb's --no-gather-in-place: gather all of block 0's input rows (by default "
+        "its fused SAGEConv reads the neighbours' rows from the feature table through their ids)",
     )
     p.add_argument(
         "--prefetch",
@@ -414,7 +415,7 @@ def command_line(args: argparse.Namespace) -> str:
         args.kernels,
         "--malloc",
         args.malloc,
-        *(["--gather-in-place"] if args.gather_in_place else []),
+        *([] if args.gather_in_place else ["--no-gather-in-place"]),
         "--prefetch",
         str(args.prefetch),
         "--dgl-workers",

@@ -214,8 +214,8 @@ class Trainer:
             threads=config.loader_threads or config.threads,
             reuse_buffers=True,  # the loop holds one batch at a time
             device=self.device,
-            # --gather-in-place: a first layer that reads the feature table through row ids
-            # needs no gathered copy of block 0's input rows.
+            # A first layer that reads the feature table through row ids needs only its
+            # destinations' rows gathered (--no-gather-in-place: all of block 0's rows).
             in_place=config.gather_in_place
             and not self.halo.reads_input_rows
             and isinstance(self.model, BlockModel)

@@ -31,6 +31,7 @@ import torch
 from distmb import _C
 from distmb.features.base import FeatureSource
 from distmb.loader.minibatch import MiniBatch
+from distmb.rows import IndexedRows
 from distmb.sampling.blocks import Block
 
 #: Default number of batches prepared ahead by the background thread (``--prefetch``).
@@ -235,12 +236,20 @@ class BatchLoader:
             batch.x = rows[: first.n_computed]
             batch.x_halo = rows[first.n_computed :] if self._gather_halo and first.n_halo else None
             return self._to_device(batch, start, cpu_start)
+        dim = self.features.dim
         if self.in_place and not first.n_halo:
             in_place = self.features.rows_in_place(ids)
             if in_place is not None:
-                batch.x, batch.x_halo = in_place, None
+                # The destinations' own rows are gathered (read in order by the UPDATE, in
+                # its forward and backward); the neighbours' stay in place.
+                n_dst = first.n_dst
+                buffer = self._take_buffer(n_dst * dim)
+                head = buffer[: n_dst * dim].view(n_dst, dim)
+                torch.index_select(in_place.table, 0, in_place.ids[:n_dst], out=head)
+                batch.x = IndexedRows(in_place.table, in_place.ids, head)
+                batch.x_halo = None
+                batch.buffer = buffer if self.reuse_buffers else None
                 return self._to_device(batch, start, cpu_start)
-        dim = self.features.dim
         buffer = self._take_buffer(int(ids.numel()) * dim)
         rows = buffer[: int(ids.numel()) * dim].view(int(ids.numel()), dim)
         self.features.gather_into(ids, rows)
