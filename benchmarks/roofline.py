@@ -345,7 +345,9 @@ class KernelTimer:
     Entering patches the module attributes ``fused_update.update_forward`` /
     ``update_backward`` and ``fused_aggregate.aggregate_forward`` / ``aggregate_backward`` /
     ``block_transpose`` (``SAGEConv`` calls them through their modules) with timing wrappers
-    and registers a forward pre-hook on every layer; leaving restores them. A kernel's layer
+    and registers a forward pre-hook on every layer; leaving restores them. While entered the
+    model runs its layers one by one (``fuses_pair`` off: a fused layer pair would hide layer
+    1's aggregation backward inside layer 0's UPDATE backward). A kernel's layer
     is found from its weight (``data_ptr`` of the layer's ``W_n`` / ``W_s``) or its block
     (identity, recorded by the hook). The wrappers also tally the GEMM FLOPs of the calls
     from the operands' shapes (:attr:`called_flops`), independently of :func:`sage_batch_work`.
@@ -456,6 +458,7 @@ class KernelTimer:
             setattr(module, name, wrapper)
         for l, conv in enumerate(self.model.layers):
             self._hooks.append(conv.register_forward_pre_hook(self._pre_hook(l)))
+        self.model.fuses_pair = lambda _l, _x: False  # type: ignore[method-assign]
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -465,6 +468,7 @@ class KernelTimer:
         for handle in self._hooks:
             handle.remove()
         self._hooks.clear()
+        self.model.__dict__.pop("fuses_pair", None)  # the class's method again
 
 
 # --------------------------------------------------------------------------- machine

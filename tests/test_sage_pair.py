@@ -212,3 +212,16 @@ def test_when_pairs_apply() -> None:
     assert not fusable_pair(gcn.layers[0], gcn.layers[1], xg)
     two, _, x2 = model_and_blocks(12, 24, 2)  # the last layer (24 -> 5) projects first
     assert not fusable_pair(two.layers[0], two.layers[1], x2)
+    seen = []
+    handle = second.register_forward_hook(lambda m, a, out: seen.append(out.shape))
+    assert not fusable_pair(first, second, x)  # hooks run: the layers one by one
+    handle.remove()
+    assert fusable_pair(first, second, x)
+
+
+def test_layer_hooks_still_run() -> None:
+    model, blocks, x = model_and_blocks(12, 24, 3)
+    seen = []
+    model.layers[1].register_forward_hook(lambda m, a, out: seen.append(tuple(out.shape)))
+    model(blocks, x).sum().backward()
+    assert seen == [(blocks[1].n_dst, 24)]

@@ -289,11 +289,17 @@ def fusable_pair(first: SAGEConv, second: SAGEConv, x_src: Tensor | IndexedRows)
 
     It does when both run the fused kernels in training with autograd on, the input needs no
     gradient (a first layer's features), both aggregate before their UPDATE
-    (``out_dim >= in_dim``) and the second layer's aggregator is ``"mean"`` or ``"sum"``.
+    (``out_dim >= in_dim``), the second layer's aggregator is ``"mean"`` or ``"sum"``, and
+    neither layer has forward hooks (the pair does not call the layers' modules, so their
+    hooks would not run: with hooks the layers run one by one).
     """
     params = [*first.parameters(), *second.parameters()]
+    hooked = any(
+        m._forward_hooks or m._forward_pre_hooks for m in (first, second)
+    )  # fmt: skip
     return (
-        get_kernels() == "fused"
+        not hooked
+        and get_kernels() == "fused"
         and first.training
         and torch.is_grad_enabled()
         and fused_update.supported(x_src, *params)
