@@ -118,11 +118,13 @@ class BatchLoader:
             device; rows gathered on the host are copied there (synchronously, on the thread
             that made the batch, so a recycled host buffer is never refilled while a copy
             reads it).
-        in_place: hand block 0's input rows over as :class:`~distmb.rows.IndexedRows` (no
-            gathered copy) when the source holds them in memory
+        in_place: hand block 0's input rows over as :class:`~distmb.rows.IndexedRows`
+            whose ``head`` holds the gathered destination rows, the others read in place,
+            when the source holds them in memory
             (:meth:`~distmb.features.FeatureSource.rows_in_place`), the batch stays on the
-            host and block 0 has no halo leaves; the consumer's first layer must take them
-            (:func:`~distmb.nn.models.reads_input_in_place`). Otherwise rows are gathered.
+            host and block 0 has no halo leaves; the consumer's first layer should read them
+            (:attr:`~distmb.nn.models.BlockModel.reads_input_in_place`; other consumers call
+            ``materialize()``). Otherwise all rows are gathered.
         reuse_buffers: gather into recycled buffers (no page faults for a fresh tensor, no
             unmapping when it is freed). The consumer must then hold one batch at a time: a
             batch's ``x`` is valid until the next batch is requested (then the batch's ``x``

@@ -236,7 +236,6 @@ class GraphSAGE(BlockModel):
             ),
         )
 
-
     def fuses_pair(self, l: int, x_src: Tensor | IndexedRows) -> bool:
         """Layers 0 and 1 when :func:`~distmb.nn.sage.fusable_pair` holds (training on the
         first layer's features with the fused kernels): the first layer's output gradient is

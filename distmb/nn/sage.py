@@ -294,9 +294,7 @@ def fusable_pair(first: SAGEConv, second: SAGEConv, x_src: Tensor | IndexedRows)
     hooks would not run: with hooks the layers run one by one).
     """
     params = [*first.parameters(), *second.parameters()]
-    hooked = any(
-        m._forward_hooks or m._forward_pre_hooks for m in (first, second)
-    )  # fmt: skip
+    hooked = any(m._forward_hooks or m._forward_pre_hooks for m in (first, second))
     return (
         not hooked
         and get_kernels() == "fused"
