@@ -138,26 +138,6 @@ inline bool valid_row(const int64_t* indptr, const int64_t* indices, int64_t v, 
 // weight per (edge, head), broadcast over the head's D SIMD lanes: the paper's "broadcast
 // support" (H = 1 and weight 1 for plain sums).
 
-constexpr int64_t kLineFloats = 64 / sizeof(float);
-// Random neighbour rows defeat the hardware prefetcher: every row is software-prefetched
-// about this many bytes of rows ahead, running on past the output row's own neighbours into
-// the next rows' (their index lists follow in the CSR).
-constexpr int64_t kPrefetchBytes = 8 << 10;
-constexpr int64_t kPrefetchMinRows = 2, kPrefetchMaxRows = 32;
-
-// Rows to prefetch ahead for rows of row_floats floats.
-inline int64_t prefetch_rows(int64_t row_floats) {
-  const int64_t bytes = std::max<int64_t>(1, row_floats * static_cast<int64_t>(sizeof(float)));
-  return std::clamp(kPrefetchBytes / bytes, kPrefetchMinRows, kPrefetchMaxRows);
-}
-
-// always_inline: GCC deems a function that only prefetches free of side effects and deletes
-// the calls to it unless it was inlined first.
-[[gnu::always_inline]] inline void prefetch_row(const float* p, int64_t n) {
-  for (int64_t f = 0; f < n; f += kLineFloats) __builtin_prefetch(p + f, 0, 3);
-  __builtin_prefetch(p + n - 1, 0, 3);  // a row need not start on a line boundary
-}
-
 // The neighbours of one output row: row u of the source matrix starts at x + u * ld; edge k
 // reads row nbr[k] with, for head h, the weight w[(w_idx ? w_idx[k] : k) * w_stride + h]
 // (1 when w is null). Prefetching looks at nbr[k] for k < pf_cnt (>= cnt: the entries after
@@ -215,19 +195,6 @@ inline void gather_row(const Neighbours& nb, int64_t heads, int64_t dim, const f
 #pragma omp simd
     for (int64_t f = 0; f < n; ++f) o[f] *= scale;
   }
-}
-
-// Per-destination factor of aggregate: 1 (sum), 1 / deg or 0 (mean), 1 / (deg + 1) (gcn).
-inline float agg_scale(AggKind kind, int64_t deg) {
-  switch (kind) {
-    case AggKind::kMean:
-      return deg > 0 ? 1.0f / static_cast<float>(deg) : 0.0f;
-    case AggKind::kGcn:
-      return 1.0f / static_cast<float>(deg + 1);
-    case AggKind::kSum:
-      break;
-  }
-  return 1.0f;
 }
 
 // Weighted-aggregation backward for one source u over its transposed edges k (edge e_k, u ->

@@ -38,6 +38,26 @@ struct CacheLineAllocator {
 // A float buffer that starts on a cache line.
 using AlignedFloats = std::vector<float, CacheLineAllocator<float>>;
 
+// Random rows defeat the hardware prefetcher: kernels that read rows by index software-prefetch
+// about this many bytes of rows ahead (the aggregations, and the UPDATE backward that builds
+// its gradient rows by aggregating).
+constexpr int64_t kPrefetchBytes = 8 << 10;
+constexpr int64_t kPrefetchMinRows = 2, kPrefetchMaxRows = 32;
+constexpr int64_t kLineFloats = kCacheLineBytes / sizeof(float);
+
+// Rows to prefetch ahead for rows of row_floats floats.
+inline int64_t prefetch_rows(int64_t row_floats) {
+  const int64_t bytes = std::max<int64_t>(1, row_floats * static_cast<int64_t>(sizeof(float)));
+  return std::clamp(kPrefetchBytes / bytes, kPrefetchMinRows, kPrefetchMaxRows);
+}
+
+// Prefetch every line of floats [p, p + n), n >= 1. always_inline: GCC deems a function that
+// only prefetches free of side effects and deletes the calls to it unless it was inlined first.
+[[gnu::always_inline]] inline void prefetch_row(const float* p, int64_t n) {
+  for (int64_t f = 0; f < n; f += kLineFloats) __builtin_prefetch(p + f, 0, 3);
+  __builtin_prefetch(p + n - 1, 0, 3);  // a row need not start on a line boundary
+}
+
 // Threads for a loop of `work` units when each thread should get at least `grain` of them:
 // below that a fork/join (microseconds, far more on oversubscribed cores) is not worth it.
 inline int threads_for(int64_t work, int64_t grain) {

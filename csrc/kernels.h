@@ -281,6 +281,19 @@ class HecCore {
 // Unweighted aggregators of distmb.nn.aggregate.aggregate.
 enum class AggKind : int { kSum = 0, kMean = 1, kGcn = 2 };
 
+// Per-destination factor of aggregate: 1 (sum), 1 / deg or 0 (mean), 1 / (deg + 1) (gcn).
+inline float agg_scale(AggKind kind, int64_t deg) {
+  switch (kind) {
+    case AggKind::kMean:
+      return deg > 0 ? 1.0f / static_cast<float>(deg) : 0.0f;
+    case AggKind::kGcn:
+      return 1.0f / static_cast<float>(deg + 1);
+    case AggKind::kSum:
+      break;
+  }
+  return 1.0f;
+}
+
 // Transposed CSR of a block (sources -> edges): edges[indptr[u] .. indptr[u+1]) are the ids of
 // the edges whose source is u, ascending, and dst[k] is the destination of edges[k].
 struct BlockTranspose {

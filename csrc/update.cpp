@@ -57,8 +57,6 @@ constexpr int kBitsPerByte = 8;
 constexpr int kUnpack = 16;         // gate bits unpacked per step in the backward pass
 constexpr int64_t kChunksPerThread = 4;  // backward work chunks per thread (load balance)
 constexpr int64_t kFwdChunksPerThread = 16;  // forward work chunks per thread (load balance)
-constexpr int64_t kCacheLine = 64;        // bytes
-constexpr int64_t kAggPrefetchEdges = 4;  // edges ahead whose rows an aggregation prefetches
 constexpr int64_t kPackPrefetchRows = 8;  // rows read through ids prefetched ahead in packing
 // Multiplying 8 bytes that are each 0 or 1 by this constant gathers them, in order, into the
 // top byte (byte i -> bit i): the gate-bit packing of 8 columns.
@@ -172,9 +170,9 @@ struct NextRowsPrefetch {
   // Add floats [0, count) from p (nothing when p is null or count <= 0).
   void add(const float* p, int64_t count) {
     if (p == nullptr || count <= 0 || nranges == kMaxPrefetchRanges) return;
-    const auto first = reinterpret_cast<uintptr_t>(p) / kCacheLine;
-    const auto last = (reinterpret_cast<uintptr_t>(p + count) - 1) / kCacheLine;
-    base[nranges] = reinterpret_cast<const char*>(first * kCacheLine);
+    const auto first = reinterpret_cast<uintptr_t>(p) / kCacheLineBytes;
+    const auto last = (reinterpret_cast<uintptr_t>(p + count) - 1) / kCacheLineBytes;
+    base[nranges] = reinterpret_cast<const char*>(first * kCacheLineBytes);
     lines[nranges] = static_cast<int64_t>(last - first + 1);
     total += lines[nranges++];
   }
@@ -187,22 +185,15 @@ struct NextRowsPrefetch {
         ++range;
         offset = 0;
       }
-      __builtin_prefetch(base[range] + offset++ * kCacheLine, 0, 2);
+      __builtin_prefetch(base[range] + offset++ * kCacheLineBytes, 0, 2);
     }
   }
 };
 
-// Prefetch every line of floats [0, count) at p.
-inline void prefetch_lines(const float* p, int64_t count) {
-  const char* c = reinterpret_cast<const char*>(p);
-  for (int64_t b = 0; b < count * static_cast<int64_t>(sizeof(float)); b += kCacheLine)
-    __builtin_prefetch(c + b, 0, 3);
-}
-
 // Prefetch rows [r_begin, r_end) of an indexed source (row i at x + ids[i] * c), every line.
 inline void prefetch_indexed_rows(const float* x, const int64_t* ids, int64_t c, int64_t r_begin,
                                   int64_t r_end) {
-  for (int64_t r = r_begin; r < r_end; ++r) prefetch_lines(x + ids[r] * c, c);
+  for (int64_t r = r_begin; r < r_end; ++r) prefetch_row(x + ids[r] * c, c);
 }
 
 // next (or null): the next block's inputs, a slice of them prefetched per register tile.
@@ -784,15 +775,12 @@ void update_backward_aggregated(int64_t n, int64_t k, const int64_t* next_indptr
   if (kind == AggKind::kGcn)
     throw std::invalid_argument("update_backward_aggregated: the gcn aggregator is not supported");
   const int64_t kb = bytes_per_row(k), kp = pad_cols(k);
-  // Per destination weight of the next layer's aggregation (as aggregate_backward's scale).
-  std::vector<float> weight(n_next_dst, 1.0f);
-  if (kind == AggKind::kMean)
-    for (int64_t v = 0; v < n_next_dst; ++v) {
-      const int64_t deg = next_indptr[v + 1] - next_indptr[v];
-      weight[v] = deg > 0 ? 1.0f / static_cast<float>(deg) : 0.0f;
-    }
+  // Per destination weight of the next layer's aggregation (aggregate_backward's scale).
+  std::vector<float> weight(n_next_dst);
+  for (int64_t v = 0; v < n_next_dst; ++v)
+    weight[v] = agg_scale(kind, next_indptr[v + 1] - next_indptr[v]);
   const float* w = weight.data();
-  const bool weighted = kind != AggKind::kSum;
+  const int64_t ahead = prefetch_rows(k);
   backward_engine(n, k, src, nsrc, grads, grad_bias, backward_split(n),
                   [&](int64_t, int64_t i0, int64_t rows, float* gp) {
                     for (int64_t u = i0; u < i0 + rows; ++u) {
@@ -800,10 +788,9 @@ void update_backward_aggregated(int64_t n, int64_t k, const int64_t* next_indptr
                       std::fill(d, d + k, 0.0f);
                       const int64_t end = t_indptr[u + 1];
                       for (int64_t j = t_indptr[u]; j < end; ++j) {
-                        if (j + kAggPrefetchEdges < end)
-                          prefetch_lines(grad_dst + t_dst[j + kAggPrefetchEdges] * k, k);
+                        if (j + ahead < end) prefetch_row(grad_dst + t_dst[j + ahead] * k, k);
                         const float* __restrict r = grad_dst + t_dst[j] * k;
-                        const float wv = weighted ? w[t_dst[j]] : 1.0f;
+                        const float wv = w[t_dst[j]];
 #pragma omp simd
                         for (int64_t f = 0; f < k; ++f) d[f] += wv * r[f];
                       }

@@ -75,6 +75,19 @@ std::vector<UpdateSource> upd_sources(const py::list& xs, const py::list& ws, in
   return src;
 }
 
+// The gradient buffers of the sources: grad_xs[s] [n, c_s] and grad_ws[s] [k, c_s], each an
+// array or None (not wanted).
+std::vector<UpdateGrads> upd_grads(const py::list& grad_xs, const py::list& grad_ws,
+                                   const std::vector<UpdateSource>& src, int64_t n, int64_t k) {
+  if (grad_xs.size() != src.size() || grad_ws.size() != src.size())
+    throw py::value_error("grad_xs and grad_ws need one entry (array or None) per source");
+  std::vector<UpdateGrads> grads;
+  for (size_t s = 0; s < src.size(); ++s)
+    grads.push_back({upd_optional<float>(grad_xs[s], {n, src[s].c}, "grad_x", true),
+                     upd_optional<float>(grad_ws[s], {k, src[s].c}, "grad_w", true)});
+  return grads;
+}
+
 int64_t upd_bytes_per_row(int64_t k) { return (k + 7) / 8; }
 
 void py_update_forward(const py::list& xs, const py::list& ws, const py::object& addend,
@@ -101,12 +114,7 @@ void py_update_backward(const py::array& grad_out, const py::object& gate_bits, 
   const float* g = upd_data<float>(grad_out, {n, k}, "grad_out");
   const uint8_t* bits = upd_optional<uint8_t>(gate_bits, {n, upd_bytes_per_row(k)}, "gate_bits");
   const auto src = upd_sources(xs, ws, n, k);
-  if (grad_xs.size() != src.size() || grad_ws.size() != src.size())
-    throw py::value_error("grad_xs and grad_ws need one entry (array or None) per source");
-  std::vector<UpdateGrads> grads;
-  for (size_t s = 0; s < src.size(); ++s)
-    grads.push_back({upd_optional<float>(grad_xs[s], {n, src[s].c}, "grad_x", true),
-                     upd_optional<float>(grad_ws[s], {k, src[s].c}, "grad_w", true)});
+  const auto grads = upd_grads(grad_xs, grad_ws, src, n, k);
   float* gb = upd_optional<float>(grad_bias, {k}, "grad_bias", true);
   float* ga = upd_optional<float>(grad_addend, {n, k}, "grad_addend", true);
   py::gil_scoped_release nogil;
@@ -152,12 +160,7 @@ void py_update_backward_aggregated(const py::array& next_indptr, const py::array
                             " is outside the next block's " + std::to_string(n_next_dst) +
                             " destinations");
   const auto src = upd_sources(xs, ws, n, k);
-  if (grad_xs.size() != src.size() || grad_ws.size() != src.size())
-    throw py::value_error("grad_xs and grad_ws need one entry (array or None) per source");
-  std::vector<UpdateGrads> grads;
-  for (size_t s = 0; s < src.size(); ++s)
-    grads.push_back({upd_optional<float>(grad_xs[s], {n, src[s].c}, "grad_x", true),
-                     upd_optional<float>(grad_ws[s], {k, src[s].c}, "grad_w", true)});
+  const auto grads = upd_grads(grad_xs, grad_ws, src, n, k);
   float* gb = upd_optional<float>(grad_bias, {k}, "grad_bias", true);
   py::gil_scoped_release nogil;
   update_backward_aggregated(n, k, ip, n_next_dst, tp, td, agg, g, ad, n_addend, bits, scale,
