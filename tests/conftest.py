@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,7 @@ import torch
 from distmb.data import Graph
 from distmb.data.datasets import BUILTIN_DATASETS
 from distmb.data.planetoid import PLANETOID_SUFFIXES
+from distmb.sampling import Block
 
 # Triton kernels (distmb.cuda) run on CPU tensors under Triton's interpreter, which is chosen
 # when a kernel is defined, i.e. before distmb.cuda imports Triton: set it here, where there
@@ -159,3 +161,29 @@ def run_train_cli(argv: list[str], capsys) -> tuple[int, str, str]:
     from distmb.train import main as train_main
 
     return run_cli(train_main, argv, capsys)
+
+
+#: C++ kernel thread counts the kernel tests run under (results must not depend on them).
+KERNEL_THREADS = [1, 2]
+
+
+@pytest.fixture(params=KERNEL_THREADS, ids=lambda t: f"threads{t}")
+def threads(request: pytest.FixtureRequest) -> Iterator[int]:
+    """Run the test with the C++ kernels on this many OpenMP threads (restored after)."""
+    from distmb import _C
+
+    before = _C.get_num_threads()
+    _C.set_num_threads(request.param)
+    yield request.param
+    _C.set_num_threads(before)
+
+
+def make_block(n_dst: int, n_src: int, max_deg: int, seed: int, n_halo: int = 0) -> Block:
+    """A random block: up to ``max_deg`` distinct sources per destination (seeded); the first
+    ``n_dst`` sources are the destinations, the last ``n_halo`` halo leaves."""
+    gen = torch.Generator().manual_seed(seed)
+    deg = torch.randint(0, max_deg + 1, (n_dst,), generator=gen)
+    indices = torch.cat([torch.randperm(n_src, generator=gen)[: int(d)] for d in deg])
+    indptr = torch.zeros(n_dst + 1, dtype=torch.int64)
+    torch.cumsum(deg, 0, out=indptr[1:])
+    return Block(n_dst, n_src, n_halo, indptr, indices.to(torch.int64), torch.arange(n_src))

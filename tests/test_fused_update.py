@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from conftest import KERNEL_THREADS, make_block
 from torch import Tensor
 
 from distmb import _C
@@ -36,8 +37,6 @@ F64 = torch.float64
 #: float32 kernels vs float64 reference: relative tolerance, and absolute tolerance per unit
 #: of sqrt(summed terms) (rounding errors of a float32 sum grow like sqrt(length) * eps).
 RTOL, ATOL_UNIT = 2e-5, 2e-6
-#: Thread counts every kernel is checked with.
-THREADS = [1, 2]
 #: z-score bound of the binomial keep-rate tests (false alarm rate ~ 6e-7 per check).
 Z_BOUND = 5.0
 
@@ -46,14 +45,6 @@ Z_BOUND = 5.0
 SAGE_SHAPES = [(0, 5, 3), (1, 1, 1), (1, 3, 5), (7, 13, 47), (67, 17, 33), (131, 100, 40)]
 # (n, c, heads, d).
 GAT_SHAPES = [(0, 3, 2, 4), (1, 1, 1, 1), (9, 13, 3, 5), (70, 20, 1, 47), (131, 33, 4, 8)]
-
-
-@pytest.fixture(params=THREADS, ids=lambda t: f"threads{t}")
-def threads(request: pytest.FixtureRequest) -> Iterator[int]:
-    before = _C.get_num_threads()
-    _C.set_num_threads(request.param)
-    yield request.param
-    _C.set_num_threads(before)
 
 
 @pytest.fixture
@@ -210,7 +201,7 @@ def test_dropout_mask_reproducible_and_thread_independent() -> None:
     before = _C.get_num_threads()
     try:
         runs = {}
-        for t in THREADS:
+        for t in KERNEL_THREADS:
             _C.set_num_threads(t)
             runs[t] = (fused_update.dropout_mask(7, n, k, p), *forward_raw(n, k, p, 7)[1:])
     finally:
@@ -302,15 +293,6 @@ def test_gat_projection_matches_float64(
 
 
 # --------------------------------------------------------------------------- layers
-
-
-def make_block(n_dst: int, n_src: int, max_deg: int, seed: int) -> Block:
-    gen = torch.Generator().manual_seed(seed)
-    deg = torch.randint(0, max_deg + 1, (n_dst,), generator=gen)
-    indices = torch.cat([torch.randperm(n_src, generator=gen)[: int(d)] for d in deg])
-    indptr = torch.zeros(n_dst + 1, dtype=torch.int64)
-    torch.cumsum(deg, 0, out=indptr[1:])
-    return Block(n_dst, n_src, 0, indptr, indices.to(torch.int64), torch.arange(n_src))
 
 
 def run_layer(
@@ -509,7 +491,7 @@ def test_standalone_dropout_is_thread_independent_and_seeded() -> None:
     before = _C.get_num_threads()
     try:
         outs = []
-        for t in THREADS:
+        for t in KERNEL_THREADS:
             _C.set_num_threads(t)
             outs.append(fused_update.dropout(x, 0.5, seed=5))
     finally:

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 import torch
-from conftest import random_graph
+from conftest import make_block, random_graph
 from torch import Tensor
 
 from distmb import _C
@@ -23,15 +23,6 @@ from distmb.halo.hec import HistoricalCache
 from distmb.nn import GATConv, GraphSAGE, SAGEConv, fused_aggregate, fused_update
 from distmb.nn.backend import set_kernels
 from distmb.rows import IndexedRows, materialized
-from distmb.sampling import Block
-
-
-@pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
-def threads(request: pytest.FixtureRequest) -> Iterator[int]:
-    before = _C.get_num_threads()
-    _C.set_num_threads(request.param)
-    yield request.param
-    _C.set_num_threads(before)
 
 
 @pytest.fixture
@@ -47,16 +38,6 @@ def table_and_ids(n_table: int, n: int, dim: int, seed: int) -> tuple[Tensor, Te
     table = torch.randn(n_table, dim, generator=gen)
     ids = torch.randperm(n_table, generator=gen)[:n].contiguous()
     return table, ids
-
-
-def make_block(n_dst: int, n_src: int, max_deg: int, seed: int) -> Block:
-    """Random edges; every destination row is also a source (the first ``n_dst``)."""
-    gen = torch.Generator().manual_seed(seed)
-    deg = torch.randint(0, max_deg + 1, (n_dst,), generator=gen)
-    indices = torch.cat([torch.randperm(n_src, generator=gen)[: int(d)] for d in deg])
-    indptr = torch.zeros(n_dst + 1, dtype=torch.int64)
-    torch.cumsum(deg, 0, out=indptr[1:])
-    return Block(n_dst, n_src, 0, indptr, indices.to(torch.int64), torch.arange(n_src))
 
 
 # ----------------------------------------------------------------------------- the class

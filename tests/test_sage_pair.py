@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 import torch
+from conftest import make_block
 from torch import Tensor
 
 from distmb import _C
@@ -20,30 +21,11 @@ from distmb.rows import IndexedRows
 from distmb.sampling import Block
 
 
-@pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
-def threads(request: pytest.FixtureRequest) -> Iterator[int]:
-    before = _C.get_num_threads()
-    _C.set_num_threads(request.param)
-    yield request.param
-    _C.set_num_threads(before)
-
-
 @pytest.fixture(autouse=True)
 def fused() -> Iterator[None]:
     set_kernels("fused")
     yield
     set_kernels("fused")
-
-
-def make_block(n_dst: int, n_src: int, max_deg: int, seed: int, n_halo: int = 0) -> Block:
-    """Random edges without repeats per destination; the first n_dst sources are the
-    destinations, the last n_halo are halo leaves."""
-    gen = torch.Generator().manual_seed(seed)
-    deg = torch.randint(0, max_deg + 1, (n_dst,), generator=gen)
-    indices = torch.cat([torch.randperm(n_src, generator=gen)[: int(d)] for d in deg])
-    indptr = torch.zeros(n_dst + 1, dtype=torch.int64)
-    torch.cumsum(deg, 0, out=indptr[1:])
-    return Block(n_dst, n_src, n_halo, indptr, indices.to(torch.int64), torch.arange(n_src))
 
 
 # ----------------------------------------------------------------------------- the kernel

@@ -37,6 +37,7 @@ from torch import Tensor
 
 from distmb import _C
 from distmb.nn.backend import get_kernels
+from distmb.nn.fused_aggregate import block_transpose
 from distmb.rows import IndexedRows
 from distmb.sampling import Block
 
@@ -151,15 +152,11 @@ def update_backward(
     from the forward call. Returns ``(grad_addend, grad_bias, grad_xs, grad_ws)``, None where
     not needed. Rows read in place (:class:`~distmb.rows.IndexedRows`) get no gradient.
     """
-    for x, need in zip(xs, need_xs, strict=True):
-        if need and isinstance(x, IndexedRows):
-            raise ValueError("update_backward: rows read in place (IndexedRows) get no gradient")
     grad_out = grad_out.contiguous()
     n, k = grad_out.shape
     grad_addend = torch.empty(n, k, dtype=F32) if need_addend else None
     grad_bias = torch.empty(k, dtype=F32) if need_bias else None
-    grad_xs = [torch.empty_like(x) if need else None for x, need in zip(xs, need_xs, strict=True)]
-    grad_ws = [torch.empty_like(w) if need else None for w, need in zip(ws, need_ws, strict=True)]
+    grad_xs, grad_ws = _grad_buffers(xs, ws, need_xs, need_ws)
     _C.update_backward(
         _np(grad_out),
         _opt_np(bits),
@@ -172,6 +169,23 @@ def update_backward(
         _opt_np(grad_addend),
     )
     return grad_addend, grad_bias, grad_xs, grad_ws
+
+
+def _grad_buffers(
+    xs: Sequence[Tensor | IndexedRows],
+    ws: Sequence[Tensor],
+    need_xs: Sequence[bool],
+    need_ws: Sequence[bool],
+) -> tuple[list[Tensor | None], list[Tensor | None]]:
+    """Empty float32 gradient buffers shaped like the sources and weights that need one
+    (None for the others). Rows read in place get none: asking for one is an error."""
+    grad_xs: list[Tensor | None] = []
+    for x, need in zip(xs, need_xs, strict=True):
+        if need and isinstance(x, IndexedRows):
+            raise ValueError("update_backward: rows read in place (IndexedRows) get no gradient")
+        grad_xs.append(torch.empty(x.shape[0], x.shape[1], dtype=F32) if need else None)
+    grad_ws = [torch.empty_like(w) if need else None for w, need in zip(ws, need_ws, strict=True)]
+    return grad_xs, grad_ws
 
 
 def update_backward_aggregated(
@@ -196,20 +210,11 @@ def update_backward_aggregated(
     CSR (:func:`~distmb.nn.fused_aggregate.block_transpose`) as it needs it. Bit-identical to
     the two calls. Returns ``(grad_bias, grad_xs, grad_ws)``, None where not needed.
     """
-    from distmb.nn.fused_aggregate import block_transpose
-
-    for x, need in zip(xs, need_xs, strict=True):
-        if need and isinstance(x, IndexedRows):
-            raise ValueError("update_backward: rows read in place (IndexedRows) get no gradient")
     grad_dst = grad_dst.contiguous()
     n, k = _rows(xs, None), grad_dst.shape[1]
     t = block_transpose(next_block)
     grad_bias = torch.empty(k, dtype=F32) if need_bias else None
-    grad_xs = [
-        torch.empty(n, x.shape[1], dtype=F32) if need else None
-        for x, need in zip(xs, need_xs, strict=True)
-    ]
-    grad_ws = [torch.empty_like(w) if need else None for w, need in zip(ws, need_ws, strict=True)]
+    grad_xs, grad_ws = _grad_buffers(xs, ws, need_xs, need_ws)
     _C.update_backward_aggregated(
         _np(next_block.indptr.contiguous()),
         t.indptr.numpy(),
