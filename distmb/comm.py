@@ -117,6 +117,23 @@ def exchange_counts(group, device: torch.device, counts: np.ndarray) -> np.ndarr
     return recv.cpu().numpy()
 
 
+def _init_process_group(**kwargs: Any) -> None:
+    """``torch.distributed.init_process_group(**kwargs)``, after importing the torch module
+    whose functions take the default group as a default argument
+    (``torch.distributed.nn.functional``: ``group=group.WORLD``, read when it is imported).
+
+    Imported after the group exists (torch's optimizers import it through ``torch._dynamo``),
+    those defaults keep the group alive past ``destroy_process_group``: its gloo worker
+    threads then outlive the interpreter, and one that frees a finished collective holding
+    Python tensors during finalization aborts the process at exit ("terminate called
+    without an active exception"). Imported first, the defaults hold no group.
+    """
+    import torch.distributed as dist
+    import torch.distributed.nn.functional  # noqa: F401 (imported for its defaults)
+
+    dist.init_process_group(**kwargs)
+
+
 class RankGroup(ABC):
     """The ranks of a multi-rank run: what the trainer, the halo schemes and
     ``distmb.predict`` call, and the operations that run over ``torch.distributed`` once
@@ -460,8 +477,8 @@ class Communicator(RankGroup):
             port = self.comm.bcast(port, root=0)
             if self.rank != 0:
                 store = dist.TCPStore(host, port, self.size, is_master=False, timeout=timeout)
-            dist.init_process_group(
-                backend, store=store, rank=self.rank, world_size=self.size, timeout=timeout
+            _init_process_group(
+                backend=backend, store=store, rank=self.rank, world_size=self.size, timeout=timeout
             )
         self.torch_group = dist.group.WORLD
         self.torch_device = torch.device(device)
@@ -569,8 +586,8 @@ class TorchCommunicator(RankGroup):
 
         if not dist.is_available():
             raise RuntimeError("torchrun: this torch build has no torch.distributed")
-        dist.init_process_group(
-            TORCH_CPU_BACKEND,
+        _init_process_group(
+            backend=TORCH_CPU_BACKEND,
             init_method="env://",
             timeout=datetime.timedelta(seconds=timeout_s),
         )

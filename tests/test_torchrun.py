@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -219,3 +220,24 @@ def test_predict_under_torchrun_writes_what_mpiexec_writes(small_parts, tmp_path
             np.load(by_torchrun / name, allow_pickle=False),
             np.load(by_mpi / name, allow_pickle=False),
         )
+
+
+# ---- teardown --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "mpiexec"])
+def test_group_teardown_frees_the_gloo_threads(launcher: str) -> None:
+    """The group is freed at ``close_torch_distributed`` even though an optimizer (importing
+    ``torch._dynamo``) was built after it: its gloo threads are gone before the interpreter
+    exits. A group kept alive by a module's default argument let a gloo thread free a
+    collective during finalization and abort rank 0 at exit, now and then (SIGABRT)."""
+    script = [str(SCRIPTS / "group_teardown.py")]
+    proc = torchrun(2, script, 90) if launcher == "torchrun" else mpirun(2, script, 90)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    counts = [  # the ranks' lines may interleave
+        tuple(map(int, m)) for m in re.findall(r"threads (\d+) -> (\d+) -> (\d+)", proc.stdout)
+    ]
+    assert len(counts) == 2, proc.stdout
+    for before, opened, after in counts:
+        assert opened > before, "the group started no threads: nothing is measured"
+        assert after <= before, f"threads {before} -> {opened} -> {after}: the group lives on"
