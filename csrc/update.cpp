@@ -157,7 +157,7 @@ struct FwdSource {
 // The cache lines of the next row block's inputs (up to kMaxPrefetchRanges contiguous ranges),
 // prefetched toward L2 a slice per register tile while the current block computes, so that
 // the next block's first column tile finds its rows there instead of waiting on memory.
-constexpr int kMaxPrefetchRanges = 3;
+constexpr int kMaxPrefetchRanges = 4;
 struct NextRowsPrefetch {
   const char* base[kMaxPrefetchRanges];
   int64_t lines[kMaxPrefetchRanges];
@@ -169,9 +169,14 @@ struct NextRowsPrefetch {
 
   // Add floats [0, count) from p (nothing when p is null or count <= 0).
   void add(const float* p, int64_t count) {
+    add_bytes(p, count * static_cast<int64_t>(sizeof(float)));
+  }
+
+  // Add bytes [0, count) from p (nothing when p is null or count <= 0).
+  void add_bytes(const void* p, int64_t count) {
     if (p == nullptr || count <= 0 || nranges == kMaxPrefetchRanges) return;
     const auto first = reinterpret_cast<uintptr_t>(p) / kCacheLineBytes;
-    const auto last = (reinterpret_cast<uintptr_t>(p + count) - 1) / kCacheLineBytes;
+    const auto last = (reinterpret_cast<uintptr_t>(p) + count - 1) / kCacheLineBytes;
     base[nranges] = reinterpret_cast<const char*>(first * kCacheLineBytes);
     lines[nranges] = static_cast<int64_t>(last - first + 1);
     total += lines[nranges++];
@@ -521,6 +526,14 @@ inline void sum_parts(const float* parts, int64_t nparts, size_t stride, int64_t
 // backward pass accumulates it.
 inline int64_t pad_rows(int64_t c) { return (c + kMR - 1) / kMR * kMR; }
 
+// Row stride of the backward's gradient tile gp (floats): one cache line more than its padded
+// width. With a width of 256 floats the rows would be 1 KiB apart, and a column tile's 2 x 128
+// lines (the weight gradient's operand B, read down the rows) would fall into 8 of L1's 64 sets
+// and evict each other; the extra line spreads them over all sets.
+inline int64_t gp_stride(int64_t kp) {
+  return kp + static_cast<int64_t>(kCacheLineBytes / sizeof(float));
+}
+
 // Rows [i0, i0 + rows) of a row-major x[.][c] (row i at x + (ids ? ids[i] : i) * c) repacked
 // kMR columns at a time: dst[(c0 / kMR) * rows * kMR + r * kMR + q] = X[i0 + r][c0 + q] (0 for
 // c0 + q >= c).
@@ -558,11 +571,14 @@ inline void pack_column_groups(const float* x, const int64_t* ids, int64_t i0, i
 // grad_bias += column sums of gp. The weight gradient is accumulated transposed, X^T . gp,
 // tiles over (c, k): gp's rows are operand B as they are (no repacking), and k (a multiple of
 // 16, usually of 32) fills whole register tiles where c often does not. The caller sizes the
-// prologue's per-chunk privates from split.nchunks and zeroes them.
-template <class Prologue>
+// prologue's per-chunk privates from split.nchunks and zeroes them. gp's rows are
+// gp_stride(kp) floats apart. While a block computes, the next block of its chunk is fetched
+// toward L2 a slice per tile (NextRowsPrefetch): the contiguous sources' rows and the ranges
+// that prologue_inputs(i0, rows, next) adds for the prologue's inputs of rows [i0, i0 + rows).
+template <class Prologue, class PrologueInputs>
 void backward_engine(int64_t n, int64_t k, const UpdateSource* src, int nsrc,
                      const UpdateGrads* grads, float* grad_bias, const BwdSplit& split,
-                     Prologue&& prologue) {
+                     Prologue&& prologue, PrologueInputs&& prologue_inputs) {
   const int64_t kp = pad_cols(k);
   const int64_t nchunks = split.nchunks;
   std::vector<AlignedFloats> wpanels(nsrc);
@@ -581,11 +597,12 @@ void backward_engine(int64_t n, int64_t k, const UpdateSource* src, int nsrc,
     }
   }
   AlignedFloats bpart(static_cast<size_t>(nchunks) * kp, 0.0f);
+  const int64_t gs = gp_stride(kp);
 
 #pragma omp parallel num_threads(split.nt)
   {
     BwdScratch scratch;
-    scratch.gp.assign(kBwdRowBlock * kp, 0.0f);
+    scratch.gp.assign(kBwdRowBlock * gs, 0.0f);
     scratch.xk.assign(kBwdRowBlock * max_cr, 0.0f);
     float* gp = scratch.gp.data();
 #pragma omp for schedule(dynamic, 1)
@@ -602,6 +619,19 @@ void backward_engine(int64_t n, int64_t k, const UpdateSource* src, int nsrc,
         // fetched a row per weight-gradient tile while this block computes.
         const bool next_in_chunk = blk + 1 < split.chunk_begin(chunk + 1);
         const int64_t next_rows = next_in_chunk ? std::min(kBwdRowBlock, n - i0 - rows) : 0;
+        NextRowsPrefetch next;
+        if (next_rows > 0) {
+          prologue_inputs(i0 + rows, next_rows, next);
+          for (int s = 0; s < nsrc; ++s)
+            if (src[s].rows == nullptr && grads[s].grad_w != nullptr)
+              next.add(src[s].x + (i0 + rows) * src[s].c, next_rows * src[s].c);
+        }
+        int64_t steps = 0, step = 0;
+        for (int s = 0; s < nsrc; ++s) {
+          const int64_t cp = pad_cols(src[s].c);
+          if (grads[s].grad_x != nullptr) steps += num_tiles(cp) * ((rows + kMR - 1) / kMR);
+          if (grads[s].grad_w != nullptr) steps += num_tiles(kp) * (pad_rows(src[s].c) / kMR);
+        }
         int64_t fetched = 0;
         const auto fetch_next_row = [&]() {
           if (fetched == next_rows) return;
@@ -613,7 +643,7 @@ void backward_engine(int64_t n, int64_t k, const UpdateSource* src, int nsrc,
         };
         prologue(chunk, i0, rows, gp);
         for (int64_t r = 0; r < rows; ++r) {
-          const float* g = gp + r * kp;
+          const float* g = gp + r * gs;
 #pragma omp simd
           for (int64_t j = 0; j < kp; ++j) db[j] += g[j];
         }
@@ -626,7 +656,8 @@ void backward_engine(int64_t n, int64_t k, const UpdateSource* src, int nsrc,
               const int jv = static_cast<int>(std::min<int64_t>(w, c - j0));
               for (int64_t r0 = 0; r0 < rows; r0 += kMR) {
                 const int mr = static_cast<int>(std::min<int64_t>(kMR, rows - r0));
-                const Operand op{gp + r0 * kp, kp, 1, wpanels[s].data() + j0 * k, w, k};
+                next.advance(step++, steps);
+                const Operand op{gp + r0 * gs, gs, 1, wpanels[s].data() + j0 * k, w, k};
                 auto store = [&](const auto& acc) {
                   for (int r = 0; r < mr; ++r) {
                     float* o = gx + (i0 + r0 + r) * c + j0;
@@ -654,7 +685,8 @@ void backward_engine(int64_t n, int64_t k, const UpdateSource* src, int nsrc,
               const int w = tile_width(j0, kp);
               for (int64_t c0 = 0; c0 < cr; c0 += kMR) {
                 fetch_next_row();
-                const Operand op{xk + c0 * rows, 0, 0, gp + j0, kp, rows, true};
+                next.advance(step++, steps);
+                const Operand op{xk + c0 * rows, 0, 0, gp + j0, gs, rows, true};
                 auto add = [&](const auto& acc) {
                   constexpr int NR = std::extent<std::remove_reference_t<decltype(acc)>, 1>::value;
                   for (int r = 0; r < kMR; ++r) {
@@ -752,16 +784,20 @@ void update_backward(int64_t n, int64_t k, const float* grad_out, const uint8_t*
                      float scale, const UpdateSource* src, int nsrc, const UpdateGrads* grads,
                      float* grad_bias, float* grad_addend) {
   check_sources(k, src, nsrc, grads);
-  const int64_t kb = bytes_per_row(k), kp = pad_cols(k);
+  const int64_t kb = bytes_per_row(k), kp = pad_cols(k), gs = gp_stride(kp);
   backward_engine(n, k, src, nsrc, grads, grad_bias, backward_split(n),
                   [&](int64_t, int64_t i0, int64_t rows, float* gp) {
                     for (int64_t row = i0; row < i0 + rows; ++row) {
-                      float* d = gp + (row - i0) * kp;
+                      float* d = gp + (row - i0) * gs;
                       gate_row(grad_out + row * k,
                                gate_bits == nullptr ? nullptr : gate_bits + row * kb, k, kp,
                                scale, d);
                       if (grad_addend != nullptr) std::copy(d, d + k, grad_addend + row * k);
                     }
+                  },
+                  [&](int64_t i0, int64_t rows, NextRowsPrefetch& next) {
+                    next.add(grad_out + i0 * k, rows * k);
+                    if (gate_bits != nullptr) next.add_bytes(gate_bits + i0 * kb, rows * kb);
                   });
 }
 
@@ -774,7 +810,7 @@ void update_backward_aggregated(int64_t n, int64_t k, const int64_t* next_indptr
   check_sources(k, src, nsrc, grads);
   if (kind == AggKind::kGcn)
     throw std::invalid_argument("update_backward_aggregated: the gcn aggregator is not supported");
-  const int64_t kb = bytes_per_row(k), kp = pad_cols(k);
+  const int64_t kb = bytes_per_row(k), kp = pad_cols(k), gs = gp_stride(kp);
   // Per destination weight of the next layer's aggregation (aggregate_backward's scale).
   std::vector<float> weight(n_next_dst);
   for (int64_t v = 0; v < n_next_dst; ++v)
@@ -784,7 +820,7 @@ void update_backward_aggregated(int64_t n, int64_t k, const int64_t* next_indptr
   backward_engine(n, k, src, nsrc, grads, grad_bias, backward_split(n),
                   [&](int64_t, int64_t i0, int64_t rows, float* gp) {
                     for (int64_t u = i0; u < i0 + rows; ++u) {
-                      float* __restrict d = gp + (u - i0) * kp;
+                      float* __restrict d = gp + (u - i0) * gs;
                       std::fill(d, d + k, 0.0f);
                       const int64_t end = t_indptr[u + 1];
                       for (int64_t j = t_indptr[u]; j < end; ++j) {
@@ -802,6 +838,11 @@ void update_backward_aggregated(int64_t n, int64_t k, const int64_t* next_indptr
                       gate_row(d, gate_bits == nullptr ? nullptr : gate_bits + u * kb, k, kp,
                                scale, d);
                     }
+                  },
+                  [&](int64_t i0, int64_t rows, NextRowsPrefetch& next) {
+                    if (i0 < n_addend)
+                      next.add(addend + i0 * k, (std::min(i0 + rows, n_addend) - i0) * k);
+                    if (gate_bits != nullptr) next.add_bytes(gate_bits + i0 * kb, rows * kb);
                   });
 }
 
@@ -954,7 +995,7 @@ void gat_projection_backward(int64_t n, int64_t c, int64_t heads, int64_t d, con
                              const float* grad_el, const float* grad_er, float* grad_x,
                              float* grad_w, float* grad_bias, float* grad_attn_l,
                              float* grad_attn_r) {
-  const int64_t k = heads * d, kp = pad_cols(k);
+  const int64_t k = heads * d, kp = pad_cols(k), gs = gp_stride(kp);
   const UpdateSource src{x, w, c};
   check_sources(k, &src, 1);
   const UpdateGrads grads{grad_x, grad_w};
@@ -969,7 +1010,7 @@ void gat_projection_backward(int64_t n, int64_t c, int64_t heads, int64_t d, con
                       const int64_t row = i0 + r;
                       const float* zr = z + row * k;
                       const float* gz = grad_z + row * k;
-                      float* dst = gp + r * kp;
+                      float* dst = gp + r * gs;
                       for (int64_t h = 0; h < heads; ++h) {
                         const float gl = grad_el[row * heads + h];
                         const float gr = grad_er[row * heads + h];
@@ -984,6 +1025,10 @@ void gat_projection_backward(int64_t n, int64_t c, int64_t heads, int64_t d, con
                       }
                       std::fill(dst + k, dst + kp, 0.0f);
                     }
+                  },
+                  [&](int64_t i0, int64_t rows, NextRowsPrefetch& next) {
+                    next.add(z + i0 * k, rows * k);
+                    next.add(grad_z + i0 * k, rows * k);
                   });
   sum_parts(al_part.data(), split.nchunks, kp, k, grad_attn_l);
   sum_parts(ar_part.data(), split.nchunks, kp, k, grad_attn_r);

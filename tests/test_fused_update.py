@@ -42,9 +42,15 @@ Z_BOUND = 5.0
 
 # (n, c, k): rows, input width, output width. 8-row tiles, 64-row forward / 128-row backward
 # blocks, 16/32-wide column tiles: these miss every multiple on purpose.
-SAGE_SHAPES = [(0, 5, 3), (1, 1, 1), (1, 3, 5), (7, 13, 47), (67, 17, 33), (131, 100, 40)]
+# (n, c, k). 1100 rows: several backward row blocks per work chunk at 1 and 2 threads, so the
+# weight gradient accumulates over blocks and the next block is prefetched while one computes.
+SAGE_SHAPES = [
+    (0, 5, 3), (1, 1, 1), (1, 3, 5), (7, 13, 47), (67, 17, 33), (131, 100, 40), (1100, 24, 40)
+]  # fmt: skip
 # (n, c, heads, d).
-GAT_SHAPES = [(0, 3, 2, 4), (1, 1, 1, 1), (9, 13, 3, 5), (70, 20, 1, 47), (131, 33, 4, 8)]
+GAT_SHAPES = [
+    (0, 3, 2, 4), (1, 1, 1, 1), (9, 13, 3, 5), (70, 20, 1, 47), (131, 33, 4, 8), (1100, 9, 2, 12)
+]  # fmt: skip
 
 
 @pytest.fixture

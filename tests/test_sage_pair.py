@@ -33,16 +33,19 @@ def fused() -> Iterator[None]:
 
 @pytest.mark.parametrize("kind", ["mean", "sum"])
 @pytest.mark.parametrize("with_addend, with_bits", [(True, True), (False, True), (True, False)])
+@pytest.mark.parametrize("n_next, n", [(70, 300), (400, 1200)], ids=str)
 def test_update_backward_aggregated_equals_two_calls(
-    threads: int, kind: str, with_addend: bool, with_bits: bool
+    threads: int, kind: str, with_addend: bool, with_bits: bool, n_next: int, n: int
 ) -> None:
     """Against aggregate_backward then update_backward, bit for bit (including input
-    gradients, and a next block with more sources than this UPDATE's rows: halo leaves)."""
+    gradients, and a next block with more sources than this UPDATE's rows: halo leaves).
+    1200 rows: several row blocks per work chunk, the next one prefetched while one computes,
+    its addend rows ending within the block."""
     gen = torch.Generator().manual_seed(7)
-    nxt = make_block(70, 330, 9, 1)
-    n, k, c = 300, 40, 21
-    grad_dst = torch.randn(70, k, generator=gen)
-    addend = torch.randn(70, k, generator=gen) if with_addend else None
+    nxt = make_block(n_next, n + 30, 9, 1)
+    k, c = 40, 21
+    grad_dst = torch.randn(n_next, k, generator=gen)
+    addend = torch.randn(n_next, k, generator=gen) if with_addend else None
     xs = [torch.randn(n, c, generator=gen), torch.randn(n, c + 5, generator=gen)]
     ws = [torch.randn(k, c, generator=gen), torch.randn(k, c + 5, generator=gen)]
     bits = torch.randint(0, 256, (n, 5), dtype=torch.uint8, generator=gen) if with_bits else None
@@ -130,7 +133,8 @@ def model_and_blocks(
 
 
 @pytest.mark.parametrize(
-    "layers, in_dim, hidden, classes", [(3, 12, 24, 5), (2, 6, 10, 16)]  # 2: the pair is all
+    "layers, in_dim, hidden, classes",
+    [(3, 12, 24, 5), (2, 6, 10, 16)],  # 2: the pair is all
 )
 @pytest.mark.parametrize("aggr", ["mean", "sum"])
 def test_pair_equals_layers_one_by_one(
