@@ -112,6 +112,29 @@ inline void micro_tile(int mr, const Operand* ops, int nops, Epilogue&& epi) {
         }
       continue;
     }
+    if (op.rows == nullptr && op.als == 1 && mr == kMR) {
+      // Rows at a constant stride: two row pointers and three byte offsets (rows r and r + 4
+      // at p + {0, 1, 2, 3} * stride) instead of kMR pointers, which do not all fit in the
+      // general registers next to the loop's own.
+      static_assert(kMR == 8, "the strided rows are addressed as two groups of four");
+      const char* p0 = reinterpret_cast<const char*>(op.a);
+      const int64_t s1 = op.ars * static_cast<int64_t>(sizeof(float)), s2 = 2 * s1, s3 = 3 * s1;
+      const char* p4 = p0 + 4 * s1;
+      const float* b = op.b;
+      for (int64_t l = 0; l < op.len; ++l, p0 += sizeof(float), p4 += sizeof(float)) {
+        const float av[kMR] = {
+            *reinterpret_cast<const float*>(p0), *reinterpret_cast<const float*>(p0 + s1),
+            *reinterpret_cast<const float*>(p0 + s2), *reinterpret_cast<const float*>(p0 + s3),
+            *reinterpret_cast<const float*>(p4), *reinterpret_cast<const float*>(p4 + s1),
+            *reinterpret_cast<const float*>(p4 + s2), *reinterpret_cast<const float*>(p4 + s3)};
+        for (int r = 0; r < kMR; ++r) {
+#pragma omp simd
+          for (int j = 0; j < NR; ++j) acc[r][j] += av[r] * b[j];
+        }
+        b += op.ldb;
+      }
+      continue;
+    }
     const float* arow[kMR];
     for (int r = 0; r < kMR; ++r) {
       const int64_t i = std::min(r, mr - 1);
@@ -530,9 +553,7 @@ inline int64_t pad_rows(int64_t c) { return (c + kMR - 1) / kMR * kMR; }
 // width. With a width of 256 floats the rows would be 1 KiB apart, and a column tile's 2 x 128
 // lines (the weight gradient's operand B, read down the rows) would fall into 8 of L1's 64 sets
 // and evict each other; the extra line spreads them over all sets.
-inline int64_t gp_stride(int64_t kp) {
-  return kp + static_cast<int64_t>(kCacheLineBytes / sizeof(float));
-}
+inline int64_t gp_stride(int64_t kp) { return kp + kLineFloats; }
 
 // Rows [i0, i0 + rows) of a row-major x[.][c] (row i at x + (ids ? ids[i] : i) * c) repacked
 // kMR columns at a time: dst[(c0 / kMR) * rows * kMR + r * kMR + q] = X[i0 + r][c0 + q] (0 for
