@@ -6,7 +6,7 @@
   last epoch's beside it), and the built-in synthetic graph with the defaults
   (``python -m distmb.train``: first-epoch loss, test accuracy after 10 and 40 epochs,
   seed 0).
-- ``multi``: the multi-rank table (``distmb.recipes.MULTI_RANK``: the same global batch as
+- ``multi``: the multi-rank table (``distmb.config.recipes.MULTI_RANK``: the same global batch as
   one rank; medians of 10 Cora seeds and 3 synthetic seeds): 1 rank, and 2 and 4 ranks with
   the historical embedding cache and without (``--no-hec``), under a real ``mpiexec``.
 
@@ -32,12 +32,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from distmb import recipes
-from distmb.config import TrainConfig
+from distmb.cli.report import write_json
+from distmb.config import recipes
+from distmb.config.train import TrainConfig
 from distmb.data import load_dataset
 from distmb.data.local import LocalGraph
 from distmb.engine import Trainer
-from distmb.report import write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "results"

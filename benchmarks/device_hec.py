@@ -1,5 +1,5 @@
-"""Operations per second of the device-resident HEC (:class:`distmb.cuda.hec.DeviceHistoricalCache`)
-next to the C++ one (:class:`distmb.halo.cache.HistoricalEmbeddingCache`), on the same
+"""Operations per second of the device-resident HEC (:class:`distmb.halo.hec.device.DeviceHistoricalCache`)
+next to the C++ one (:class:`distmb.halo.hec.host.HistoricalEmbeddingCache`), on the same
 operations.
 
 Fills a ``--capacity``-line cache of width ``--dim`` in each backend (the C++ cache; the
@@ -34,10 +34,10 @@ import numpy as np
 import torch
 
 from distmb import _C
-from distmb.cuda.hec import DeviceHistoricalCache
-from distmb.halo.cache import HistoricalEmbeddingCache
-from distmb.machine import cpu_model
-from distmb.report import write_json
+from distmb.cli.report import write_json
+from distmb.core.machine import cpu_model
+from distmb.halo.hec.device import DeviceHistoricalCache
+from distmb.halo.hec.host import HistoricalEmbeddingCache
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 #: Life-span of the benchmarked caches (the paper's default); nothing advances while timing.

@@ -22,8 +22,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from distmb.plotting import panels, rotate_labels
-from distmb.report import save_figure, write_json
+from distmb.cli.report import save_figure, write_json
+from distmb.core.plotting import panels, rotate_labels
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 MPIEXEC = str(Path(sys.executable).parent / "mpiexec")
@@ -39,7 +39,7 @@ def train(ranks: int, args: list[str], workdir: Path, tag: str) -> list[dict]:
         str(ranks),
         sys.executable,
         "-m",
-        "distmb.train",
+        "distmb.cli.train",
         *args,
         "--no-progress",
         "--results",

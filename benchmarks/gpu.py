@@ -47,12 +47,12 @@ import gpu_features  # noqa: E402  (benchmarks/ is not a package)
 import gpu_sampling  # noqa: E402
 
 from distmb import _C  # noqa: E402
-from distmb.config import DEFAULT_FANOUT, DEFAULT_SUPERBATCH, TrainConfig  # noqa: E402
+from distmb.cli.report import save_figure, write_json  # noqa: E402
+from distmb.config.train import DEFAULT_FANOUT, DEFAULT_SUPERBATCH, TrainConfig  # noqa: E402
+from distmb.core.plotting import panels  # noqa: E402
+from distmb.data.datasets.synthetic import SyntheticConfig, generate  # noqa: E402
 from distmb.data.local import LocalGraph  # noqa: E402
-from distmb.data.synthetic import SyntheticConfig, generate  # noqa: E402
 from distmb.engine import Trainer  # noqa: E402
-from distmb.plotting import panels  # noqa: E402
-from distmb.report import save_figure, write_json  # noqa: E402
 
 RESULTS = HERE.parent / "results"
 #: ``--quick``: a graph and a run small enough for a CPU smoke test of every part.

@@ -9,14 +9,14 @@ fan-out 5,10,15 and batch 1000):
    feature table and each policy (``presc``: pre-sampling counts on its own stream,
    ``degree``, ``none``; plus ``oracle``: the static set that knows this epoch's counts,
    GNNLab's optimal static cache, for reference), one training epoch's gathers run through
-   :class:`distmb.cuda.feature_cache.DeviceFeatures` on CPU tensors with a 1-column stand-in
+   :class:`distmb.pipeline.features.device.DeviceFeatures` on CPU tensors with a 1-column stand-in
    table (the counters count rows; bytes are rows times ``feat_dim * 4``). Host->device
    bytes are reported three ways: plain (batch order, no reuse), Match (batch order, reuse
    of the previous batch's rows) and Match-Reorder (greedy order within each superbatch of
    ``--superbatch``, reuse).
 2. **Zero-copy gather bandwidth** (CUDA only; skipped with a message elsewhere): a batch's
    worth of rows gathered by the GPU from the pinned, registered host table
-   (:class:`distmb.cuda.zero_copy.HostRows`, sorted ids, rows padded to 128 bytes and
+   (:class:`distmb.pipeline.features.zero_copy.HostRows`, sorted ids, rows padded to 128 bytes and
    packed), against the pinned host->device copy bandwidth of the same machine (the PCIe
    limit) and the CPU gather + copy it replaces. Medians of ``--repeats``, CUDA events.
 
@@ -40,17 +40,17 @@ import numpy as np
 import torch
 
 from distmb import _C
-from distmb.config import DEFAULT_FANOUT, DEFAULT_SUPERBATCH
-from distmb.cuda.feature_cache import DeviceFeatures
-from distmb.cuda.reorder import match_order
-from distmb.cuda.zero_copy import HostRows
-from distmb.data.synthetic import SyntheticConfig, generate
-from distmb.features.cached import cache_rows
-from distmb.features.presample import hot_rows, static_hot_ids
-from distmb.machine import cpu_model
-from distmb.report import write_json
-from distmb.sampling.neighbor import NeighborSampler
-from distmb.units import FLOAT32_BYTES
+from distmb.cli.report import write_json
+from distmb.config.train import DEFAULT_FANOUT, DEFAULT_SUPERBATCH
+from distmb.core.machine import cpu_model
+from distmb.core.units import FLOAT32_BYTES
+from distmb.data.datasets.synthetic import SyntheticConfig, generate
+from distmb.pipeline.features.cached import cache_rows
+from distmb.pipeline.features.device import DeviceFeatures
+from distmb.pipeline.features.presample import hot_rows, static_hot_ids
+from distmb.pipeline.features.reorder import match_order
+from distmb.pipeline.features.zero_copy import HostRows
+from distmb.pipeline.sample.host import NeighborSampler
 
 #: Cache sizes, percent of the feature table's rows.
 CACHE_PERCENT = (5, 10, 20)

@@ -6,7 +6,7 @@ after ``--warmup`` unmeasured ones. Every batch is sampled by every configuratio
 back (interleaved, so that load from other processes hits all alike):
 
 - ``cpp``: the C++ sampler on ``--threads`` OpenMP threads;
-- ``device/<dev>/<backend>/<placement>``: :class:`~distmb.cuda.DeviceNeighborSampler` on
+- ``device/<dev>/<backend>/<placement>``: :class:`~distmb.pipeline.sample.device.DeviceNeighborSampler` on
   ``cpu`` and, where torch sees one, ``cuda`` (Fused-Map back end ``torch`` or ``triton``;
   CSR placement ``device`` or, on CUDA, ``host`` = zero-copy pinned memory). Triton runs on
   CUDA only here (its CPU interpreter is a test vehicle, not a performance path).
@@ -34,12 +34,11 @@ import numpy as np
 import torch
 
 from distmb import _C
-from distmb.cuda import idmap_triton
-from distmb.cuda.sampler import DeviceNeighborSampler
-from distmb.data.synthetic import SyntheticConfig, generate
-from distmb.machine import cpu_model
-from distmb.report import write_json
-from distmb.sampling import NeighborSampler
+from distmb.cli.report import write_json
+from distmb.core.machine import cpu_model
+from distmb.data.datasets.synthetic import SyntheticConfig, generate
+from distmb.pipeline.sample import NeighborSampler, idmap_triton
+from distmb.pipeline.sample.device import DeviceNeighborSampler
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 #: Percentiles reported besides the median.

@@ -36,8 +36,8 @@ import numpy as np
 import torch
 
 from distmb import _C
-from distmb.halo.cache import HEC_MISS, HistoricalEmbeddingCache
-from distmb.report import write_json
+from distmb.cli.report import write_json
+from distmb.halo.hec.host import HEC_MISS, HistoricalEmbeddingCache
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 #: Life-span of the benchmarked caches (the paper's default); no advance() happens while

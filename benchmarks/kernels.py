@@ -4,7 +4,7 @@ Sections (``--section``; ``all`` runs every registered one):
 
 - ``update``: the GraphSAGE UPDATE ``Dropout(ReLU(h_neigh W_n^T + h_self W_s^T + b))``
   forward + backward at N in {5k, 50k, 400k} rows and C -> K in {100 -> 256, 256 -> 256,
-  256 -> 47}: :func:`distmb.nn.fused_update.sage_update` (custom blocked GEMM with the fused
+  256 -> 47}: :func:`distmb.nn.kernels.cpu_update.sage_update` (custom blocked GEMM with the fused
   epilogue, the default) vs the eager PyTorch function the "torch" path of SAGEConv runs (two
   ``F.linear``, bias, ReLU, ``F.dropout``) vs ``torch.compile`` of that same function vs the
   design alternative "torch GEMM + fused C++ epilogue" (:func:`update_hybrid`).
@@ -42,12 +42,13 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from distmb import _C
-from distmb.machine import cpu_model
-from distmb.nn import fused_aggregate, fused_update
-from distmb.nn.backend import get_kernels, set_kernels
-from distmb.plotting import reference_line
-from distmb.report import save_figure, write_json
-from distmb.sampling import Block
+from distmb.cli.report import save_figure, write_json
+from distmb.core.machine import cpu_model
+from distmb.core.plotting import reference_line
+from distmb.nn.kernels import cpu_aggregate as fused_aggregate
+from distmb.nn.kernels import cpu_update as fused_update
+from distmb.nn.kernels.dispatch import get_kernels, set_kernels
+from distmb.pipeline.sample import Block
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 JSON_NAME, PNG_NAME = "kernels.json", "kernels.png"
@@ -80,7 +81,7 @@ def update_eager(
 def update_fused(
     h_neigh: Tensor, h_self: Tensor, w_neigh: Tensor, w_self: Tensor, bias: Tensor, p: float
 ) -> Tensor:
-    """The same UPDATE through :func:`distmb.nn.fused_update.sage_update`."""
+    """The same UPDATE through :func:`distmb.nn.kernels.cpu_update.sage_update`."""
     return fused_update.sage_update([(h_neigh, w_neigh), (h_self, w_self)], bias, p=p)
 
 
@@ -89,7 +90,7 @@ def update_hybrid(
 ) -> Tensor:
     """The design alternative: PyTorch's GEMMs (MKL) for both products, then the fused C++
     epilogue (bias + ReLU + dropout + gate bits; backward: gate + bias gradient in one pass)
-    through the ``addend`` input of :func:`~distmb.nn.fused_update.sage_update`."""
+    through the ``addend`` input of :func:`~distmb.nn.kernels.cpu_update.sage_update`."""
     pre = torch.addmm(F.linear(h_neigh, w_neigh), h_self, w_self.T)
     return fused_update.sage_update([], bias, addend=pre, p=p)
 

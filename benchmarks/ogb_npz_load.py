@@ -32,8 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
-from distmb.machine import cpu_model
-from distmb.report import write_json
+from distmb.cli.report import write_json
+from distmb.core.machine import cpu_model
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 
@@ -58,7 +58,7 @@ t = threading.Thread(target=sample, daemon=True); t.start()
 action, root, so = sys.argv[1], sys.argv[2], sys.argv[3]
 t0 = time.perf_counter()
 if action == "load":
-    from distmb.data.ogb import load_ogb
+    from distmb.data.datasets.ogb import load_ogb
     g = load_ogb(root)
     extra = {"in_edges": g.num_edges, "notes": [n for n in g.notes if "cache" in n][:1]}
 else:

@@ -40,23 +40,23 @@ from pathlib import Path
 import numpy as np
 
 from distmb import _C
-from distmb.config import TrainConfig
+from distmb.cli.report import save_figure, write_json
+from distmb.config.train import TrainConfig
+from distmb.core.plotting import panels, reference_line
 from distmb.data import load_dataset
 from distmb.data.local import LocalGraph
-from distmb.data.rowfile import (
+from distmb.data.store.rowfile import (
     coalesce_gap,
     evict_page_cache,
     io_depth,
     set_coalesce_gap,
     set_io_depth,
 )
-from distmb.data.store import PartitionStore
-from distmb.features.select import open_features
-from distmb.loader.loader import BatchLoader
+from distmb.data.store.store import PartitionStore
 from distmb.partition import partition_graph
-from distmb.plotting import panels, reference_line
-from distmb.report import save_figure, write_json
-from distmb.sampling.neighbor import NeighborSampler
+from distmb.pipeline.features.select import open_features
+from distmb.pipeline.loader import BatchLoader
+from distmb.pipeline.sample.host import NeighborSampler
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 POLICIES = ("belady", "presc", "degree", "lru")

@@ -43,8 +43,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from distmb.plotting import panels, reference_line, set_scale
-from distmb.report import save_figure, write_json
+from distmb.cli.report import save_figure, write_json
+from distmb.core.plotting import panels, reference_line, set_scale
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 ENGINE_RESULTS = RESULTS / "partition_engines.json"
@@ -58,7 +58,7 @@ GOAL_BYTES_PER_EDGE = 40
 def synthetic_sizes(nodes: int, avg_degree: int, feat_dim: int) -> tuple[int, int]:
     """(directed edges, feature bytes) of the synthetic graph: the generator's exact edge
     count, float32 features."""
-    from distmb.data.synthetic import SyntheticConfig
+    from distmb.data.datasets.synthetic import SyntheticConfig
 
     config = SyntheticConfig(nodes=nodes, avg_degree=float(avg_degree), feat_dim=feat_dim)
     return 2 * sum(config.edge_counts()), nodes * feat_dim * 4

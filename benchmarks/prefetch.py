@@ -28,11 +28,11 @@ from pathlib import Path
 import torch
 
 from distmb import _C
-from distmb.config import TrainConfig
+from distmb.cli.report import save_figure, write_json
+from distmb.config.train import TrainConfig
 from distmb.data import load_dataset
 from distmb.data.local import LocalGraph
 from distmb.engine import Trainer
-from distmb.report import save_figure, write_json
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 #: ogbn-products' shape at 1/10 of its vertices.

@@ -9,8 +9,8 @@ and in the same process:
 - ``previous``: the choice before the counter-based keys (numpy ``default_rng`` keys,
   ``argpartition`` per peer; copied from ``HistoricalCache._cap_per_peer`` as of main
   0d08eea);
-- ``host``: :func:`distmb.halo.push_select.select_push_host` (the CPU path);
-- ``device_on_cpu``: :func:`~distmb.halo.push_select.select_push_device` on CPU tensors
+- ``host``: :func:`distmb.halo.hec.push_select.select_push_host` (the CPU path);
+- ``device_on_cpu``: :func:`~distmb.halo.hec.push_select.select_push_device` on CPU tensors
   (the GPU path's torch ops; on the CPU only for comparison).
 
 Every ``nc`` in ``--nc``; reports medians (and p10/p90) in milliseconds per call, candidate
@@ -33,20 +33,20 @@ import numpy as np
 import torch
 
 from distmb import _C
+from distmb.cli.report import write_json
+from distmb.core.machine import cpu_model
 from distmb.data import load_dataset
 from distmb.data.graph import csr_row_positions
-from distmb.data.store import PartitionStore
-from distmb.halo.hec import _peers_of_solid
-from distmb.halo.push_select import (
+from distmb.data.store.store import PartitionStore
+from distmb.halo.hec.push_select import (
     PushTables,
     push_call_key,
     select_push_device,
     select_push_host,
 )
-from distmb.machine import cpu_model
+from distmb.halo.hec.scheme import _peers_of_solid
 from distmb.partition import partition_graph
-from distmb.report import write_json
-from distmb.sampling import NeighborSampler
+from distmb.pipeline.sample import NeighborSampler
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 #: Percentiles reported besides the median.

@@ -53,18 +53,19 @@ import numpy as np
 import torch
 
 from distmb import _C
-from distmb.config import TrainConfig
+from distmb.cli.report import save_figure, write_json
+from distmb.cli.train import set_threads
+from distmb.config.train import TrainConfig
+from distmb.core.errors import InputError
+from distmb.core.plotting import panels, reference_line, rotate_labels, set_scale
 from distmb.data import load_dataset
 from distmb.data.graph import Graph
 from distmb.data.local import LocalGraph
 from distmb.engine import Trainer
-from distmb.errors import InputError
-from distmb.nn import fused_aggregate, fused_update
+from distmb.nn.kernels import cpu_aggregate as fused_aggregate
+from distmb.nn.kernels import cpu_update as fused_update
 from distmb.nn.models import GraphSAGE
-from distmb.plotting import panels, reference_line, rotate_labels, set_scale
-from distmb.report import save_figure, write_json
-from distmb.sampling import Block
-from distmb.train import set_threads
+from distmb.pipeline.sample import Block
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 
@@ -100,7 +101,7 @@ def chung_lu_uncapped_graph(
 ) -> Graph:
     """A Chung-Lu graph over **uncapped** Pareto(``gamma``) expected degrees (real hubs).
 
-    Stand-in until ``distmb.data.synthetic`` offers uncapped hubs (``hub_cap=0``, branch
+    Stand-in until ``distmb.data.datasets.synthetic`` offers uncapped hubs (``hub_cap=0``, branch
     wt-peers; that generator caps the expected degrees at ``sqrt(nodes * avg_degree)``):
     swap this function's caller for ``load_dataset("synthetic:...")`` then.
 

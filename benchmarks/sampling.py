@@ -33,11 +33,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from distmb.plotting import panels, reference_line, set_scale
-from distmb.report import save_figure, write_json
+from distmb.cli.report import save_figure, write_json
+from distmb.core.plotting import panels, reference_line, set_scale
 
 if TYPE_CHECKING:  # distmb (and its OpenMP runtime) is imported in the child processes only
-    from distmb.sampling import Block, NeighborSampler
+    from distmb.pipeline.sample import Block, NeighborSampler
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 
@@ -54,7 +54,7 @@ def check_blocks(blocks: list[Block], seeds: np.ndarray, fanouts: list[int]) -> 
     """Cheap structural invariants of one mini-batch (no reference sampler needed)."""
     import torch
 
-    from distmb.sampling import FANOUT_ALL
+    from distmb.pipeline.sample import FANOUT_ALL
 
     assert np.array_equal(blocks[-1].dst_ids.numpy(), seeds), "seeds are not the last dst"
     for layer, (block, fanout) in enumerate(zip(blocks, fanouts, strict=True)):
@@ -192,7 +192,7 @@ def measure(args: argparse.Namespace) -> dict:
     and the graph's description."""
     from distmb import _C
     from distmb.data import load_dataset
-    from distmb.sampling import NeighborSampler
+    from distmb.pipeline.sample import NeighborSampler
 
     graph = load_dataset(f"synthetic:nodes={args.nodes},avg_degree={args.avg_degree}")
     n = graph.num_nodes

@@ -17,7 +17,7 @@ projected to ogbn-products and ogbn-papers100M at 16, 32 and 64 ranks (docs/scal
    whole cost, whoever else held the core.
 3. **Block sizes vs graph size** (sampling only): per-seed block sizes at P = 1 on larger
    graphs of each shape, to carry the measured work to the real graphs' sizes.
-4. **Model and fits** (:mod:`distmb.perfmodel`): per-iteration compute from counted FLOPs and
+4. **Model and fits** (:mod:`distmb.engine.perfmodel`): per-iteration compute from counted FLOPs and
    bytes at the core rates, with the passes over the input-gradient buffers calibrated on
    P = 1, checked against every rank of P = 2, 4, 8; the block sizes' layer ratios, hit
    rates, halo fraction, cut and imbalances as trends in ``log2 P`` of P = 2, 4, 8, checked
@@ -51,13 +51,14 @@ import numpy as np
 import torch
 
 from distmb import _C
-from distmb.config import TrainConfig
+from distmb.cli.report import save_figure, write_json
+from distmb.config.train import TrainConfig
+from distmb.core.plotting import panels, set_scale
+from distmb.core.units import FLOAT32_BYTES, row_message_bytes
+from distmb.data.datasets.synthetic import SyntheticConfig, generate
 from distmb.data.local import LocalGraph
-from distmb.data.synthetic import SyntheticConfig, generate
 from distmb.engine import Trainer
-from distmb.nn import fused_aggregate, fused_update
-from distmb.partition import partition_graph
-from distmb.perfmodel import (
+from distmb.engine.perfmodel import (
     ComputeModel,
     CoreRates,
     GraphSpec,
@@ -74,11 +75,11 @@ from distmb.perfmodel import (
     relative_error,
     sage_iteration_work,
 )
-from distmb.plotting import panels, set_scale
-from distmb.report import save_figure, write_json
-from distmb.sampling import Block
-from distmb.sampling.neighbor import NeighborSampler
-from distmb.units import FLOAT32_BYTES, row_message_bytes
+from distmb.nn.kernels import cpu_aggregate as fused_aggregate
+from distmb.nn.kernels import cpu_update as fused_update
+from distmb.partition import partition_graph
+from distmb.pipeline.sample import Block
+from distmb.pipeline.sample.host import NeighborSampler
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 PYTHON = sys.executable

@@ -28,9 +28,9 @@ _EXPORTS: dict[str, str] = {
     "Graph": "distmb.data",
     "GraphSAGE": "distmb.nn",
     "LocalGraph": "distmb.data.local",
-    "MiniBatch": "distmb.loader",
-    "NeighborLoader": "distmb.loader",
-    "TrainConfig": "distmb.config",
+    "MiniBatch": "distmb.pipeline",
+    "NeighborLoader": "distmb.pipeline",
+    "TrainConfig": "distmb.config.train",
     "Trainer": "distmb.engine",
     "build_model": "distmb.nn",
     "from_dgl": "distmb.data",
@@ -64,14 +64,14 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time __getattr__ imports lazily
-    from distmb.config import TrainConfig
+    from distmb.config.train import TrainConfig
     from distmb.data import Graph, from_dgl, from_pyg, load_dataset
     from distmb.data.local import LocalGraph
     from distmb.engine import Trainer
     from distmb.engine.evaluate import layerwise_inference
-    from distmb.loader import MiniBatch, NeighborLoader
     from distmb.nn import GAT, GCN, GIN, BlockModel, GraphSAGE, build_model
     from distmb.partition import partition_graph
+    from distmb.pipeline import MiniBatch, NeighborLoader
     from distmb.predict import predict
 
 

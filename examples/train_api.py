@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 import distmb
 from distmb.nn import aggregate
-from distmb.sampling import Block
+from distmb.pipeline.sample import Block
 
 
 class MeanConv(nn.Module):

@@ -14,8 +14,8 @@ import torch
 
 from distmb.data import Graph
 from distmb.data.datasets import BUILTIN_DATASETS
-from distmb.data.planetoid import PLANETOID_SUFFIXES
-from distmb.sampling import Block
+from distmb.data.datasets.planetoid import PLANETOID_SUFFIXES
+from distmb.pipeline.sample import Block
 
 # Triton kernels (distmb.cuda) run on CPU tensors under Triton's interpreter, which is chosen
 # when a kernel is defined, i.e. before distmb.cuda imports Triton: set it here, where there
@@ -46,7 +46,7 @@ def _system_malloc_after_each_test():
     defaults back after each test so that the next one, e.g. a test of memory being returned
     to the OS, starts from them."""
     yield
-    from distmb.malloc import configure_malloc
+    from distmb.core.malloc import configure_malloc
 
     configure_malloc("system")
 
@@ -158,7 +158,7 @@ def run_cli(main, argv: list[str], capsys) -> tuple[int, str, str]:
 
 def run_train_cli(argv: list[str], capsys) -> tuple[int, str, str]:
     """``python -m distmb.train ARGV`` in this process: (exit code, stdout, stderr)."""
-    from distmb.train import main as train_main
+    from distmb.cli.train import main as train_main
 
     return run_cli(train_main, argv, capsys)
 

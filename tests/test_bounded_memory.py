@@ -14,14 +14,14 @@ import numpy as np
 import pytest
 from conftest import random_graph
 
+from distmb.core.errors import InputError
 from distmb.data import Graph, load_dataset
 from distmb.data import csr as csr_module
 from distmb.data.csr import array_chunks, build_csr, csr_edge_chunks
-from distmb.data.edgelist import load_edgelist
-from distmb.data.format import INT32_LIMIT, index_dtype
-from distmb.data.rowfile import RowTake, write_row_file
-from distmb.data.synthetic import MAX_NODES
-from distmb.errors import InputError
+from distmb.data.datasets.edgelist import load_edgelist
+from distmb.data.datasets.synthetic import MAX_NODES
+from distmb.data.store.format import INT32_LIMIT, index_dtype
+from distmb.data.store.rowfile import RowTake, write_row_file
 from distmb.partition import assign as assign_module
 from distmb.partition import partition_graph
 from distmb.partition import writer as writer_module
@@ -235,7 +235,7 @@ def _write_edge_dir(d: Path, n: int = 80, m: int = 500, seed: int = 0) -> np.nda
 
 
 def test_edgelist_chunks_equal_whole_file(tmp_path, monkeypatch):
-    from distmb.data import edgelist as edgelist_module
+    from distmb.data.datasets import edgelist as edgelist_module
 
     edges = _write_edge_dir(tmp_path / "c")
     np.save(tmp_path / "c" / "edges.npy", edges)
@@ -258,7 +258,7 @@ def test_edgelist_chunks_equal_whole_file(tmp_path, monkeypatch):
 
 
 def test_edgelist_chunk_errors_name_the_edge_or_line(tmp_path, monkeypatch):
-    from distmb.data import edgelist as edgelist_module
+    from distmb.data.datasets import edgelist as edgelist_module
 
     monkeypatch.setattr(edgelist_module, "EDGE_CHUNK", 4)
     monkeypatch.setattr(edgelist_module, "_TEXT_BLOCK_BYTES", 8)
@@ -280,7 +280,7 @@ def test_edgelist_chunk_errors_name_the_edge_or_line(tmp_path, monkeypatch):
 
 
 def test_float64_features_are_converted_in_blocks(tmp_path, monkeypatch):
-    from distmb.data import loader_utils
+    from distmb.data.datasets import loader_utils
 
     monkeypatch.setattr(loader_utils, "_CONVERT_ROWS", 7)
     edges = _write_edge_dir(tmp_path / "d")
@@ -382,7 +382,7 @@ def test_rebalance_neighbour_counts_in_blocks_equal_brute_force(monkeypatch):
 
 
 def test_synthetic_rounds_compact_in_place_across_blocks(monkeypatch):
-    from distmb.data import synthetic
+    from distmb.data.datasets import synthetic
 
     rng = np.random.default_rng(3)
     values = np.sort(rng.integers(0, 40, 200))
@@ -405,8 +405,8 @@ def test_peak_memory_recorded_and_sane(tmp_path):
     out = tmp_path / "p"
     script = (
         "import sys\n"
-        "from distmb.partition.cli import main\n"
-        "from distmb.progress import peak_rss_bytes\n"
+        "from distmb.cli.partition import main\n"
+        "from distmb.core.progress import peak_rss_bytes\n"
         "main(sys.argv[1:])\n"
         "print('FINAL_PEAK', peak_rss_bytes())\n"
     )
@@ -444,7 +444,7 @@ def test_peak_memory_is_this_process_not_its_parent():
     """A child started from a large parent reports its own peak (VmHWM), not the parent's
     (``ru_maxrss`` carries the parent's resident set over exec)."""
     ballast = np.ones(300 << 17)  # 300 MiB resident in this (parent) process
-    code = "from distmb.progress import peak_rss_bytes; print(peak_rss_bytes())"
+    code = "from distmb.core.progress import peak_rss_bytes; print(peak_rss_bytes())"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     child = int(
         subprocess.run(

@@ -7,14 +7,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import distmb.machine as machine
-from distmb.config import TrainConfig
+import distmb.core.machine as machine
+from distmb.config.train import TrainConfig
+from distmb.core.errors import InputError
 from distmb.data import load_dataset
 from distmb.data.local import LocalGraph
 from distmb.engine import Trainer
 from distmb.engine.budget import GraphShape, check_memory, estimate_memory, sampled_sizes
-from distmb.errors import InputError
-from distmb.sampling.neighbor import NeighborSampler
+from distmb.pipeline.sample.host import NeighborSampler
 
 #: Hubs: a small exponent makes a few vertices of very high degree.
 POWER_LAW = "synthetic:nodes=3000,avg_degree=12,feat_dim=16,classes=4,power_law_exponent=2.1"

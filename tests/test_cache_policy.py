@@ -1,4 +1,4 @@
-"""Feature-cache replacement policies (distmb.features.policy, csrc/feature_cache.cpp) against
+"""Feature-cache replacement policies (distmb.pipeline.features.policy, csrc/feature_cache.cpp) against
 independent references: an exhaustive search of the optimal miss count over gather-level
 policies, a literal Python simulation of the gather-level Belady rule (and of the previous,
 access-by-access one, which it must never lose to), an OrderedDict LRU, and a replay of every
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from distmb import _C
-from distmb.features import NO_SLOT, BeladyPlanner, CachePlan, LruPlanner
+from distmb.pipeline.features import NO_SLOT, BeladyPlanner, CachePlan, LruPlanner
 
 INF = float("inf")
 

@@ -1,4 +1,4 @@
-"""distmb.config: one declaration per option, and the parser, defaults, validation,
+"""distmb.config.train: one declaration per option, and the parser, defaults, validation,
 checkpoint list and docs table derived from it."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from distmb.config import (
+from distmb.config.train import (
     DEFAULT_LR,
     OPTIONS,
     RESUME_APPLIED,
@@ -24,7 +24,7 @@ from distmb.config import (
     main,
     parse_config,
 )
-from distmb.errors import InputError
+from distmb.core.errors import InputError
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "flags.md"
 
@@ -366,7 +366,7 @@ def test_gpu_path_options_stop_a_cpu_run(argv):
     with pytest.raises(InputError, match=r"appl(y|ies) only to the GPU path \(--device cuda"):
         parse_config(argv)
     with pytest.raises(SystemExit):  # the trainer refuses them before loading anything
-        from distmb.train import main_single
+        from distmb.cli.train import main_single
 
         main_single([*argv, "--epochs", "1", "--no-progress"])
     parse_config([*argv, "--sampler", "device"])  # the GPU path on the CPU takes them

@@ -1,4 +1,4 @@
-"""Fused-Map (distmb.cuda.idmap): the Triton hash-table kernel (under the interpreter on CPU)
+"""Fused-Map (distmb.pipeline.sample.idmap): the Triton hash-table kernel (under the interpreter on CPU)
 and the torch-ops version against a Python-dict reference of unique + first-seen relabel."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import pytest
 import torch
 from conftest import compile_triton_in_subprocess
 
-from distmb.cuda import idmap_triton
-from distmb.cuda.idmap import RepeatedDestinationError, fused_map, resolve_backend
+from distmb.pipeline.sample import idmap_triton
+from distmb.pipeline.sample.idmap import RepeatedDestinationError, fused_map, resolve_backend
 
 #: Devices every test runs on: CPU here, CUDA under ``pytest -m cuda`` on a GPU node.
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
@@ -139,7 +139,7 @@ def test_kernel_compiles_for_hopper() -> None:
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from distmb.cuda.idmap_triton import BLOCK, _insert_kernel
+from distmb.pipeline.sample.idmap_triton import BLOCK, _insert_kernel
 sig = {n: "*i64" for n in ("keys_ptr", "table_keys_ptr", "table_pos_ptr", "slot_of_ptr")}
 sig.update(m="i64", mask="i64", BLOCK="constexpr")
 src = ASTSource(_insert_kernel, sig, constexprs={"BLOCK": BLOCK})

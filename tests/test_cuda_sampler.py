@@ -28,11 +28,10 @@ from test_sampler import (
     star_graph,
 )
 
-from distmb.cuda import idmap_triton
-from distmb.cuda.placement import mapped_view
-from distmb.cuda.sampler import DeviceNeighborSampler, batch_seed
-from distmb.data.synthetic import SyntheticConfig, generate
-from distmb.sampling import FANOUT_ALL, Block
+from distmb.data.datasets.synthetic import SyntheticConfig, generate
+from distmb.pipeline.sample import FANOUT_ALL, Block, idmap_triton
+from distmb.pipeline.sample.device import DeviceNeighborSampler, batch_seed
+from distmb.pipeline.sample.placement import mapped_view
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 #: (Fused-Map back end, graph placement) combinations.
@@ -338,8 +337,8 @@ def test_plugs_into_the_batch_loader(prefetch) -> None:
     from conftest import random_graph
 
     from distmb.data.local import LocalGraph as PartGraph
-    from distmb.features import PartFeatures
-    from distmb.loader import BatchLoader
+    from distmb.pipeline import BatchLoader
+    from distmb.pipeline.features import PartFeatures
 
     part = PartGraph.from_graph(random_graph(n=600, m=4000, feat_dim=7, classes=3, seed=4))
     g = LocalGraph(part.indptr, part.indices, part.n_solid, part.n_local)

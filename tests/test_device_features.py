@@ -14,8 +14,12 @@ import pytest
 import torch
 from conftest import random_graph
 
-from distmb.cuda.feature_cache import DeviceFeatures, build_device_features
-from distmb.cuda.reorder import (
+from distmb.data.local import LocalGraph
+from distmb.pipeline import BatchLoader
+from distmb.pipeline.features import PartFeatures
+from distmb.pipeline.features.device import DeviceFeatures, build_device_features
+from distmb.pipeline.features.presample import presample_seed
+from distmb.pipeline.features.reorder import (
     MatchReorder,
     greedy_order,
     loader_inputs,
@@ -23,12 +27,13 @@ from distmb.cuda.reorder import (
     overlap_matrix,
     shared_with_previous,
 )
-from distmb.cuda.zero_copy import ROW_ALIGN_BYTES, HostRows, aligned_width, gather_sorted
-from distmb.data.local import LocalGraph
-from distmb.features import PartFeatures
-from distmb.features.presample import presample_seed
-from distmb.loader import BatchLoader
-from distmb.sampling import NeighborSampler
+from distmb.pipeline.features.zero_copy import (
+    ROW_ALIGN_BYTES,
+    HostRows,
+    aligned_width,
+    gather_sorted,
+)
+from distmb.pipeline.sample import NeighborSampler
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 DTYPES = [np.float32, np.float16, np.float64]

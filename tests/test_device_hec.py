@@ -1,4 +1,4 @@
-"""DeviceHistoricalCache (distmb.cuda.hec) against the C++ HistoricalEmbeddingCache on random
+"""DeviceHistoricalCache (distmb.halo.hec.device) against the C++ HistoricalEmbeddingCache on random
 operation traces (equal slots, rows, ages, counters at every step), against the plain-Python
 reference model of tests/test_hec.py, and its own pieces against brute force. The traces run
 on CPU tensors here and on a GPU under ``pytest -m cuda``."""
@@ -12,9 +12,14 @@ from conftest import SMALL
 from test_distributed import SCRIPTS, mpirun
 from test_hec import ReferenceHEC, rows_for
 
-from distmb.cuda.hec import DeviceHistoricalCache, _first_reaching
 from distmb.data import load_dataset
-from distmb.halo.cache import COUNTER_KEYS, HEC_MISS, LIFESPAN_UNBOUNDED, HistoricalEmbeddingCache
+from distmb.halo.hec.device import DeviceHistoricalCache, _first_reaching
+from distmb.halo.hec.host import (
+    COUNTER_KEYS,
+    HEC_MISS,
+    LIFESPAN_UNBOUNDED,
+    HistoricalEmbeddingCache,
+)
 from distmb.partition import partition_graph
 
 #: Devices every equality test runs on: the CPU always, a GPU under ``pytest -m cuda``.

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from test_parmetis import SCRIPTS, _write_planted_ogb, mpirun
 
-from distmb.data.format import META_FILE
-from distmb.data.ogb import load_ogb
+from distmb.cli.partition import main as partition_main
+from distmb.data.datasets.ogb import load_ogb
+from distmb.data.store.format import META_FILE
 from distmb.partition import partition_graph
-from distmb.partition.cli import main as partition_main
 from distmb.partition.pipeline import assignment_record
 
 #: partition.json fields that legitimately differ: the memory high-water mark (whose process,

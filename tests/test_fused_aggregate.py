@@ -1,4 +1,4 @@
-"""The fused C++ AGG kernels (distmb.nn.fused_aggregate) against PyTorch references.
+"""The fused C++ AGG kernels (distmb.nn.kernels.cpu_aggregate) against PyTorch references.
 
 Every fused function runs in float32 and is compared, values and every gradient, with the
 ``"torch"`` path of :mod:`distmb.nn.aggregate` evaluated in float64 (an independent
@@ -21,9 +21,9 @@ from torch import Tensor
 
 from distmb import _C
 from distmb.nn import GATConv, SAGEConv
-from distmb.nn import fused_aggregate as fused
-from distmb.nn.backend import get_kernels, set_kernels
-from distmb.sampling import Block
+from distmb.nn.kernels import cpu_aggregate as fused
+from distmb.nn.kernels.dispatch import get_kernels, set_kernels
+from distmb.pipeline.sample import Block
 
 # distmb.nn re-exports the function ``aggregate``, which shadows the module attribute.
 agg = importlib.import_module("distmb.nn.aggregate")

@@ -1,10 +1,10 @@
-"""Fused UPDATE kernels (csrc/update.cpp, distmb.nn.fused_update) against float64 references.
+"""Fused UPDATE kernels (csrc/update.cpp, distmb.nn.kernels.cpu_update) against float64 references.
 
 Every kernel runs in float32 and is compared with the same equations evaluated in float64 by
 PyTorch (values and autograd gradients of a random linear functional of the outputs), on
 awkward shapes (rows not a multiple of the row tile or block, widths not multiples of the
 vector width, N = 0 and 1) and with 1 and 2 OpenMP threads. Dropout is compared against a
-reference that applies the mask exposed by :func:`distmb.nn.fused_update.dropout_mask`.
+reference that applies the mask exposed by :func:`distmb.nn.kernels.cpu_update.dropout_mask`.
 Layer tests run SAGEConv / GATConv with kernels "fused" and "torch" in the same process.
 """
 
@@ -27,11 +27,11 @@ from distmb.nn import (
     GCNConv,
     SAGEConv,
     build_model,
-    fused_aggregate,
-    fused_update,
 )
-from distmb.nn.backend import get_kernels, set_kernels
-from distmb.sampling import Block
+from distmb.nn.kernels import cpu_aggregate as fused_aggregate
+from distmb.nn.kernels import cpu_update as fused_update
+from distmb.nn.kernels.dispatch import get_kernels, set_kernels
+from distmb.pipeline.sample import Block
 
 F64 = torch.float64
 #: float32 kernels vs float64 reference: relative tolerance, and absolute tolerance per unit

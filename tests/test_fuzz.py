@@ -13,12 +13,12 @@ import pytest
 import torch
 from conftest import random_graph
 
-from distmb.config import TrainConfig
+from distmb.config.train import TrainConfig
+from distmb.core.errors import InputError, PartitionError
 from distmb.data import PartitionStore
 from distmb.data.local import LocalGraph
 from distmb.engine import Trainer
 from distmb.engine.checkpoint import CHECKPOINT_FILE, load_checkpoint, state_digest
-from distmb.errors import InputError, PartitionError
 from distmb.partition import partition_graph
 
 CASES = 12

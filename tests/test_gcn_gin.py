@@ -9,15 +9,15 @@ import torch
 from conftest import random_graph
 from test_nn import DTYPE, check_against, dense_adj, make_block, params, rand
 
-from distmb.config import TrainConfig
+from distmb.config.train import TrainConfig
 from distmb.data import load_dataset
 from distmb.data.local import LocalGraph
 from distmb.engine import Trainer
 from distmb.engine.evaluate import layerwise_inference
-from distmb.features.memory import ArrayFeatures
 from distmb.nn import GCN, GIN, GCNConv, GINConv, build_model
 from distmb.nn.models import parameter_count
-from distmb.sampling import Block, NeighborSampler
+from distmb.pipeline.features.memory import ArrayFeatures
+from distmb.pipeline.sample import Block, NeighborSampler
 
 # --------------------------------------------------------------------------- references
 

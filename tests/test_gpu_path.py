@@ -14,14 +14,14 @@ import pytest
 import torch
 from conftest import FAST_FLAGS, SMALL, TIMING_KEYS, run_train_cli
 
-from distmb.config import TrainConfig, parse_config
-from distmb.cuda.device import check_gpu_path, resolve_device, uses_gpu_path
+from distmb.config.train import TrainConfig, parse_config
+from distmb.core.errors import InputError
 from distmb.data import load_dataset
 from distmb.data.local import LocalGraph
 from distmb.engine import Trainer
-from distmb.errors import InputError
-from distmb.loader.minibatch import MiniBatch
-from distmb.sampling import NeighborSampler
+from distmb.engine.device import check_gpu_path, resolve_device, uses_gpu_path
+from distmb.pipeline.minibatch import MiniBatch
+from distmb.pipeline.sample import NeighborSampler
 
 FAST = [*FAST_FLAGS, "--eval-every", "1"]
 #: A graph on which two epochs of the small model separate learning from guessing.

@@ -1,5 +1,5 @@
 """HistoricalEmbeddingCache (C++ core) against a plain-Python reference model of the contract
-(distmb/halo/cache.py module docstring), plus targeted tests of each rule."""
+(distmb/halo/hec/host.py module docstring), plus targeted tests of each rule."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from distmb import _C
+from distmb.core.errors import InputError
 from distmb.engine.checkpoint import load_cache_state, save_cache_state
-from distmb.errors import InputError
-from distmb.halo.cache import (
+from distmb.halo.hec.host import (
     COUNTER_KEYS,
     HEC_MISS,
     LIFESPAN_UNBOUNDED,

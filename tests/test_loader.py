@@ -12,13 +12,13 @@ import pytest
 import torch
 from conftest import random_graph
 
-from distmb.config import TrainConfig
+from distmb.config.train import TrainConfig
 from distmb.data.local import LocalGraph
 from distmb.engine.evaluate import HaloExchange
-from distmb.features import ArrayFeatures, ConcatFeatures, PartFeatures
 from distmb.halo import DropHalo, HaloScheme
-from distmb.loader import BatchLoader, MiniBatch
-from distmb.sampling import Block, NeighborSampler
+from distmb.pipeline import BatchLoader, MiniBatch
+from distmb.pipeline.features import ArrayFeatures, ConcatFeatures, PartFeatures
+from distmb.pipeline.sample import Block, NeighborSampler
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -190,7 +190,7 @@ def test_loader_refuses_zero_threads(local):
 
 
 def test_producer_failing_at_start_raises_instead_of_hanging(local, monkeypatch):
-    import distmb.loader.loader as loader_module
+    import distmb.pipeline.loader as loader_module
 
     class BrokenC:
         @staticmethod
@@ -418,7 +418,7 @@ def _imports(path: Path) -> set[str]:
 
 
 def test_runtime_does_not_import_the_partitioner():
-    """Only ``distmb.launch`` (above both) may import ``distmb.partition``; the partitioner
+    """Only ``distmb.cli.launch`` (above both) may import ``distmb.partition``; the partitioner
     imports no part of the training runtime."""
     runtime_users = []
     for path in (ROOT / "distmb").rglob("*.py"):

@@ -12,13 +12,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from distmb.core.errors import InputError
 from distmb.data import UNLABELED, Graph, load_dataset
-from distmb.data import ogb as ogb_module
-from distmb.data.edgelist import load_edgelist
-from distmb.data.npz import load_npz
-from distmb.data.ogb import CACHE_DIRNAME, CACHE_TMP_PREFIX, load_ogb
-from distmb.data.planetoid import load_planetoid
-from distmb.errors import InputError
+from distmb.data.datasets import ogb as ogb_module
+from distmb.data.datasets.edgelist import load_edgelist
+from distmb.data.datasets.npz import load_npz
+from distmb.data.datasets.ogb import CACHE_DIRNAME, CACHE_TMP_PREFIX, load_ogb
+from distmb.data.datasets.planetoid import load_planetoid
 
 # --------------------------------------------------------------------------------------------
 # Helpers

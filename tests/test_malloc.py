@@ -1,4 +1,4 @@
-"""--malloc: glibc keeps a batch's freed buffers for the next batch (distmb/malloc.py).
+"""--malloc: glibc keeps a batch's freed buffers for the next batch (distmb/core/malloc.py).
 
 Checked by what the kernel counts: the minor page faults of allocating, writing and freeing
 the same large torch buffer again and again, in a fresh process per policy."""
@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from conftest import FAST_FLAGS, SMALL, random_graph, run_train_cli
 
-from distmb import malloc
-from distmb.config import TrainConfig
+from distmb.config.train import TrainConfig
+from distmb.core import malloc
 
 #: Bytes of the buffer the probe allocates (well above glibc's 32 MiB mmap-threshold cap).
 PROBE_BYTES = 64 << 20
@@ -26,7 +26,7 @@ PAGE_BYTES = 4096
 PROBE = """
 import json, resource, sys
 import torch
-from distmb.malloc import configure_malloc
+from distmb.core.malloc import configure_malloc
 note = configure_malloc(sys.argv[1])
 floats = int(sys.argv[2]) // 4
 # glibc settles on where in its heap the buffer goes within a few rounds (an aligned
@@ -135,7 +135,7 @@ def test_trainer_logs_a_note_where_retain_cannot_apply(monkeypatch):
 
 @pytest.mark.parametrize("policy", malloc.MALLOC_POLICIES)
 def test_predict_applies_its_flag(monkeypatch, tmp_path, capsys, policy):
-    predict_module = importlib.import_module("distmb.predict")  # the package exports predict()
+    predict_module = importlib.import_module("distmb.cli.predict")  # the package exports predict()
 
     code, _, err = run_train_cli(
         ["--dataset", SMALL, *FAST_FLAGS, "--epochs", "1", "--checkpoint-dir", str(tmp_path)],

@@ -18,9 +18,9 @@ from conftest import TIMING_KEYS
 from test_comm_torch import ACC_NOISE, HIT_RATE_NOISE
 from test_distributed import FAST, SCRIPTS, mpirun, small_parts  # noqa: F401 (fixture)
 
-from distmb.cuda.device import resolve_comm, shares_gpu
-from distmb.errors import InputError
-from distmb.mpienv import local_rank_from_env
+from distmb.comm.mpienv import local_rank_from_env
+from distmb.core.errors import InputError
+from distmb.engine.device import resolve_comm, shares_gpu
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 DEVICE_PATH = ["--sampler", "device"]

@@ -1,4 +1,4 @@
-"""NeighborFile (distmb.data.neighborfile): in-neighbour lists read from the indices file on
+"""NeighborFile (distmb.data.store.neighborfile): in-neighbour lists read from the indices file on
 disk behind a static cache, against the in-memory CSR, and the sampler reading through it
 (blocks identical to the in-memory sampler's)."""
 
@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from distmb import _C
+from distmb.core.errors import PartitionError
 from distmb.data import PartitionStore, load_dataset
-from distmb.data.neighborfile import NeighborFile, cache_priority, npy_data_offset
-from distmb.errors import PartitionError
+from distmb.data.store.neighborfile import NeighborFile, cache_priority, npy_data_offset
 from distmb.partition import partition_graph
-from distmb.sampling import FANOUT_ALL, NeighborSampler
+from distmb.pipeline.sample import FANOUT_ALL, NeighborSampler
 
 SMALL = "synthetic:nodes=3000,avg_degree=8,feat_dim=16,classes=4"
 DTYPES = [np.int32, np.int64]

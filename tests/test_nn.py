@@ -27,7 +27,7 @@ from distmb.nn import (
     edge_softmax,
     weighted_aggregate,
 )
-from distmb.sampling import Block
+from distmb.pipeline.sample import Block
 
 DTYPE = torch.float64
 #: Tolerances of float64 comparisons against the dense reference.

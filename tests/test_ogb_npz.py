@@ -14,12 +14,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from distmb.data import UNLABELED, load_dataset, npzmember, ogb_npz
-from distmb.data import ogb as ogb_module
-from distmb.data.ogb import CACHE_DIRNAME, CACHE_TMP_PREFIX, load_ogb
-from distmb.data.store import PartitionStore
-from distmb.errors import InputError
-from distmb.partition.cli import main as partition_main
+from distmb.cli.partition import main as partition_main
+from distmb.core.errors import InputError
+from distmb.data import UNLABELED, load_dataset
+from distmb.data.datasets import ogb as ogb_module
+from distmb.data.datasets import ogb_npz
+from distmb.data.datasets.ogb import CACHE_DIRNAME, CACHE_TMP_PREFIX, load_ogb
+from distmb.data.store import npzmember
+from distmb.data.store.store import PartitionStore
 
 # A papers100M-shaped fixture: a directed citation graph with reciprocal citations, repeats
 # and self-loops, 128 features, float32 labels [N, 1] with NaN for most vertices, node_year.

@@ -13,24 +13,24 @@ import torch
 from conftest import FAST_FLAGS, SMALL, TIMING_KEYS, random_graph
 from test_distributed import train_results
 
-from distmb.config import CACHE_POLICIES, TrainConfig, parse_config
+from distmb.cli.partition import main as partition_main
+from distmb.config.train import CACHE_POLICIES, TrainConfig, parse_config
+from distmb.core.errors import InputError, PartitionError
 from distmb.data import load_dataset
-from distmb.data.format import META_FILE, OOC_FEATURE_FILE
 from distmb.data.local import LocalGraph
-from distmb.data.rowfile import RowFile, write_row_file
-from distmb.data.store import PartitionStore
+from distmb.data.store.format import META_FILE, OOC_FEATURE_FILE
+from distmb.data.store.rowfile import RowFile, write_row_file
+from distmb.data.store.store import PartitionStore
 from distmb.engine import Trainer
-from distmb.errors import InputError, PartitionError
-from distmb.features.cached import CachedFeatures, cache_rows
-from distmb.features.memory import ArrayFeatures, PartFeatures
-from distmb.features.presample import hot_rows, presample_counts, presample_seed
-from distmb.features.select import open_features
-from distmb.loader.loader import BatchLoader
 from distmb.partition import partition_graph
-from distmb.partition.cli import main as partition_main
 from distmb.partition.convert import convert_features
-from distmb.sampling.adjacency import open_adjacency
-from distmb.sampling.neighbor import NeighborSampler
+from distmb.pipeline.features.cached import CachedFeatures, cache_rows
+from distmb.pipeline.features.memory import ArrayFeatures, PartFeatures
+from distmb.pipeline.features.presample import hot_rows, presample_counts, presample_seed
+from distmb.pipeline.features.select import open_features
+from distmb.pipeline.loader import BatchLoader
+from distmb.pipeline.sample.adjacency import open_adjacency
+from distmb.pipeline.sample.host import NeighborSampler
 
 #: Record keys that depend on where rows came from, not on what was trained.
 SOURCE_KEYS = {"feature_cache", "neighbor_cache"}
@@ -469,7 +469,7 @@ def test_feature_flags_are_checked(parts):
 def test_caches_larger_than_memory_are_refused_by_flag(parts, monkeypatch):
     """A cache that cannot fit in the machine's memory is a one-line error naming its flag,
     not an allocator traceback (the table and the lists are clamped first)."""
-    import distmb.machine as machine
+    import distmb.core.machine as machine
 
     local = LocalGraph.from_store(PartitionStore(parts["p1-ooc"], 0))
     monkeypatch.setattr(machine, "physical_memory_bytes", lambda: 4096)

@@ -17,11 +17,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from distmb.data.ogb import load_ogb
-from distmb.data.store import PartitionStore
-from distmb.errors import InputError
+from distmb.cli.partition import main as partition_main
+from distmb.core.errors import InputError
+from distmb.data.datasets.ogb import load_ogb
+from distmb.data.store.store import PartitionStore
 from distmb.partition import partition_graph
-from distmb.partition.cli import main as partition_main
 from distmb.partition.parmetis import LIB_ENV
 
 SCRIPTS = Path(__file__).parent / "mpi_scripts"

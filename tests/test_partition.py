@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 from conftest import ENGINES, random_graph
 
+from distmb.cli.partition import main as cli_main
+from distmb.core.errors import InputError, PartitionError
 from distmb.data import Graph, PartitionStore, load_dataset
-from distmb.errors import InputError, PartitionError
 from distmb.partition import partition_graph
 from distmb.partition import writer as writer_module
 from distmb.partition.assign import random_parts, rebalance_train_and_vertices
-from distmb.partition.cli import main as cli_main
 
 
 def edge_keys(graph: Graph) -> np.ndarray:
@@ -316,7 +316,7 @@ def test_store_detects_altered_file(small_partition):
 
 def _rewrite(directory: Path, rel: str, array: np.ndarray) -> None:
     """Replace a part's array and record its new sha256, as a crafted partition would."""
-    from distmb.data.store import sha256_file
+    from distmb.data.store.store import sha256_file
 
     np.save(directory / rel, array)
     meta = json.loads((directory / "partition.json").read_text())
@@ -325,7 +325,7 @@ def _rewrite(directory: Path, rel: str, array: np.ndarray) -> None:
 
 
 def test_store_verifies_by_default_and_stamps_the_pass(small_partition, monkeypatch):
-    import distmb.data.store as store_module
+    import distmb.data.store.store as store_module
 
     calls = []
     real = store_module.sha256_file

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from distmb.data.datasets.synthetic import SyntheticConfig, generate
 from distmb.data.graph import Graph
-from distmb.data.synthetic import SyntheticConfig, generate
 
 PEERS = Path(__file__).resolve().parents[1] / "benchmarks" / "peers"
 

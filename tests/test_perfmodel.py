@@ -1,4 +1,4 @@
-"""The scaling model (``distmb.perfmodel``) on inputs with known answers: hand-counted work
+"""The scaling model (``distmb.engine.perfmodel``) on inputs with known answers: hand-counted work
 of a GraphSAGE iteration, trends that recover the laws they were drawn from, the alpha-beta
 collectives, calibration and the epoch projection."""
 
@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from distmb.perfmodel import (
+from distmb.engine.perfmodel import (
     ComputeModel,
     CoreRates,
     IterationWork,

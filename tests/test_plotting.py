@@ -1,4 +1,4 @@
-"""The figures' rules (distmb/plotting.py): log axes only for spans >= 10x, panels wrapped
+"""The figures' rules (distmb/core/plotting.py): log axes only for spans >= 10x, panels wrapped
 into rows, labelled reference lines, and the report's figure built by them."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from distmb.plotting import axis_scale, grid_shape, panels, reference_line, set_scale
+from distmb.core.plotting import axis_scale, grid_shape, panels, reference_line, set_scale
 
 
 @pytest.mark.parametrize(
@@ -59,11 +59,11 @@ def test_panels_removes_unused_cells_and_sets_scales():
 
 
 def test_report_wraps_panels_and_labels_every_line(tmp_path, monkeypatch):
-    """distmb.report's figure of a multi-rank, out-of-core run: 5 panels in 2 rows, every
+    """distmb.cli.report's figure of a multi-rank, out-of-core run: 5 panels in 2 rows, every
     drawn line in a legend, the loss axis linear (its values span < 10x)."""
     import matplotlib.pyplot as plt
 
-    from distmb import report
+    from distmb.cli import report
 
     records = [
         {"epoch": e, "loss": 2.0 - 0.3 * e, "train_acc": 0.3 + 0.1 * e, "val_acc": 0.5,

@@ -10,15 +10,15 @@ import pytest
 import torch
 from conftest import FAST_FLAGS, SMALL
 
-from distmb.config import parse_config
+from distmb.cli.train import main as train_main
+from distmb.config.train import parse_config
+from distmb.core.errors import InputError
 from distmb.data import load_dataset
 from distmb.data.local import LocalGraph
 from distmb.engine.precision import MixedPrecision
-from distmb.errors import InputError
-from distmb.nn.backend import get_kernels, set_kernels
+from distmb.nn.kernels.dispatch import get_kernels, set_kernels
 from distmb.nn.models import GraphSAGE
-from distmb.sampling import NeighborSampler
-from distmb.train import main as train_main
+from distmb.pipeline.sample import NeighborSampler
 
 #: A graph on which four epochs of the small model separate learning from guessing.
 LEARNABLE = (

@@ -1,4 +1,4 @@
-"""distmb.predict: predictions, logits and embeddings from a checkpoint, on one rank and under a
+"""distmb.cli.predict: predictions, logits and embeddings from a checkpoint, on one rank and under a
 real ``mpiexec -n 2`` (gathered and per part), against the trainer's own evaluation and an
 independent float64 full-graph forward pass; bad input."""
 
@@ -15,17 +15,17 @@ import torch
 from conftest import FAST_FLAGS, SMALL, run_cli
 from test_distributed import SCRIPTS, mpirun
 
-from distmb.comm import SingleProcess
-from distmb.config import TrainConfig
+from distmb.cli.predict import build_parser, predict
+from distmb.cli.predict import main as predict_main
+from distmb.cli.train import main as train_main
+from distmb.comm.mpi import SingleProcess
+from distmb.config.train import TrainConfig
 from distmb.data import Graph, load_dataset
 from distmb.data.local import LocalGraph
 from distmb.engine import Trainer
 from distmb.engine.checkpoint import CHECKPOINT_FILE
 from distmb.engine.evaluate import layerwise_inference
 from distmb.partition import partition_graph
-from distmb.predict import build_parser, predict
-from distmb.predict import main as predict_main
-from distmb.train import main as train_main
 
 EPOCHS = ["--epochs", "3", "--threads", "1"]
 #: The trainer's options of the runs below, as a TrainConfig.
@@ -383,14 +383,14 @@ def test_dataset_on_two_ranks_is_refused(one_rank_run, tmp_path):
 
 
 def test_distmb_predict_is_callable_whichever_import_came_first(one_rank_run, tmp_path):
-    """``distmb.predict`` is the function and also the module of ``python -m distmb.predict``:
-    after ``import distmb.predict`` (done at the top of this file) the package's attribute is
+    """``distmb.cli.predict`` is the function and also the module of ``python -m distmb.predict``:
+    after ``import distmb.cli.predict`` (done at the top of this file) the package's attribute is
     the module, which must still predict."""
     import distmb
-    import distmb.predict as module
+    import distmb.cli.predict as module
 
     ckpt, records = one_rank_run
-    assert callable(distmb.predict)
-    result = distmb.predict(ckpt, dataset=SMALL)
+    assert callable(distmb.cli.predict)
+    result = distmb.cli.predict(ckpt, dataset=SMALL)
     assert result.accuracy["val"] == records[-1]["val_acc"]
     assert module.predict is not None

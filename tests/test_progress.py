@@ -1,4 +1,4 @@
-"""Progress of long loops (distmb/progress.py): the rate/ETA arithmetic on a fake clock, the
+"""Progress of long loops (distmb/core/progress.py): the rate/ETA arithmetic on a fake clock, the
 choice of bar / lines / nothing, and the plain lines of a real run with stderr in a file."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from conftest import SMALL
 
-from distmb import progress
-from distmb.progress import (
+from distmb.core import progress
+from distmb.core.progress import (
     LINE_PATTERN,
     ProgressSettings,
     RateMeter,
@@ -97,7 +97,7 @@ def test_meter_picks_bar_lines_or_nothing():
 def test_ogb_parse_reports_progress(tmp_path, capsys, monkeypatch):
     from test_loaders import _write_ogb
 
-    from distmb.data.ogb import load_ogb
+    from distmb.data.datasets.ogb import load_ogb
 
     monkeypatch.setattr(progress, "_settings", ProgressSettings(enabled=True, every=1e-9))
     load_ogb(str(_write_ogb(tmp_path / "ogbn_tiny")))
@@ -157,7 +157,7 @@ def test_progress_lines_come_from_rank_zero_alone(tmp_path):
     from test_distributed import mpirun
 
     from distmb.data import load_dataset
-    from distmb.data.store import PartitionStore
+    from distmb.data.store.store import PartitionStore
     from distmb.partition import partition_graph
 
     parts = tmp_path / "p2"

@@ -1,4 +1,4 @@
-"""The push choice (distmb.halo.push_select) and its counter-based keys (distmb.rng).
+"""The push choice (distmb.halo.hec.push_select) and its counter-based keys (distmb.core.rng).
 
 - the tensor hash equals an independent pure-Python splitmix64, published splitmix64
   outputs and the C++ dropout masks built on ``csrc/rng.h``'s ``hash_key``;
@@ -22,11 +22,11 @@ import torch
 from conftest import SMALL
 
 from distmb import _C
-from distmb.config import HecSettings
+from distmb.config.train import HecSettings
+from distmb.core.rng import hash_chain, hash_chain_t, hash_key, hash_key_t, mix64_t, to_unit_open
 from distmb.data import load_dataset
-from distmb.data.store import PartitionStore
-from distmb.halo.hec import HistoricalCache, _peers_of_solid
-from distmb.halo.push_select import (
+from distmb.data.store.store import PartitionStore
+from distmb.halo.hec.push_select import (
     PushTables,
     _largest,
     peer_keys,
@@ -36,9 +36,9 @@ from distmb.halo.push_select import (
     select_push_device,
     select_push_host,
 )
+from distmb.halo.hec.scheme import HistoricalCache, _peers_of_solid
 from distmb.partition import partition_graph
-from distmb.rng import hash_chain, hash_chain_t, hash_key, hash_key_t, mix64_t, to_unit_open
-from distmb.sampling import NeighborSampler
+from distmb.pipeline.sample import NeighborSampler
 
 DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=pytest.mark.cuda)]
 M64 = (1 << 64) - 1

@@ -11,16 +11,16 @@ import torch
 from conftest import SMALL
 from test_distributed import SCRIPTS, mpirun
 
-from distmb.comm import SingleProcess
-from distmb.config import TrainConfig
+from distmb.comm.mpi import SingleProcess
+from distmb.config.train import TrainConfig
 from distmb.data import load_dataset
 from distmb.data.local import LocalGraph
 from distmb.engine import Trainer
 from distmb.engine.timers import PhaseTimer
 from distmb.engine.work import WORK_COUNTERS, BlockWork
 from distmb.partition import partition_graph
-from distmb.sampling.blocks import Block
-from distmb.sampling.neighbor import NeighborSampler
+from distmb.pipeline.sample.blocks import Block
+from distmb.pipeline.sample.host import NeighborSampler
 
 #: Seconds of the busy and sleeping phases of the timer test.
 PHASE_S = 0.15

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 import torch
 
-from distmb.errors import InputError
-from distmb.nn.backend import set_kernels
+from distmb.core.errors import InputError
+from distmb.nn.kernels.dispatch import set_kernels
 from distmb.nn.models import GraphSAGE, stack_widths
-from distmb.sampling import Block
+from distmb.pipeline.sample import Block
 
 _PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "roofline.py"
 
@@ -120,7 +120,7 @@ def test_counts_match_the_fused_kernel_calls(hidden):
     timed = {k for k in timer.seconds if k[1] != "transpose"}
     assert timed == set(counted)
     # the wrappers are gone after the context
-    assert roofline.fused_update.update_forward.__module__ == "distmb.nn.fused_update"
+    assert roofline.fused_update.update_forward.__module__ == "distmb.nn.kernels.cpu_update"
 
 
 def test_chung_lu_graph_keeps_hubs():

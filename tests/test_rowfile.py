@@ -1,4 +1,4 @@
-"""Row files (distmb.data.rowfile): the layout, and reads by id against the in-memory numpy
+"""Row files (distmb.data.store.rowfile): the layout, and reads by id against the in-memory numpy
 table they were written from (direct and buffered, coalescing, fallback, errors)."""
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ import pytest
 import torch
 
 from distmb import _C
-from distmb.data import rowfile as rowfile_module
-from distmb.data.rowfile import (
+from distmb.core.errors import PartitionError
+from distmb.data.store import rowfile as rowfile_module
+from distmb.data.store.rowfile import (
     COALESCE_GAP,
     DIRECT_IO_ALIGN,
     RowFile,
@@ -27,7 +28,6 @@ from distmb.data.rowfile import (
     set_coalesce_gap,
     write_row_file,
 )
-from distmb.errors import PartitionError
 
 #: Row widths whose strides lie below (4, 16, 512 bytes), at (4096) and above (8192) the
 #: alignment; 128 has a row exactly a power of two.
@@ -420,7 +420,7 @@ def test_scattered_reads_land_in_place(tmp_path):
 
 
 def test_io_depth_changes_no_row(tmp_path):
-    from distmb.data.rowfile import DEFAULT_IO_DEPTH, io_depth, set_io_depth
+    from distmb.data.store.rowfile import DEFAULT_IO_DEPTH, io_depth, set_io_depth
 
     n, dim = 3000, 128
     table = make_table(n, dim)

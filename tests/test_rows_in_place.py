@@ -1,4 +1,4 @@
-"""Rows read in place (``distmb.rows.IndexedRows``, ``--no-gather-in-place``): the kernels that
+"""Rows read in place (``distmb.pipeline.rows.IndexedRows``, ``--no-gather-in-place``): the kernels that
 read a feature table through row ids give exactly what they give on the gathered copy, bad ids
 are refused, and training with and without the gather is bit-identical."""
 
@@ -13,16 +13,18 @@ from conftest import make_block, random_graph
 from torch import Tensor
 
 from distmb import _C
-from distmb.config import TrainConfig
+from distmb.config.train import TrainConfig
 from distmb.data.local import LocalGraph
 from distmb.engine import Trainer
-from distmb.features import ArrayFeatures, NormalizedFeatures, PartFeatures
-from distmb.features.normalize import FeatureNormalization
 from distmb.halo import HaloScheme
-from distmb.halo.hec import HistoricalCache
-from distmb.nn import GATConv, GraphSAGE, SAGEConv, fused_aggregate, fused_update
-from distmb.nn.backend import set_kernels
-from distmb.rows import IndexedRows, materialized
+from distmb.halo.hec.scheme import HistoricalCache
+from distmb.nn import GATConv, GraphSAGE, SAGEConv
+from distmb.nn.kernels import cpu_aggregate as fused_aggregate
+from distmb.nn.kernels import cpu_update as fused_update
+from distmb.nn.kernels.dispatch import set_kernels
+from distmb.pipeline.features import ArrayFeatures, NormalizedFeatures, PartFeatures
+from distmb.pipeline.features.normalize import FeatureNormalization
+from distmb.pipeline.rows import IndexedRows, materialized
 
 
 @pytest.fixture

@@ -14,11 +14,13 @@ from conftest import make_block
 from torch import Tensor
 
 from distmb import _C
-from distmb.nn import GraphSAGE, fused_aggregate, fused_update
-from distmb.nn.backend import set_kernels
+from distmb.nn import GraphSAGE
+from distmb.nn.kernels import cpu_aggregate as fused_aggregate
+from distmb.nn.kernels import cpu_update as fused_update
+from distmb.nn.kernels.dispatch import set_kernels
 from distmb.nn.sage import fusable_pair
-from distmb.rows import IndexedRows
-from distmb.sampling import Block
+from distmb.pipeline.rows import IndexedRows
+from distmb.pipeline.sample import Block
 
 
 @pytest.fixture(autouse=True)

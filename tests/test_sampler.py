@@ -16,7 +16,7 @@ from conftest import random_graph
 from distmb import _C
 from distmb.data import PartitionStore
 from distmb.partition import partition_graph
-from distmb.sampling import FANOUT_ALL, Block, NeighborSampler
+from distmb.pipeline.sample import FANOUT_ALL, Block, NeighborSampler
 
 #: Significance level of the uniformity tests (fixed seeds: a failure is reproducible).
 P_MIN = 1e-3

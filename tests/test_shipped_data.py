@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from distmb.core.errors import InputError
 from distmb.data import load_dataset, parse_spec
 from distmb.data.datasets import BUILTIN_DATASETS
-from distmb.data.planetoid import load_planetoid
-from distmb.errors import InputError
+from distmb.data.datasets.planetoid import load_planetoid
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from distmb.config import parse_config
-from distmb.partition.cli import build_parser as partition_parser
+from distmb.cli.partition import build_parser as partition_parser
+from distmb.config.train import parse_config
 
 ROOT = Path(__file__).resolve().parents[1]
 TEMPLATES = sorted((ROOT / "slurm").glob("*.sbatch"))

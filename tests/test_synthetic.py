@@ -1,4 +1,4 @@
-"""Tests of the built-in synthetic dataset (distmb.data.synthetic)."""
+"""Tests of the built-in synthetic dataset (distmb.data.datasets.synthetic)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import pytest
 import scipy.sparse as sp
 import torch
 
+from distmb.core.errors import InputError
 from distmb.data import load_dataset
+from distmb.data.datasets.synthetic import NO_HUB_CAP, SyntheticConfig, generate
 from distmb.data.graph import Graph
-from distmb.data.synthetic import NO_HUB_CAP, SyntheticConfig, generate
-from distmb.errors import InputError
 
 #: A small graph for the structural tests (fast, but large enough for statistics).
 SMALL = dict(nodes=20_000, avg_degree=12, classes=10, feat_dim=32, homophily=0.3)
@@ -308,7 +308,7 @@ def test_untrained_default_model_starts_at_chance_loss(seed: int):
     ``python -m distmb.train``) starts at a training-mode cross-entropy within 15 % of
     ``ln(classes)`` on the built-in features: an untrained model is unsure of every class.
     Features of norm ``sqrt(feat_dim)`` gave ~6 for ``ln 10 = 2.3`` (issue item 8)."""
-    from distmb.config import TrainConfig
+    from distmb.config.train import TrainConfig
     from distmb.data.local import LocalGraph
     from distmb.engine import Trainer
 

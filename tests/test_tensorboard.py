@@ -9,8 +9,8 @@ import sys
 import pytest
 from conftest import FAST_FLAGS, SMALL
 
+from distmb.cli.train import main as train_main
 from distmb.engine.tensorboard import record_scalars
-from distmb.train import main as train_main
 
 
 def _run(argv: list[str], capsys) -> tuple[int, str]:

@@ -1,4 +1,4 @@
-"""Multi-rank runs started by ``torchrun`` (no MPI at all: :class:`distmb.comm.TorchCommunicator`)
+"""Multi-rank runs started by ``torchrun`` (no MPI at all: :class:`distmb.comm.mpi.TorchCommunicator`)
 against the same runs under a real ``mpiexec``, and the exchanges of ``--exact-remote`` and
 exact evaluation over torch.distributed (``--comm torch``, gloo on the CPU) against MPI."""
 
@@ -19,9 +19,9 @@ from conftest import SMALL, TIMING_KEYS
 from test_comm_torch import ACC_NOISE, HIT_RATE_NOISE, TORCH_LINE
 from test_distributed import FAST, SCRIPTS, mpirun, small_parts  # noqa: F401 (fixture)
 
-from distmb.cuda.device import check_comm_launch, resolve_comm
-from distmb.errors import InputError
-from distmb.mpienv import MPI_LAUNCH_MARKERS, is_torchrun_launch
+from distmb.comm.mpienv import MPI_LAUNCH_MARKERS, is_torchrun_launch
+from distmb.core.errors import InputError
+from distmb.engine.device import check_comm_launch, resolve_comm
 
 #: The trainer's log line that says the ranks were started without MPI.
 TORCHRUN_LINE = "(started by torchrun, without MPI)"
@@ -118,7 +118,7 @@ def test_failing_rank_ends_the_torchrun_job(small_parts):  # noqa: F811
     proc = torchrun(2, [str(SCRIPTS / "fail_rank.py"), str(small_parts[2])], 90)
     elapsed = time.monotonic() - start
     assert proc.returncode != 0
-    assert "distmb.train: [rank 1] failed: RuntimeError: injected failure on rank 1" in (
+    assert "distmb.cli.train: [rank 1] failed: RuntimeError: injected failure on rank 1" in (
         proc.stderr
     )
     assert elapsed < 60, f"the job took {elapsed:.0f}s to die"
@@ -191,7 +191,7 @@ def test_exact_evaluation_over_torch_equals_the_full_graph_reference(small_parts
         assert "evaluation equals the full-graph reference on 2 rank(s)" in proc.stdout
 
 
-# ---- distmb.predict ------------------------------------------------------------------------
+# ---- distmb.cli.predict ------------------------------------------------------------------------
 
 
 def test_gather_rows_under_torchrun() -> None:

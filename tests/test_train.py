@@ -10,13 +10,13 @@ import pytest
 import torch
 from conftest import FAST_FLAGS, SMALL, TIMING_KEYS, run_train_cli
 
-from distmb import recipes
-from distmb.config import TrainConfig
+from distmb.cli.report import main as report_main
+from distmb.config import recipes
+from distmb.config.train import TrainConfig
 from distmb.data import load_dataset
 from distmb.data.local import LocalGraph
 from distmb.engine import Trainer
 from distmb.engine.checkpoint import CHECKPOINT_FILE
-from distmb.report import main as report_main
 
 FAST = [*FAST_FLAGS, "--eval-every", "1"]
 
@@ -201,7 +201,7 @@ def _median_test_acc(spec: str, config: TrainConfig, seeds=(0, 1, 2)) -> float:
     return statistics.median(accs)
 
 
-#: Documented Cora hyper-parameters (README, "Accuracy"; distmb.recipes).
+#: Documented Cora hyper-parameters (README, "Accuracy"; distmb.config.recipes).
 CORA_SAGE = {**recipes.CORA_SAGE, "progress": False, "eval_every": 30}
 CORA_GAT = {**recipes.CORA_GAT, "progress": False, "eval_every": 30}
 
@@ -433,7 +433,7 @@ def test_each_run_has_an_id_kept_by_its_resume(tmp_path, capsys):
     """Two runs into one --results file stay apart (the report draws the last by default,
     each with --all-runs); a resumed run keeps the id and start time of the run it
     continues."""
-    from distmb.report import read_records, split_runs
+    from distmb.cli.report import read_records, split_runs
 
     results = tmp_path / "r.jsonl"
     ckpt = ["--checkpoint-dir", str(tmp_path / "ckpt")]

@@ -1,4 +1,4 @@
-"""The Triton CSR aggregation (distmb.cuda.aggregate_triton, ``--kernels triton``) against a
+"""The Triton CSR aggregation (distmb.nn.kernels.triton_aggregate, ``--kernels triton``) against a
 numpy brute force and the PyTorch-ops path: under Triton's interpreter on CPU tensors here,
 compiled on a GPU under ``pytest -m cuda``; and compiled for sm_90 without a GPU."""
 
@@ -9,10 +9,10 @@ import pytest
 import torch
 from conftest import compile_triton_in_subprocess
 
-from distmb.cuda import aggregate_triton
 from distmb.nn.aggregate import _torch_aggregate, aggregate
-from distmb.nn.backend import get_kernels, set_kernels
-from distmb.sampling import Block
+from distmb.nn.kernels import triton_aggregate as aggregate_triton
+from distmb.nn.kernels.dispatch import get_kernels, set_kernels
+from distmb.pipeline.sample import Block
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 KINDS = ["mean", "sum", "gcn"]
@@ -186,7 +186,7 @@ def test_kernel_compiles_for_hopper():
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from distmb.cuda.aggregate_triton import MAX_BLOCK_F, ROWS, _csr_gather_kernel
+from distmb.nn.kernels.triton_aggregate import MAX_BLOCK_F, ROWS, _csr_gather_kernel
 variants = [(True, False, False), (True, False, True), (False, True, True), (False, False, False)]
 for dt in ("fp32", "bf16", "fp16"):
     for row_scale, col_scale, self_loop in variants:

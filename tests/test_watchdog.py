@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from distmb.config import TrainConfig
-from distmb.watchdog import (
+from distmb.comm.watchdog import (
     FOLLOWER_GRACE_HEARTBEATS,
     MAX_HEARTBEAT_S,
     MIN_HEARTBEAT_S,
@@ -18,6 +17,7 @@ from distmb.watchdog import (
     heartbeat_period,
     judge,
 )
+from distmb.config.train import TrainConfig
 
 NOW = 1000.0
 DEADLINE = 30.0
@@ -107,8 +107,8 @@ def test_where_before_training_and_between_epochs():
 
 def test_collective_timeout_flag():
     assert TrainConfig().collective_timeout == 300.0
-    from distmb.config import parse_config
-    from distmb.errors import InputError
+    from distmb.config.train import parse_config
+    from distmb.core.errors import InputError
 
     assert parse_config(["--collective-timeout", "0"]).collective_timeout == 0.0
     with pytest.raises(InputError, match="--collective-timeout"):

@@ -61,8 +61,8 @@ from typing import Any
 import numpy as np
 import peer_graph
 
-from distmb.errors import DistmbError
-from distmb.malloc import DEFAULT_MALLOC_POLICY, MALLOC_POLICIES
+from distmb.core.errors import DistmbError
+from distmb.core.malloc import DEFAULT_MALLOC_POLICY, MALLOC_POLICIES
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -73,7 +73,7 @@ WORKER = HERE / "dgl_worker.py"
 #: Every reply line of the worker starts with this (``dgl_worker.REPLY_PREFIX``).
 REPLY_PREFIX = "@@dgl-worker "
 
-#: The products-shaped synthetic graph (distmb.data.synthetic.SHAPES["products"]).
+#: The products-shaped synthetic graph (distmb.data.datasets.synthetic.SHAPES["products"]).
 DEFAULT_DATASET = "synthetic:shape=products"
 #: --quick: a tiny graph of the same shape, small batches, one measured round.
 QUICK = dict(nodes=4000, batch_size=250, hidden=32, epochs=1, warmup=1)
@@ -148,7 +148,7 @@ def graph_arrays(graph: Any) -> dict[str, np.ndarray]:
 
 def export_graph(graph: Any, path: Path) -> None:
     """Write ``graph`` to ``path`` in :mod:`peer_graph`'s format, atomically."""
-    from distmb.atomic import write_atomic
+    from distmb.core.atomic import write_atomic
 
     arrays = graph_arrays(graph)
     write_atomic(path, lambda f: peer_graph.write_graph_arrays(f, arrays))
@@ -463,13 +463,13 @@ def run(args: argparse.Namespace, workdir: Path) -> None:
     import torch
 
     from distmb import __version__ as distmb_version
-    from distmb.config import TrainConfig
+    from distmb.cli.report import write_json
+    from distmb.cli.train import set_threads
+    from distmb.config.train import TrainConfig
+    from distmb.core.machine import cpu_model
     from distmb.data import load_dataset
     from distmb.data.local import LocalGraph
     from distmb.engine import Trainer
-    from distmb.machine import cpu_model
-    from distmb.report import write_json
-    from distmb.train import set_threads
 
     load_start = os.getloadavg()[0]
     run_start = time.perf_counter()
@@ -701,8 +701,8 @@ def plot(result: dict[str, Any], path: Path) -> None:
     side makes batches ahead: its MBC then overlaps the others), per side. Middle: distmb/DGL ratio
     of every metric's median (below 1: distmb faster). Right: every epoch's time, round by
     round (how much the machine's load moved them)."""
-    from distmb.plotting import panels, reference_line, rotate_labels, set_scale
-    from distmb.report import save_figure
+    from distmb.cli.report import save_figure
+    from distmb.core.plotting import panels, reference_line, rotate_labels, set_scale
 
     fig, (left, middle, right) = panels(3)
     median = result["median_seconds_per_epoch"]

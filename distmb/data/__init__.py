@@ -7,9 +7,9 @@
 """
 
 from distmb.data.datasets import load_dataset, parse_spec
+from distmb.data.datasets.interop import from_dgl, from_pyg
 from distmb.data.graph import UNLABELED, Graph
-from distmb.data.interop import from_dgl, from_pyg
-from distmb.data.store import PartitionStore, read_meta
+from distmb.data.store.store import PartitionStore, read_meta
 
 __all__ = [
     "Graph",

@@ -2,7 +2,7 @@
 
 :func:`build_csr` drives the three C++ passes of ``csrc/graph.cpp`` (count, scatter, finish)
 over a re-iterable source of edge chunks, in arrays it owns: ``indptr`` int64[n + 1] and
-``indices`` of :func:`~distmb.data.format.index_dtype` (int32 when the vertex count allows).
+``indices`` of :func:`~distmb.data.store.format.index_dtype` (int32 when the vertex count allows).
 Besides the result it holds one chunk at a time, so a loader never materialises an int64
 copy of its edges, a symmetrised copy, or a raw array next to the final one (the rows are
 sorted and de-duplicated in place). The result does not depend on the chunking.
@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from distmb.data.format import index_dtype
-from distmb.errors import InputError
+from distmb.core.errors import InputError
+from distmb.data.store.format import index_dtype
 
 #: Edges per chunk of the built-in chunk sources (a chunk's int64 pair is 64 MiB).
 EDGE_CHUNK = 1 << 22
@@ -127,7 +127,7 @@ def build_csr(
         num_nodes: vertices; every id must lie in ``[0, num_nodes)``.
         symmetrize: also add every edge in reverse.
         drop_self_loops: drop ``v -> v``.
-        dtype: of ``indices``; default :func:`~distmb.data.format.index_dtype` of
+        dtype: of ``indices``; default :func:`~distmb.data.store.format.index_dtype` of
             ``num_nodes`` (int32 up to 2**31 - 1 vertices).
         source: names the input in error messages.
 

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from distmb.core.errors import InputError
 from distmb.data.csr import CsrBuild, EdgeChunks, array_chunks, build_csr
-from distmb.errors import InputError
 
 #: Label of a vertex without a class (allowed outside the train/val/test splits).
 UNLABELED = -1
@@ -45,7 +45,7 @@ class Graph:
         indptr: int64[num_nodes + 1], CSR row pointers of the **in-edges**.
         indices: int32 or int64[num_edges], ``indices[indptr[v]:indptr[v+1]]`` are the sources
             ``u`` of the edges ``u -> v``, ascending and distinct. The loaders build int32
-            whenever the vertex count allows (:func:`~distmb.data.format.index_dtype`); int64
+            whenever the vertex count allows (:func:`~distmb.data.store.format.index_dtype`); int64
             is accepted for any graph.
         features: float32[num_nodes, feat_dim], finite (may be a read-only memory map).
         labels: int64[num_nodes], class in ``[0, num_classes)`` or :data:`UNLABELED`.

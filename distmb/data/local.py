@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from distmb.data.graph import Graph
-from distmb.data.store import PartitionStore
+from distmb.data.store.store import PartitionStore
 
 
 @dataclass

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from distmb.data.store import PartitionStore
+from distmb.data.store.store import PartitionStore
 
 
 class VertexOwners:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from distmb.core.errors import InputError
 from distmb.data.graph import UNLABELED
-from distmb.errors import InputError
 
 
 def stratified_split(

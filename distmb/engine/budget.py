@@ -20,11 +20,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from distmb import machine
-from distmb.config import TrainConfig, flag_of
-from distmb.errors import InputError
+from distmb.config.train import TrainConfig, flag_of
+from distmb.core import machine
+from distmb.core.errors import InputError
+from distmb.core.units import FLOAT32_BYTES
 from distmb.nn.models import parameter_count, stack_widths
-from distmb.units import FLOAT32_BYTES
 
 #: float32 values per parameter during training: weights, gradients, Adam's two moments.
 TRAINING_VALUES_PER_PARAMETER = 4
@@ -40,7 +40,7 @@ ACTIVATION_VALUES_PER_OUTPUT_WIDTH = 3 * 2
 #: float32 values GAT keeps per sampled edge and head (logits, softmax, dropout, gradients).
 GAT_VALUES_PER_EDGE_HEAD = 4
 #: Batches the BatchLoader holds beyond ``--prefetch``: the one training, and the one being
-#: made (:class:`distmb.loader.BatchLoader` reuses at most ``prefetch + 2`` buffers).
+#: made (:class:`distmb.pipeline.BatchLoader` reuses at most ``prefetch + 2`` buffers).
 LOADER_EXTRA_BATCHES = 2
 #: Tables layer-wise evaluation holds at once: one layer's inputs and its outputs.
 EVALUATION_TABLES = 2

@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from distmb.atomic import write_atomic
-from distmb.config import RESUME_MUST_MATCH, flag_of
-from distmb.errors import InputError
+from distmb.config.train import RESUME_MUST_MATCH, flag_of
+from distmb.core.atomic import write_atomic
+from distmb.core.errors import InputError
 
 #: File name of the latest checkpoint inside ``--checkpoint-dir``.
 CHECKPOINT_FILE = "checkpoint.pt"

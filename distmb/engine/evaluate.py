@@ -7,12 +7,12 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from distmb.comm import RankGroup, SingleProcess
+from distmb.comm.mpi import RankGroup, SingleProcess
+from distmb.core.progress import ProgressSettings, meter
 from distmb.data.local import LocalGraph
-from distmb.features.base import FeatureSource
-from distmb.features.memory import ArrayFeatures, PartFeatures
-from distmb.progress import ProgressSettings, meter
-from distmb.sampling.neighbor import NeighborSampler
+from distmb.pipeline.features.base import FeatureSource
+from distmb.pipeline.features.memory import ArrayFeatures, PartFeatures
+from distmb.pipeline.sample.host import NeighborSampler
 
 #: Destinations per full-neighbour block during inference.
 DEFAULT_EVAL_BATCH = 4096
@@ -46,10 +46,10 @@ def layerwise_inference(
         sampler: this part's sampler (its ``full_block``).
         layer_table: supplies each layer's halo input rows when the part has halo vertices.
         on_layer: sees each layer's output as soon as it is complete (hidden embeddings for
-            ``distmb.predict --embeddings``); it may use collectives, every rank calls it for
+            ``distmb.cli.predict --embeddings``); it may use collectives, every rank calls it for
             the same layers in the same order.
         progress: how to report each layer's progress (this part's vertices done; default
-            :func:`distmb.progress.settings`).
+            :func:`distmb.core.progress.settings`).
         device: where the model's parameters are (default: the CPU): each block and its input
             rows go there, each layer's output comes back to host memory (whole-graph layer
             outputs are kept on the host, whatever the device's memory).
@@ -133,7 +133,7 @@ def part_layer_table(
 ) -> HaloExchange | None:
     """The :data:`LayerTable` of exact inference on ``local``: ``None`` on one rank (a whole
     graph, or the only part: no halo vertices), else a :class:`HaloExchange` over the part's
-    send lists (training's evaluation and ``distmb.predict`` both use it).
+    send lists (training's evaluation and ``distmb.cli.predict`` both use it).
 
     Args:
         comm: the ranks.

@@ -1,6 +1,6 @@
 """Output paths, checked and created before any work: a run never dies after an epoch (or,
 under mpirun, takes the job down) because ``--results``, ``--checkpoint-dir`` or
-``distmb.predict``'s ``--out`` cannot be written, and never replaces a checkpoint it was not
+``distmb.cli.predict``'s ``--out`` cannot be written, and never replaces a checkpoint it was not
 asked to."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import os
 import socket
 from pathlib import Path
 
-from distmb.atomic import remove_stale_temporaries
+from distmb.core.atomic import remove_stale_temporaries
+from distmb.core.errors import InputError
 from distmb.engine.checkpoint import CHECKPOINT_FILE
-from distmb.errors import InputError
 
 
 def prepare_checkpoint_dir(directory: str, *, resume: bool, overwrite: bool) -> Path:

@@ -11,7 +11,7 @@
 The parameters, their gradients and the optimizer state stay float32 (autocast casts copies
 for the matrix products); the logits are cast to float32 before the loss; evaluation
 (layer-wise inference) runs in float32. Which combinations are refused, and why:
-:func:`distmb.config.precision_problem`.
+:func:`distmb.config.train.precision_problem`.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
-from distmb.config import precision_problem
-from distmb.errors import InputError
+from distmb.config.train import precision_problem
+from distmb.core.errors import InputError
 
 #: The autocast dtype of every ``--precision`` other than ``fp32``.
 AUTOCAST_DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -38,7 +38,7 @@ class MixedPrecision:
         device: the device the model trains on.
 
     Raises:
-        InputError: a combination that cannot work (:func:`distmb.config.precision_problem`).
+        InputError: a combination that cannot work (:func:`distmb.config.train.precision_problem`).
     """
 
     def __init__(self, precision: str, kernels: str, device: torch.device) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch.optim.lr_scheduler import CosineAnnealingLR, LRScheduler, StepLR
 
-from distmb.config import TrainConfig
+from distmb.config.train import TrainConfig
 
 #: Key of the scheduler's ``state_dict`` in a checkpoint.
 SCHEDULER_KEY = "scheduler"

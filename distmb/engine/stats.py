@@ -8,10 +8,10 @@ from typing import Any
 
 import numpy as np
 
-from distmb.atomic import write_atomic
-from distmb.comm import RankGroup, SingleProcess
+from distmb.comm.mpi import RankGroup, SingleProcess
+from distmb.core.atomic import write_atomic
 from distmb.engine.timers import PHASES
-from distmb.halo.base import SECOND_COUNTERS
+from distmb.halo.scheme import SECOND_COUNTERS
 
 
 def allreduce_named(
@@ -45,7 +45,7 @@ def global_stats(
         feature_cache: this rank's out-of-core feature cache counters
             (:meth:`CachedFeatures.stats`), or None on every rank.
         neighbor_cache: the same for the out-of-core neighbour lists
-            (:func:`distmb.sampling.adjacency.neighbor_cache_stats`), or None on every rank.
+            (:func:`distmb.pipeline.sample.adjacency.neighbor_cache_stats`), or None on every rank.
     """
     total = allreduce_named(
         comm,

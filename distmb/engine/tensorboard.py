@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from distmb.errors import InputError
+from distmb.core.errors import InputError
 
 #: How to install what ``--tensorboard`` needs.
 TENSORBOARD_INSTALL = "pip install tensorboard  (or pip install 'distmb[tensorboard]')"

@@ -25,18 +25,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from distmb.comm import Communicator, RankGroup, SingleProcess
-from distmb.config import MODELS, RESUME_APPLIED, TrainConfig, flag_of
-from distmb.cuda.device import (
-    check_gpu_path,
-    check_kernels,
-    resolve_device,
-    synchronize,
-    uses_gpu_path,
-)
-from distmb.cuda.path import GpuData, gpu_data, match_reorder
+from distmb.comm.mpi import Communicator, RankGroup, SingleProcess
+from distmb.comm.watchdog import CollectiveWatchdog
+from distmb.config.train import MODELS, RESUME_APPLIED, TrainConfig, flag_of
+from distmb.core.errors import DistmbError, InputError
+from distmb.core.malloc import configure_malloc
+from distmb.core.progress import ProgressSettings, meter
 from distmb.data.local import LocalGraph
-from distmb.data.neighborfile import NeighborFile
+from distmb.data.store.neighborfile import NeighborFile
 from distmb.engine.budget import GraphShape, check_memory
 from distmb.engine.checkpoint import (
     BEST_FILE,
@@ -46,6 +42,14 @@ from distmb.engine.checkpoint import (
     save_cache_state,
     save_checkpoint,
 )
+from distmb.engine.device import (
+    check_gpu_path,
+    check_kernels,
+    resolve_device,
+    synchronize,
+    uses_gpu_path,
+)
+from distmb.engine.device_stages import GpuData, gpu_data, match_reorder
 from distmb.engine.evaluate import layerwise_inference, part_layer_table, split_accuracies
 from distmb.engine.outputs import prepare_checkpoint_dir, prepare_results_file
 from distmb.engine.precision import MixedPrecision
@@ -64,20 +68,16 @@ from distmb.engine.stats import (
 from distmb.engine.tensorboard import TensorBoardLog, prepare_tensorboard_dir
 from distmb.engine.timers import PHASES, SECONDS_DIGITS, PhaseTimer
 from distmb.engine.work import BlockWork
-from distmb.errors import DistmbError, InputError
-from distmb.features.normalize import fit_normalization
-from distmb.features.select import open_features
-from distmb.halo.base import HaloScheme
-from distmb.loader.loader import BatchLoader, shuffled, split_batches
-from distmb.loader.minibatch import MiniBatch
-from distmb.malloc import configure_malloc
-from distmb.nn.backend import set_kernels
+from distmb.halo.scheme import HaloScheme
+from distmb.nn.kernels.dispatch import set_kernels
 from distmb.nn.models import BlockModel
 from distmb.nn.user import check_block_model, model_from_config, model_spec
-from distmb.progress import ProgressSettings, meter
-from distmb.sampling.adjacency import neighbor_cache_stats, open_adjacency
-from distmb.sampling.neighbor import NeighborSampler
-from distmb.watchdog import CollectiveWatchdog
+from distmb.pipeline.features.normalize import fit_normalization
+from distmb.pipeline.features.select import open_features
+from distmb.pipeline.loader import BatchLoader, shuffled, split_batches
+from distmb.pipeline.minibatch import MiniBatch
+from distmb.pipeline.sample.adjacency import neighbor_cache_stats, open_adjacency
+from distmb.pipeline.sample.host import NeighborSampler
 
 #: Multiplier and rank stride of :func:`dropout_seed` (two primes: seeds of different runs
 #: and ranks do not collide for any realistic seed or rank count).
@@ -102,7 +102,7 @@ class Trainer:
 
     Args:
         local: the graph this rank samples from (a whole graph, or one part).
-        config: the run's configuration (:class:`distmb.config.TrainConfig`).
+        config: the run's configuration (:class:`distmb.config.train.TrainConfig`).
         comm: the ranks (default: :class:`SingleProcess`, one rank without MPI).
         halo: what to do about halo leaves (default: nothing, one rank;
             :func:`distmb.halo.make_halo_scheme` picks one for P > 1).
@@ -133,7 +133,7 @@ class Trainer:
         self.log = log
         prepare_outputs(config, self.rank)
         # --malloc: from here on, glibc keeps each batch's freed buffers for the next batch
-        # instead of unmapping them (distmb/malloc.py); loading and partitioning came before.
+        # instead of unmapping them (distmb/core/malloc.py); loading and partitioning came before.
         note = configure_malloc(config.malloc)
         if note and self.rank == 0:
             log(f"distmb: {note}")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from distmb.sampling.blocks import Block
+from distmb.pipeline.sample.blocks import Block
 
 #: Per-layer counters of :class:`BlockWork`, int64[num_layers] each.
 WORK_COUNTERS = ("block_dst", "block_src", "block_halo", "block_edges_sampled", "block_edges")

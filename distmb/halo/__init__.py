@@ -13,16 +13,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from distmb.halo.base import LAYER_COUNTERS, SECOND_COUNTERS, DropHalo, HaloScheme
-from distmb.halo.exact import ExactRemote
-from distmb.halo.hec import HistoricalCache
+from distmb.halo.exact.scheme import ExactRemote
+from distmb.halo.hec.scheme import HistoricalCache
+from distmb.halo.scheme import LAYER_COUNTERS, SECOND_COUNTERS, DropHalo, HaloScheme
 
 if TYPE_CHECKING:
     import torch
 
-    from distmb.comm import RankGroup
-    from distmb.config import TrainConfig
-    from distmb.data.store import PartitionStore
+    from distmb.comm.mpi import RankGroup
+    from distmb.config.train import TrainConfig
+    from distmb.data.store.store import PartitionStore
 
 __all__ = [
     "LAYER_COUNTERS",
@@ -44,7 +44,7 @@ def make_halo_scheme(
     """The scheme of one rank of ``comm`` on part ``store``: nothing to do on one rank;
     else by ``config.halo_scheme``: ``--exact-remote``, ``--no-hec`` or the historical cache
     (the default), its tables on ``cache_device`` when given (the GPU path's training
-    device: :class:`~distmb.cuda.hec.DeviceHistoricalCache`), else the C++ cache."""
+    device: :class:`~distmb.halo.hec.device.DeviceHistoricalCache`), else the C++ cache."""
     if comm.size == 1:
         return HaloScheme()
     scheme = config.halo_scheme

@@ -1,4 +1,4 @@
-"""GNN layers and models over message-flow-graph blocks (:class:`distmb.sampling.Block`).
+"""GNN layers and models over message-flow-graph blocks (:class:`distmb.pipeline.sample.Block`).
 
 - :mod:`distmb.nn.aggregate`: aggregation primitives (the seam for fused kernels).
 - :mod:`distmb.nn.sage`, :mod:`distmb.nn.gat`: the layers of equations 1 and 2.

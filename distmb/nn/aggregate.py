@@ -1,4 +1,4 @@
-"""Aggregation over a :class:`~distmb.sampling.Block` (the AGG of equations 1 and 2).
+"""Aggregation over a :class:`~distmb.pipeline.sample.Block` (the AGG of equations 1 and 2).
 
 These are small pure functions with one contract each; they are the seam where fused C++
 kernels replace the PyTorch implementations one by one. Every function takes the block's CSR
@@ -14,16 +14,16 @@ dense float tensors, returns a new tensor and supports autograd w.r.t. its float
 - :func:`add_self_loops`: the block with one extra ``(v, v)`` edge per destination.
 
 Two implementations sit behind every function, chosen per call by
-:func:`distmb.nn.backend.get_kernels`:
+:func:`distmb.nn.kernels.dispatch.get_kernels`:
 
 ``"fused"`` (default): the C++ kernels of ``csrc/aggregate.cpp`` through
-:mod:`distmb.nn.fused_aggregate` (OpenMP over destinations, SIMD over features, the GAT edge
+:mod:`distmb.nn.kernels.cpu_aggregate` (OpenMP over destinations, SIMD over features, the GAT edge
 weight broadcast over the lanes of its head; backward passes gather over the block's cached
 transposed CSR instead of scattering). They compute in float32 only: inputs of any other
 dtype (e.g. the float64 of ``gradcheck``) take the ``"torch"`` path.
 
 ``"triton"``: :func:`aggregate` on CUDA tensors (float32, bf16, fp16) through the Triton
-kernel of :mod:`distmb.cuda.aggregate_triton` (FastGL's Memory-Aware aggregation: a tile of
+kernel of :mod:`distmb.nn.kernels.triton_aggregate` (FastGL's Memory-Aware aggregation: a tile of
 destination rows keeps its partial sums in registers while it walks the rows' edges; the
 backward is the same kernel over the block's transposed CSR). The other functions, and
 tensors the kernel cannot take (float64, CPU without the interpreter), use the ``"torch"``
@@ -47,10 +47,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from distmb.cuda import aggregate_triton
-from distmb.nn import fused_aggregate
-from distmb.nn.backend import get_kernels
-from distmb.sampling import Block
+from distmb.nn.kernels import cpu_aggregate as fused_aggregate
+from distmb.nn.kernels import triton_aggregate as aggregate_triton
+from distmb.nn.kernels.dispatch import get_kernels
+from distmb.pipeline.sample import Block
 
 #: Aggregator names accepted by :func:`aggregate`.
 AGGREGATORS = ("mean", "sum", "gcn")

@@ -14,15 +14,15 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from distmb.nn import fused_update
 from distmb.nn.aggregate import (
     add_self_loops,
     attention_softmax,
     check_layer_input,
     weighted_aggregate,
 )
-from distmb.nn.backend import get_kernels
-from distmb.sampling import Block
+from distmb.nn.kernels import cpu_update as fused_update
+from distmb.nn.kernels.dispatch import get_kernels
+from distmb.pipeline.sample import Block
 
 #: Gain of the Xavier-normal initialisation of W, a_l and a_r (DGL GATConv uses ReLU's).
 INIT_GAIN = nn.init.calculate_gain("relu")
@@ -58,9 +58,9 @@ class GATConv(nn.Module):
     Initialisation as in DGL's GATConv: ``W``, ``a_l``, ``a_r`` Xavier-normal with the ReLU
     gain (:data:`INIT_GAIN`), bias zero.
 
-    Kernels (:func:`distmb.nn.backend.get_kernels`): with ``"fused"`` and float32 CPU tensors
+    Kernels (:func:`distmb.nn.kernels.dispatch.get_kernels`): with ``"fused"`` and float32 CPU tensors
     ``z``, ``el`` and ``er`` come from one pass of
-    :func:`distmb.nn.fused_update.gat_projection`; with ``"torch"`` (or another dtype) from
+    :func:`distmb.nn.kernels.cpu_update.gat_projection`; with ``"torch"`` (or another dtype) from
     ``nn.Linear``, ReLU and two reductions. Same parameters either way.
 
     Args:

@@ -20,9 +20,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from distmb.nn import fused_update
 from distmb.nn.aggregate import add_self_loops, aggregate, check_layer_input, in_degrees
-from distmb.sampling import Block
+from distmb.nn.kernels import cpu_update as fused_update
+from distmb.pipeline.sample import Block
 
 
 def symmetric_norms(block: Block, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
@@ -39,7 +39,7 @@ class GCNConv(nn.Module):
 
     ReLU and dropout follow the layer with ``activation=True`` (every layer but the last);
     with ``--kernels fused`` and float32 CPU tensors the dropout masks are the fused kernels'
-    counter-based ones (:func:`distmb.nn.fused_update.dropout`), else ``nn.Dropout``'s.
+    counter-based ones (:func:`distmb.nn.kernels.cpu_update.dropout`), else ``nn.Dropout``'s.
     Like DGL's GraphConv, the layer multiplies by ``W`` before aggregating when
     ``out_dim < in_dim`` (fewer values to aggregate; same result up to rounding).
     Initialisation as DGL's GraphConv: ``W`` Xavier-uniform, bias zero.

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from distmb.nn.aggregate import aggregate, check_layer_input
-from distmb.sampling import Block
+from distmb.pipeline.sample import Block
 
 
 class GINConv(nn.Module):

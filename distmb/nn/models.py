@@ -24,8 +24,8 @@ from distmb.nn.gat import GATConv
 from distmb.nn.gcn import GCNConv
 from distmb.nn.gin import GINConv
 from distmb.nn.sage import SAGEConv, fusable_pair, fused_pair_forward
-from distmb.rows import IndexedRows
-from distmb.sampling import Block
+from distmb.pipeline.rows import IndexedRows
+from distmb.pipeline.sample import Block
 
 #: ``halo_inputs(l, block) -> float[block.n_halo, layer_dims()[l]]``: input rows of the halo
 #: leaves of ``block`` (the block of layer ``l >= 1``).
@@ -86,7 +86,7 @@ class BlockModel(nn.Module):
 
     @property
     def reads_input_in_place(self) -> bool:
-        """Whether the first layer reads :class:`~distmb.rows.IndexedRows` through their
+        """Whether the first layer reads :class:`~distmb.pipeline.rows.IndexedRows` through their
         ids (a layer with a true ``reads_in_place``, e.g. :class:`SAGEConv`); for any other
         :meth:`forward` gathers them first."""
         return bool(self.layers) and bool(getattr(self.layers[0], "reads_in_place", False))
@@ -111,7 +111,7 @@ class BlockModel(nn.Module):
                 blocks[l].n_dst``).
             x: without ``layer_input``: float[blocks[0].n_src, in_dim], the input rows of all
                 sources of ``blocks[0]``; with it: float[blocks[0].n_computed, in_dim], the
-                computed sources' rows. Either may be :class:`~distmb.rows.IndexedRows`
+                computed sources' rows. Either may be :class:`~distmb.pipeline.rows.IndexedRows`
                 (rows read in place).
             halo_inputs: supplies the halo rows of ``blocks[l]``, ``l >= 1``; required when
                 any of those blocks has ``n_halo > 0`` (and no ``layer_input`` is given).

@@ -8,11 +8,12 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from distmb.nn import fused_aggregate, fused_update
 from distmb.nn.aggregate import AGGREGATORS, aggregate, check_layer_input
-from distmb.nn.backend import get_kernels
-from distmb.rows import IndexedRows
-from distmb.sampling import Block
+from distmb.nn.kernels import cpu_aggregate as fused_aggregate
+from distmb.nn.kernels import cpu_update as fused_update
+from distmb.nn.kernels.dispatch import get_kernels
+from distmb.pipeline.rows import IndexedRows
+from distmb.pipeline.sample import Block
 
 #: Gain of the Xavier-uniform initialisation of the weights (DGL SAGEConv uses ReLU's).
 INIT_GAIN = nn.init.calculate_gain("relu")
@@ -34,10 +35,10 @@ class SAGEConv(nn.Module):
     before aggregating when ``out_dim < in_dim`` (fewer values to aggregate). The result is
     the same up to float rounding.
 
-    Kernels (:func:`distmb.nn.backend.get_kernels`): with ``"fused"`` and float32 CPU tensors
+    Kernels (:func:`distmb.nn.kernels.dispatch.get_kernels`): with ``"fused"`` and float32 CPU tensors
     the UPDATE (both products, bias, ReLU, dropout) runs as one pass of
-    :func:`distmb.nn.fused_update.sage_update`, and the projection before aggregating through
-    :func:`distmb.nn.fused_update.linear`; with ``"torch"`` (or another dtype) it runs as
+    :func:`distmb.nn.kernels.cpu_update.sage_update`, and the projection before aggregating through
+    :func:`distmb.nn.kernels.cpu_update.linear`; with ``"torch"`` (or another dtype) it runs as
     ``nn.Linear`` + ReLU + ``nn.Dropout``. Same parameters either way; the dropout masks of the
     two paths differ (the fused one draws a seed from torch's generator per call).
 
@@ -80,7 +81,7 @@ class SAGEConv(nn.Module):
         """Args:
             block: the layer's block.
             x_src: float[n_src, in_dim]; rows ``[0, n_dst)`` are the destinations' own rows.
-                May be :class:`~distmb.rows.IndexedRows` (a first layer's features read in
+                May be :class:`~distmb.pipeline.rows.IndexedRows` (a first layer's features read in
                 place): the fused kernels read them through their ids (not with the
                 ``"gcn"`` aggregator); otherwise they are gathered first.
 
@@ -106,7 +107,7 @@ class SAGEConv(nn.Module):
 
     @property
     def reads_in_place(self) -> bool:
-        """Whether the fused path reads an :class:`~distmb.rows.IndexedRows` input through
+        """Whether the fused path reads an :class:`~distmb.pipeline.rows.IndexedRows` input through
         its ids (every aggregator but ``"gcn"``, whose self term needs the gathered rows)."""
         return self.aggr != "gcn"
 
@@ -144,7 +145,7 @@ class _FusedSAGE(torch.autograd.Function):
     ``x_src`` is used twice (all rows aggregated, the first ``n_dst`` rows as the self term).
     Autograd would give each use a full-size gradient (the slice's zero-filled
     float32[n_src, in_dim]) and add them; here the self term's gradient is summed into the
-    aggregation's backward pass (:func:`~distmb.nn.fused_aggregate.aggregate_backward`'s
+    aggregation's backward pass (:func:`~distmb.nn.kernels.cpu_aggregate.aggregate_backward`'s
     addend), or added to the projection's input gradient in place, and no gradient of
     ``x_src`` is computed at all when it needs none (the first layer's features).
     """
@@ -321,7 +322,7 @@ def fused_pair_forward(
     values, dropout draws and gradients are those of the two layers one after the other, but
     the first layer's output gradient float32[first_block.n_dst, out_dim] is never written:
     its UPDATE backward aggregates each row from the second layer's destination gradients as
-    it needs it (:func:`~distmb.nn.fused_update.update_backward_aggregated`), which saves the
+    it needs it (:func:`~distmb.nn.kernels.cpu_update.update_backward_aggregated`), which saves the
     second aggregation's backward writing it and the first UPDATE reading it back.
     """
     p0, seed0 = fused_update.effective_dropout(
@@ -400,5 +401,5 @@ class _FusedSAGEPair(torch.autograd.Function):
 
 def _first_rows(x: Tensor | IndexedRows, n: int) -> Tensor | IndexedRows:
     """Rows ``[0, n)`` of a layer input (the destinations' own rows), in place for
-    :class:`~distmb.rows.IndexedRows`."""
+    :class:`~distmb.pipeline.rows.IndexedRows`."""
     return x.prefix(n) if isinstance(x, IndexedRows) else x[:n]

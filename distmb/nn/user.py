@@ -32,9 +32,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from distmb.config import MODELS, TrainConfig, is_model_spec
-from distmb.errors import InputError
-from distmb.sampling import Block
+from distmb.config.train import MODELS, TrainConfig, is_model_spec
+from distmb.core.errors import InputError
+from distmb.pipeline.sample import Block
 
 #: The keyword arguments ``--model package.module:Class`` is constructed with (each passed
 #: when its ``__init__`` accepts it; all of them when it takes ``**kwargs``).

@@ -2,6 +2,6 @@
 
 import sys
 
-from distmb.partition.cli import main
+from distmb.cli.partition import main
 
 sys.exit(main())

@@ -17,9 +17,9 @@ from collections.abc import Callable
 
 import numpy as np
 
+from distmb.core.errors import InputError
 from distmb.data.csr import build_csr, csr_edge_chunks
 from distmb.data.graph import Graph, csr_row_positions
-from distmb.errors import InputError
 from distmb.partition.spill import release_pages, resident_nbytes
 
 #: ``parmetis`` is computed by an MPI job (:mod:`distmb.partition.distributed`), then handed

@@ -16,19 +16,19 @@ from typing import Any
 
 import numpy as np
 
-from distmb.atomic import write_atomic
-from distmb.data.format import (
+from distmb.core.atomic import write_atomic
+from distmb.core.errors import InputError
+from distmb.core.progress import Progress
+from distmb.data.store.format import (
     FEATURE_LAYOUTS,
     META_FILE,
     NPY_FEATURE_ARRAYS,
     OOC_FEATURE_FILE,
     part_dir_name,
 )
-from distmb.data.rowfile import write_row_file
-from distmb.data.store import STAMP_FILE, PartitionStore, read_meta
-from distmb.errors import InputError
+from distmb.data.store.rowfile import write_row_file
+from distmb.data.store.store import STAMP_FILE, PartitionStore, read_meta
 from distmb.partition.writer import ooc_feature_meta, save_npy
-from distmb.progress import Progress
 
 
 def layout_files(layout: str, replicated: bool) -> tuple[str, ...]:

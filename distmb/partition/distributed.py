@@ -33,9 +33,9 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from distmb.core.errors import InputError
 from distmb.data.datasets import parse_spec
-from distmb.data.loader_utils import one_line
-from distmb.errors import InputError
+from distmb.data.datasets.loader_utils import one_line
 from distmb.partition.assign import METIS_UFACTOR
 
 T = TypeVar("T")
@@ -128,7 +128,7 @@ def distributed_csr(
 
 def read_sliced(spec: str, comm: Any, what: str) -> tuple[Any, list[str], str, str]:
     """``(arrays, notes, source, name)`` of ``spec`` on every rank, as
-    :func:`~distmb.data.ogb.read_ogb_arrays` gives them (edges and features memory-mapped),
+    :func:`~distmb.data.datasets.ogb.read_ogb_arrays` gives them (edges and features memory-mapped),
     with the graph's name. Rank 0 reads (and, for ``ogb:DIR``, converts into the cache)
     first; the others follow, then map the converted arrays. ``what`` names the step that
     needs sliced edges in the error for another dataset kind."""
@@ -138,7 +138,7 @@ def read_sliced(spec: str, comm: Any, what: str) -> tuple[Any, list[str], str, s
             f"{what} reads the edges in slices from {', '.join(SLICED_KINDS)}:DIR datasets "
             f"(memory-mapped arrays); got --dataset {spec}"
         )
-    from distmb.data.ogb import dataset_name, read_ogb_arrays
+    from distmb.data.datasets.ogb import dataset_name, read_ogb_arrays
 
     def read() -> tuple[Any, list[str], str, str]:
         arrays, notes, source = read_ogb_arrays(arg)

@@ -32,7 +32,7 @@ or from a file, ``--assignment``) and a dataset whose edges can be read in slice
    never a partition that looks valid.
 
 Memory per rank (docs/partitioning-at-scale.md): its ``E/R`` rows twice at most (by range,
-then by part, in :func:`~distmb.data.format.index_dtype` ids: int32 below 2**31 vertices),
+then by part, in :func:`~distmb.data.store.format.index_dtype` ids: int32 below 2**31 vertices),
 one route chunk, and per-vertex arrays of the whole graph: the assignment (int32), two
 ``indptr`` (int64), ``in_degree``, VID_p and the writer's scratch (int64), labels (int64).
 """
@@ -47,10 +47,11 @@ from typing import Any
 
 import numpy as np
 
+from distmb.core.errors import InputError
+from distmb.core.progress import Progress, peak_rss_bytes
 from distmb.data.csr import EDGE_CHUNK, CsrBuild, build_csr, build_note, csr_edge_chunks
-from distmb.data.format import NODE_PART_FILE, index_dtype
 from distmb.data.graph import Graph, graph_sha256, sparse_class_notes
-from distmb.errors import InputError
+from distmb.data.store.format import NODE_PART_FILE, index_dtype
 from distmb.partition.assign import neighbour_part_counts, rebalance_assignment
 from distmb.partition.distributed import collective, read_sliced, vertex_ranges
 from distmb.partition.pipeline import (
@@ -71,7 +72,6 @@ from distmb.partition.writer import (
     write_part,
     write_send_list,
 )
-from distmb.progress import Progress, peak_rss_bytes
 
 #: Edges a rank reads and routes per ``Alltoallv`` round (bounds the send and receive
 #: buffers of one round: at most twice this many entries when symmetrising).

@@ -30,8 +30,8 @@ from types import ModuleType
 
 import numpy as np
 
+from distmb.core.errors import InputError
 from distmb.data.graph import Graph
-from distmb.errors import InputError
 
 #: How to install what ``--method kaminpar`` needs.
 KAMINPAR_INSTALL = "pip install 'distmb[kaminpar]'"

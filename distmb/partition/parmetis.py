@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from distmb.errors import InputError
+from distmb.core.errors import InputError
 
 LIB_ENV = "DISTMB_PARMETIS_LIB"
 IDX_BITS_ENV = "DISTMB_PARMETIS_IDX_BITS"

@@ -10,12 +10,13 @@ from typing import Any
 
 import numpy as np
 
-from distmb.data.format import META_FILE, part_dir_name
+from distmb.core.errors import InputError, PartitionError
+from distmb.core.machine import physical_memory_bytes
+from distmb.core.progress import Progress, peak_rss_bytes
+from distmb.data.datasets.loader_utils import one_line
 from distmb.data.graph import Graph
-from distmb.data.loader_utils import one_line
-from distmb.data.store import STAMP_FILE, read_meta
-from distmb.errors import InputError, PartitionError
-from distmb.machine import physical_memory_bytes
+from distmb.data.store.format import META_FILE, part_dir_name
+from distmb.data.store.store import STAMP_FILE, read_meta
 from distmb.partition.assign import (
     ASSIGNMENT_METHOD,
     ENGINES,
@@ -27,7 +28,6 @@ from distmb.partition.assign import (
 )
 from distmb.partition.spill import spilled
 from distmb.partition.writer import write_partition
-from distmb.progress import Progress, peak_rss_bytes
 
 #: Default allowed training-vertex imbalance after rebalancing (max/mean - 1).
 DEFAULT_TRAIN_TOLERANCE = 0.02

@@ -26,8 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
+from distmb.core.progress import Progress
 from distmb.data.graph import Graph
-from distmb.progress import Progress
 
 #: The arrays moved out of memory (the big ones; the rest is per vertex).
 SPILLED_ARRAYS = ("indices", "features")

@@ -23,7 +23,10 @@ from typing import Any
 import numpy as np
 
 from distmb import _C
-from distmb.data.format import (
+from distmb.core.errors import InputError
+from distmb.core.progress import Progress, meter, peak_rss_bytes
+from distmb.data.graph import Graph
+from distmb.data.store.format import (
     FEATURE_LAYOUTS,
     FORMAT_VERSION,
     META_FILE,
@@ -32,10 +35,7 @@ from distmb.data.format import (
     index_dtype,
     part_dir_name,
 )
-from distmb.data.graph import Graph
-from distmb.data.rowfile import RowTake, write_row_file
-from distmb.errors import InputError
-from distmb.progress import Progress, meter, peak_rss_bytes
+from distmb.data.store.rowfile import RowTake, write_row_file
 
 #: Bytes of feature rows gathered and written at a time.
 FEATURE_CHUNK_BYTES = 32 << 20
@@ -164,7 +164,7 @@ def peak_memory_record(
 
 def ooc_feature_meta(info: dict[str, Any]) -> dict[str, Any]:
     """``partition.json``'s ``feature_file`` entry for the ``ooc`` layout, from what
-    :func:`~distmb.data.rowfile.write_row_file` returned (the same for every part: the
+    :func:`~distmb.data.store.rowfile.write_row_file` returned (the same for every part: the
     row count of each part follows from its counts)."""
     return {
         "name": OOC_FEATURE_FILE,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from distmb.comm import Communicator
+from distmb.comm.mpi import Communicator
 
 comm = Communicator()
 comm.use_torch_distributed()

@@ -2,7 +2,7 @@
 the device cache (``DeviceHistoricalCache`` on ``DEVICE``) gives the same per-epoch records
 (loss, accuracy, hits and bytes per layer), pushes the same tags, rows and counts (the C++
 run chooses them on the host with numpy, the device-cache run with torch ops:
-``distmb.halo.push_select``), loads the same halo rows and hit masks at every step, and ends
+``distmb.halo.hec.push_select``), loads the same halo rows and hit masks at every step, and ends
 with the same cache state, with caches small enough to evict and a short life-span.
 
 argv: PART_DIR EPOCHS DEVICE
@@ -15,12 +15,12 @@ from pathlib import Path
 
 import numpy as np
 
-from distmb.comm import Communicator
-from distmb.config import TrainConfig
+from distmb.cli.launch import open_part
+from distmb.comm.mpi import Communicator
+from distmb.config.train import TrainConfig
 from distmb.data.local import LocalGraph
 from distmb.engine import Trainer
 from distmb.halo import HistoricalCache
-from distmb.launch import open_part
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from conftest import TIMING_KEYS  # noqa: E402  (the tests' list of measured record keys)

@@ -10,8 +10,8 @@ import sys
 
 from mpi4py import MPI
 
+from distmb.cli.partition import main
 from distmb.partition import distwrite
-from distmb.partition.cli import main
 
 real = distwrite.write_part
 

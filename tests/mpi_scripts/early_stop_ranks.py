@@ -11,13 +11,13 @@ import sys
 
 import torch
 
-from distmb.comm import Communicator
-from distmb.config import TrainConfig
+from distmb.cli.launch import open_part
+from distmb.comm.mpi import Communicator
+from distmb.config.train import TrainConfig
 from distmb.data.local import LocalGraph
 from distmb.engine import Trainer
 from distmb.engine.checkpoint import BEST_FILE
 from distmb.halo import make_halo_scheme
-from distmb.launch import open_part
 
 part_dir, ckpt = sys.argv[1], sys.argv[2]
 comm = Communicator()

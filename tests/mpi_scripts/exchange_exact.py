@@ -14,7 +14,7 @@ import traceback
 import numpy as np
 import torch
 
-from distmb.comm import Communicator, launch_communicator
+from distmb.comm.mpi import Communicator, launch_communicator
 
 WIDTH = 3
 

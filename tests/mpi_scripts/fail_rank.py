@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import sys
 
+from distmb.cli.train import main
 from distmb.engine import Trainer
-from distmb.train import main
 
 real = Trainer.train_epoch
 

@@ -11,7 +11,7 @@ import sys
 
 import numpy as np
 
-from distmb.comm import launch_communicator
+from distmb.comm.mpi import launch_communicator
 
 chunk_bytes = int(sys.argv[1])
 comm = launch_communicator()

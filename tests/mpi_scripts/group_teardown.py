@@ -16,8 +16,8 @@ import os
 
 import torch
 
-from distmb.comm import launch_communicator
-from distmb.mpienv import is_torchrun_launch
+from distmb.comm.mpi import launch_communicator
+from distmb.comm.mpienv import is_torchrun_launch
 
 
 def threads() -> int:

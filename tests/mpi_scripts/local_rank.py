@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import os
 
-from distmb.comm import Communicator
-from distmb.mpienv import LOCAL_RANK_VARIABLES, local_rank_from_env
+from distmb.comm.mpi import Communicator
+from distmb.comm.mpienv import LOCAL_RANK_VARIABLES, local_rank_from_env
 
 from_env = local_rank_from_env()
 assert from_env is not None, f"the launcher set none of {LOCAL_RANK_VARIABLES}"

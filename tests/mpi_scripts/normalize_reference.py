@@ -13,12 +13,12 @@ from pathlib import Path
 
 import numpy as np
 
-from distmb.comm import Communicator
-from distmb.config import TrainConfig
+from distmb.cli.launch import open_part
+from distmb.comm.mpi import Communicator
+from distmb.config.train import TrainConfig
 from distmb.data.local import LocalGraph
 from distmb.engine import Trainer
 from distmb.halo import make_halo_scheme
-from distmb.launch import open_part
 
 part_dir, ref_dir = sys.argv[1], Path(sys.argv[2])
 comm = Communicator()

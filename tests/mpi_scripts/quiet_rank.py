@@ -14,8 +14,8 @@ import signal
 import sys
 import time
 
+from distmb.cli.train import main
 from distmb.engine import Trainer
-from distmb.train import main
 
 part_dir, mode, timeout = sys.argv[1], sys.argv[2], float(sys.argv[3])
 real = Trainer.train_epoch

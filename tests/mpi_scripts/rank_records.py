@@ -26,13 +26,13 @@ from pathlib import Path
 
 import numpy as np
 
-from distmb.comm import Communicator
-from distmb.config import TrainConfig
+from distmb.cli.launch import open_part
+from distmb.comm.mpi import Communicator
+from distmb.config.train import TrainConfig
+from distmb.core.units import row_message_bytes
 from distmb.data.local import LocalGraph
 from distmb.engine import Trainer
 from distmb.halo import make_halo_scheme
-from distmb.launch import open_part
-from distmb.units import row_message_bytes
 
 #: Slack of comparisons of rounded seconds (records keep 4 digits).
 ROUNDING_S = 2e-4

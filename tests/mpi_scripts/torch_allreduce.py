@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from distmb.comm import Communicator
+from distmb.comm.mpi import Communicator
 
 comm = Communicator()
 torch.manual_seed(0)

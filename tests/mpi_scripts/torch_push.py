@@ -14,9 +14,9 @@ import sys
 import numpy as np
 import torch
 
-from distmb.comm import Communicator, EmbeddingPush, TorchEmbeddingPush
-from distmb.cuda.hec import DeviceHistoricalCache
-from distmb.halo.cache import HistoricalEmbeddingCache
+from distmb.comm.mpi import Communicator, EmbeddingPush, TorchEmbeddingPush
+from distmb.halo.hec.device import DeviceHistoricalCache
+from distmb.halo.hec.host import HistoricalEmbeddingCache
 
 DIM, STEPS, CAPACITY, LIFESPAN = 5, 9, 40, 3
 delay = int(sys.argv[1])

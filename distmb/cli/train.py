@@ -1,0 +1,219 @@
+"""``python -m distmb.train``: mini-batch training of GraphSAGE or GAT.
+
+With no arguments it trains GraphSAGE on the built-in synthetic dataset (about a minute on
+two cores). Defaults follow Table 2 of the DistGNN-MB paper.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from distmb.config.train import TrainConfig, build_parser, config_from_args
+from distmb.core import progress
+from distmb.core.errors import InputError, exit_on_user_error
+
+
+def load_local(args: TrainConfig, log) -> object:
+    """The single rank's :class:`LocalGraph` from ``--part-dir`` (one part) or
+    ``--dataset``."""
+    from distmb.data import PartitionStore, load_dataset
+    from distmb.data.local import LocalGraph
+
+    if args.part_dir:
+        store = PartitionStore(args.part_dir, 0, verify="auto" if args.verify else "never")
+        if store.num_parts != 1:
+            raise InputError(
+                f"--part-dir {args.part_dir} has {store.num_parts} parts; a single-rank run "
+                f"needs 1 (run under mpirun -np {store.num_parts} for multi-rank training)"
+            )
+        log(f"partition {args.part_dir}: {store}")
+        local = LocalGraph.from_store(store)
+    else:
+        spec = args.dataset or "synthetic"
+        graph = load_dataset(spec, seed=args.seed)
+        log(graph.summary())
+        for note in graph.notes:
+            log(f"  {note}")
+        local = LocalGraph.from_graph(graph)
+    if local.train_idx.size == 0:
+        raise InputError(f"{args.part_dir or args.dataset or 'synthetic'}: no training vertices")
+    return local
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: multi-rank when started by an MPI launcher or torchrun, else single
+    rank."""
+    from distmb.cli.launch import is_multi_rank_launch
+
+    if is_multi_rank_launch():
+        return main_distributed(argv)
+    return main_single(argv)
+
+
+def main_distributed(argv: list[str] | None) -> int:
+    """One rank of ``mpirun -np P python -m distmb.train`` (or ``torchrun --nproc_per_node
+    P -m distmb.train``). Any error on any rank aborts the whole job, so a dead rank never
+    leaves the others waiting."""
+    from distmb.cli.launch import run_on_ranks
+
+    return run_on_ranks(
+        "distmb.cli.train", lambda comm: run_distributed(build_parser().parse_args(argv), comm)
+    )
+
+
+def run_distributed(args: argparse.Namespace, comm) -> None:
+    import torch
+
+    from distmb.cli.launch import ensure_partition, open_part
+    from distmb.data.local import LocalGraph
+    from distmb.engine.device import (
+        check_comm_launch,
+        check_gpu_path,
+        gpu_identity,
+        resolve_comm,
+        resolve_device,
+        shares_gpu,
+        torch_backend,
+        uses_gpu_path,
+    )
+    from distmb.engine.trainer import prepare_outputs
+    from distmb.halo import make_halo_scheme
+
+    config = config_from_args(args)
+    check_comm_launch(config.comm, comm.launcher)  # before partitioning or loading anything
+    prepare_outputs(config, comm.rank)
+    progress.configure(config.progress and comm.rank == 0, config.progress_every)
+    warning = set_threads(config)
+    if warning and comm.rank == 0:
+        print(warning, file=sys.stderr, flush=True)
+
+    def log(line: str) -> None:
+        if comm.rank == 0:
+            print(line, flush=True)
+
+    part_dir = config.part_dir or ensure_partition(
+        comm, config.dataset or "synthetic", config.partition_cache, config.seed, log
+    )
+    store = open_part(comm, part_dir, verify=config.verify)
+    log(f"{comm.size} ranks on {part_dir}; rank 0: {store}")
+    # Every rank asks for its node-local rank here, at the same point (it may be a collective).
+    device = resolve_device(config.device, comm.local_rank())
+    check_gpu_path(config, device)
+    gpu_path = uses_gpu_path(config, device)
+    # On the GPU path the HEC's tables live on the training device: halo rows arrive there.
+    halo = make_halo_scheme(comm, store, config, cache_device=device if gpu_path else None)
+    shared = False
+    if device.type == "cuda":
+        import socket
+
+        shared = shares_gpu(comm.allgather((socket.gethostname(), gpu_identity(device))))
+        log(f"{comm.size} ranks on GPUs" + (" (shared by several ranks)" if shared else ""))
+    if resolve_comm(config.comm, device, shared, comm.launcher) == "torch":
+        if device.type == "cuda":
+            torch.cuda.set_device(device)  # NCCL's communicator binds to the current GPU
+        backend = torch_backend(device)
+        comm.use_torch_distributed(backend, device)
+        log(
+            "--comm torch: gradient all-reduce over torch.distributed "
+            f"({comm.size} ranks, {backend}; in buckets during the backward pass), HEC push "
+            "and exact exchanges over its all-to-all"
+            + (" (started by torchrun, without MPI)" if comm.launcher != "mpi" else "")
+        )
+    # run_on_ranks tears the torch.distributed group down once this returns (not on an
+    # error: the job is aborted then, and a teardown barrier would wait for the dead).
+    train(LocalGraph.from_store(store), config, comm=comm, halo=halo, log=log)
+
+
+def set_threads(config: TrainConfig) -> str | None:
+    """``--threads``: PyTorch's and the C++ kernels' thread counts. Returns a warning when
+    ``--threads`` or ``--loader-threads`` exceeds the cores this process may run on (allowed:
+    the threads then take turns)."""
+    warning = None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    asked = max(config.threads or 0, config.loader_threads or 0)
+    if cores is not None and asked > cores:
+        warning = (
+            f"distmb.cli.train: warning: {asked} threads (--threads / --loader-threads) exceed the "
+            f"{cores} core(s) this process may use; the threads will take turns"
+        )
+    if config.threads is not None:
+        import torch
+
+        from distmb import _C
+
+        torch.set_num_threads(config.threads)
+        _C.set_num_threads(config.threads)
+    return warning
+
+
+def train(local, config: TrainConfig, *, comm=None, halo=None, log=print) -> list[dict]:
+    """Build the trainer, print what is trained, fit, print the final accuracy."""
+    import torch
+
+    from distmb.engine import Trainer
+    from distmb.pipeline.sample.adjacency import describe_adjacency
+
+    trainer = Trainer(local, config, comm=comm, halo=halo, log=log)
+    params = sum(p.numel() for p in trainer.model.parameters())
+    per_rank = " per rank" if trainer.num_ranks > 1 else ""
+    halo_text = f"; halo leaves: {trainer.halo.describe()}" if trainer.num_ranks > 1 else ""
+    loader = trainer.loader
+    loading = "synchronous loading" if loader.synchronous else f"prefetch {loader.prefetch}"
+    log(
+        f"training {config.model} ({config.layers} layers, hidden {config.hidden}"
+        + (f", {config.heads} heads" if config.model == "gat" else "")
+        + f", {params} parameters), fan-out {','.join(map(str, config.fanout))}, batch "
+        f"{config.batch_size}{per_rank}, lr {config.lr}, {config.epochs} epochs, "
+        f"{torch.get_num_threads()} thread(s){per_rank}, {loading}{halo_text}"
+    )
+    note = trainer.feature_sources.note + describe_adjacency(trainer.adjacency, config)
+    log(note + (" (rank 0)" if trainer.num_ranks > 1 else ""))
+    if trainer.gpu is not None:
+        log(trainer.gpu.note)
+    history = trainer.fit()
+    last = next((r for r in reversed(history) if "test_acc" in r), None)
+    if last is not None:
+        log(final_line(last, trainer.selection.best))
+    return history
+
+
+def final_line(last: dict, best) -> str:
+    """The run's last line: the last evaluated epoch's val and test accuracy, then those of
+    the best validation epoch (``best``: a :class:`~distmb.engine.selection.BestEpoch`, or
+    None without validation vertices)."""
+    line = (
+        f"final: epoch {last['epoch']}: val {100 * last['val_acc']:.2f}%  "
+        f"test {100 * last['test_acc']:.2f}%"
+    )
+    if best is not None:
+        line += (
+            f"  |  best val: epoch {best.epoch}: val {100 * best.val_acc:.2f}%  "
+            f"test {100 * best.test_acc:.2f}%"
+        )
+    return line
+
+
+@exit_on_user_error("distmb.cli.train")
+def main_single(argv: list[str] | None = None) -> int:
+    from distmb.cli.launch import check_srun_mpi
+    from distmb.engine.trainer import prepare_outputs
+
+    config = config_from_args(build_parser().parse_args(argv))
+    check_srun_mpi()  # srun --mpi=none: P lone ranks, not one job
+    prepare_outputs(config, rank=0)  # before loading anything
+    progress.configure(config.progress, config.progress_every)  # the loaders' progress
+    warning = set_threads(config)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
+
+    def log(line: str) -> None:
+        print(line, flush=True)
+
+    train(load_local(config, log), config, log=log)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,7 @@
+"""``python -m distmb.config --markdown``: the flag tables of docs/flags.md."""
+
+import sys
+
+from distmb.config.train import main
+
+sys.exit(main())

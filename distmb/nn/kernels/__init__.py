@@ -1,0 +1,1 @@
+"""distmb/nn/kernels."""

@@ -1,0 +1,210 @@
+"""The neighbour sampler on a torch device (PyTorch ops + Fused-Map).
+
+Same interface and block contract as :class:`distmb.pipeline.sample.NeighborSampler` (see
+:mod:`distmb.pipeline.sample.host`): DGL's fan-out order, destinations a prefix of the sources,
+then the new solid sources, then the halo leaves, which are never expanded; uniform without
+replacement, every neighbour when the degree is at most the fan-out or the fan-out is
+:data:`~distmb.pipeline.sample.FANOUT_ALL`; each row's neighbours in CSR order. It does not make the
+C++ sampler's random choices, only the same distribution: for a given ``(seed, epoch,
+iteration)`` the blocks are the same on every call on the same device type and torch build.
+
+One layer, all on the device, no loop over destinations:
+
+1. degrees from ``indptr``; row sizes ``min(deg, fanout)``; their prefix sum is the block's
+   ``indptr`` (host sync 1: the edge count, which sizes the layer's arrays);
+2. positions: vectorised Floyd (:mod:`distmb.pipeline.sample.choose`) for rows above the fan-out, the
+   whole row otherwise; neighbours gathered from ``indices``;
+3. Fused-Map (:func:`distmb.pipeline.sample.idmap.fused_map`) of ``concat(dst, neighbours)``: the
+   block's ``src_ids`` and every edge's source position (host sync 2: the source counts).
+
+So a layer synchronises with the host twice, each time reading only the sizes of its outputs
+(which the :class:`~distmb.pipeline.sample.Block` holds as ints); the seeds' checks ride on sync 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from distmb import _C
+from distmb.core.rng import GOLDEN, finalize64
+from distmb.pipeline.sample.blocks import Block
+from distmb.pipeline.sample.choose import choose_positions
+from distmb.pipeline.sample.host import (
+    FANOUT_ALL,
+    NeighborSampler,
+    _check_counter,
+    _index_array,
+)
+from distmb.pipeline.sample.idmap import Backend, RepeatedDestinationError, fused_map
+from distmb.pipeline.sample.placement import Placement, place
+
+
+def batch_seed(seed: int, epoch: int, iteration: int) -> int:
+    """The generator seed of one mini-batch: a splitmix64 hash of the triple, in
+    ``[0, 2**63)``."""
+    h = finalize64(seed + GOLDEN)
+    h = finalize64(h ^ (epoch + 2 * GOLDEN))
+    h = finalize64(h ^ (iteration + 3 * GOLDEN))
+    return h >> 1
+
+
+class DeviceNeighborSampler:
+    """Uniform neighbour sampler over one part's local in-edge CSR, on a torch device.
+
+    Args:
+        indptr: int64[n_solid + 1], CSR row pointers of the solid vertices' in-edges
+            (host array).
+        indices: int32 or int64[indptr[-1]], sources as VID_p in ``[0, n_local)``; VID_p
+            ``>= n_solid`` are halo leaves (host array).
+        n_solid, n_local, fanouts, seed: as for :class:`~distmb.pipeline.sample.NeighborSampler`.
+        device: where sampling runs and the blocks live (``cpu`` or ``cuda[:i]``).
+        placement: ``"device"`` (CSR copied to the device) or ``"host"`` (read in place from
+            pinned host memory, zero-copy; :mod:`distmb.pipeline.sample.placement`).
+        backend: Fused-Map back end (``"auto"``: the Triton kernel where it can run).
+
+    Raises:
+        ValueError: the C++ sampler's checks of the CSR and fan-outs (same messages), a bad
+            placement or back end.
+    """
+
+    #: Sampling reads this rank's part only (safe on a background thread).
+    uses_collectives = False
+
+    def __init__(
+        self,
+        indptr: np.ndarray,
+        indices: np.ndarray,
+        n_solid: int,
+        n_local: int,
+        fanouts: Sequence[int],
+        seed: int,
+        device: torch.device | str = "cpu",
+        placement: Placement = "device",
+        backend: Backend = "auto",
+    ) -> None:
+        self.fanouts = NeighborSampler._check_fanouts(fanouts)
+        self.seed = _check_counter(seed, "seed")
+        indptr, indices = np.asarray(indptr), np.asarray(indices)
+        if indptr.dtype != np.int64:
+            raise ValueError(f"indptr must be int64 (got {indptr.dtype})")
+        if indices.dtype not in (np.int32, np.int64):
+            raise ValueError(f"indices must be int32 or int64 (got {indices.dtype})")
+        # One-off O(n + E) validation by the C++ core (same checks and messages).
+        _C.NeighborSamplerCore(
+            np.ascontiguousarray(indptr), np.ascontiguousarray(indices), int(n_solid), int(n_local)
+        )
+        self.n_solid, self.n_local = int(n_solid), int(n_local)
+        self.device = torch.device(device)
+        self.placement = placement
+        self.backend: Backend = backend
+        self.indptr = place(np.ascontiguousarray(indptr), self.device, placement)
+        self.indices = place(np.ascontiguousarray(indices), self.device, placement)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.fanouts)
+
+    def sample(self, seeds: torch.Tensor | np.ndarray, epoch: int, iteration: int) -> list[Block]:
+        """The blocks of one mini-batch, on :attr:`device` (contract as
+        :meth:`distmb.pipeline.sample.NeighborSampler.sample`).
+
+        Raises:
+            ValueError: a seed that is a halo vertex, out of range or repeated; bad counters.
+        """
+        return self._run(seeds, self.fanouts, epoch, iteration)
+
+    def sample_hop(
+        self, dst_ids: torch.Tensor | np.ndarray, fanout: int, epoch: int, iteration: int
+    ) -> Block:
+        """One block of up to ``fanout`` in-neighbours of every ``dst_ids`` entry."""
+        return self._run(dst_ids, NeighborSampler._check_fanouts([fanout]), epoch, iteration)[0]
+
+    def full_block(self, dst_ids: torch.Tensor | np.ndarray) -> Block:
+        """One exact block: every in-neighbour of ``dst_ids`` (distinct solid VID_p)."""
+        return self._run(dst_ids, [FANOUT_ALL], 0, 0)[0]
+
+    def _seeds(self, seeds: torch.Tensor | np.ndarray) -> torch.Tensor:
+        if isinstance(seeds, torch.Tensor):
+            if seeds.dim() != 1:
+                raise ValueError(f"seeds must be 1-D (got shape {list(seeds.shape)})")
+            if seeds.is_floating_point() or seeds.is_complex() or seeds.dtype == torch.bool:
+                raise ValueError(f"seeds must hold integers (got dtype {seeds.dtype})")
+            return seeds.to(self.device, torch.int64)
+        return torch.from_numpy(_index_array(seeds, "seeds")).to(self.device)
+
+    def _run(
+        self, seeds: torch.Tensor | np.ndarray, fanouts: list[int], epoch: int, iteration: int
+    ) -> list[Block]:
+        dst = self._seeds(seeds)
+        generator = torch.Generator(device=self.device)
+        generator.manual_seed(
+            batch_seed(
+                self.seed, _check_counter(epoch, "epoch"), _check_counter(iteration, "iteration")
+            )
+        )
+        blocks: list[Block] = [None] * len(fanouts)  # type: ignore[list-item]
+        top = len(fanouts) - 1
+        for layer in range(top, -1, -1):
+            block = self._layer(dst, fanouts[layer], generator, check_seeds=layer == top)
+            blocks[layer] = block
+            dst = block.src_ids[: block.n_computed]
+        return blocks
+
+    def _layer(
+        self, dst: torch.Tensor, fanout: int, generator: torch.Generator, check_seeds: bool
+    ) -> Block:
+        """One block for destinations ``dst`` (int64[n_dst] on the device, distinct solid
+        VID_p; checked when ``check_seeds``)."""
+        n_dst, device = int(dst.shape[0]), self.device
+        if check_seeds and n_dst and self.n_solid == 0:
+            self._raise_bad_seed(dst)
+        # Out-of-range seeds are clamped for the reads below and reported at sync 1, so that
+        # a bad seed never becomes an out-of-bounds device read.
+        rows = dst.clamp(0, max(self.n_solid - 1, 0)) if check_seeds else dst
+        start = self.indptr[rows]
+        deg = self.indptr[rows + 1] - start
+        count = deg if fanout == FANOUT_ALL else torch.clamp(deg, max=fanout)
+        indptr = torch.zeros(n_dst + 1, dtype=torch.int64, device=device)
+        torch.cumsum(count, 0, out=indptr[1:])
+        bad = ((dst < 0) | (dst >= self.n_solid)).sum() if check_seeds else indptr[0]
+        nnz, n_bad = torch.stack([indptr[-1], bad]).tolist()  # host sync 1
+        if n_bad:
+            self._raise_bad_seed(dst)
+        row = torch.repeat_interleave(torch.arange(n_dst, device=device), count, output_size=nnz)
+        offset = torch.arange(nnz, device=device) - indptr[row]
+        if fanout != FANOUT_ALL and nnz:
+            picks = choose_positions(deg, fanout, generator)
+            offset = torch.where(deg[row] > fanout, picks[row, offset], offset)
+        neighbours = self.indices[start[row] + offset]
+        keys = torch.cat([dst, neighbours.to(device, torch.int64)])
+        try:
+            mapped = fused_map(keys, n_dst, self.n_solid, self.backend)  # host sync 2
+        except RepeatedDestinationError as exc:  # only seeds can repeat
+            raise ValueError(
+                f"seeds must be distinct; VID_p {exc.key} occurs more than once"
+            ) from None
+        return Block(
+            n_dst=n_dst,
+            n_src=int(mapped.src_ids.shape[0]),
+            n_halo=mapped.n_halo,
+            indptr=indptr,
+            indices=mapped.local[n_dst:],
+            src_ids=mapped.src_ids,
+        )
+
+    def _raise_bad_seed(self, dst: torch.Tensor) -> None:
+        """Raise the C++ sampler's error for the first seed outside the solid range."""
+        host = dst.cpu()
+        at = int(torch.nonzero((host < 0) | (host >= self.n_solid))[0, 0])
+        s = int(host[at])
+        if self.n_solid <= s < self.n_local:
+            raise ValueError(
+                f"seed VID_p {s} (position {at}) is a halo vertex (VID_p >= n_solid="
+                f"{self.n_solid}); halo vertices have no local in-edges and cannot be seeds"
+            )
+        raise ValueError(
+            f"seed VID_p {s} (position {at}) is outside the solid range [0, {self.n_solid})"
+        )

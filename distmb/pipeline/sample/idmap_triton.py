@@ -1,0 +1,139 @@
+"""Fused-Map's hash-table pass as a Triton kernel (FastGL, Algorithm 2, made deterministic).
+
+One program inserts ``BLOCK`` keys into an open-addressing table (``table_keys:
+int64[capacity]``, empty slots hold :data:`EMPTY`): each lane hashes its key, then walks the
+table by linear probing; ``atomic_cas(slot, EMPTY, key)`` either claims an empty slot or
+returns the key already there. Once a lane has found its key's slot it records the slot
+(``slot_of[i]``) and atomically lowers ``table_pos[slot]`` to its input position ``i``, so
+after the single pass ``table_pos`` holds every key's first appearance and
+``table_pos[slot_of[i]] == i`` says whether ``i`` is one. FastGL numbers the keys with an
+atomic counter inside the same kernel, which gives a different numbering on every run; the
+first-appearance record lets :func:`distmb.pipeline.sample.idmap._relabel` number them in input order
+instead, exactly as the C++ sampler does.
+
+Runs on CUDA tensors, and on CPU tensors under Triton's interpreter (``TRITON_INTERPRET=1``
+set before Triton is imported), which is how CI tests it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import torch
+
+try:  # optional dependency: pip install 'distmb[triton]'
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - exercised where Triton is not installed
+    triton = None
+    tl = None
+
+#: Key of an empty slot (keys are non-negative ids).
+EMPTY = -1
+#: Position stored in a slot no key has reached (above every input position).
+NO_POSITION = torch.iinfo(torch.int64).max
+#: Keys per Triton program.
+BLOCK = 256
+#: Default table size in keys: capacity is the smallest power of two >= LOAD_INVERSE * m,
+#: i.e. the table is at most half full and a probe sequence is short.
+LOAD_INVERSE = 2
+#: Fibonacci hashing multiplier (2^64 / golden ratio), as used by splitmix64.
+HASH_MULTIPLIER = 0x9E3779B97F4A7C15
+
+
+def interpreting() -> bool:
+    """Whether Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def usable(device: torch.device) -> tuple[bool, str]:
+    """Whether the Triton back end can run on ``device``, and if not, why."""
+    if triton is None:
+        return False, "Triton is not installed (pip install 'distmb[triton]')"
+    if device.type == "cuda":
+        return True, ""
+    if device.type == "cpu" and interpreting():
+        return True, ""
+    return False, (
+        f"Triton kernels run on CUDA tensors, or on CPU tensors only under its interpreter "
+        f"(TRITON_INTERPRET=1 set before Triton is imported); got a {device.type} tensor"
+    )
+
+
+def table_capacity(m: int, capacity: int | None = None) -> int:
+    """Slots of the hash table for ``m`` keys: ``capacity`` checked, or the default.
+
+    Raises:
+        ValueError: ``capacity`` not a power of two, or below ``m`` (probing could then
+            find no free slot).
+    """
+    if capacity is None:
+        return 1 << max(1, (LOAD_INVERSE * m - 1).bit_length())
+    if capacity < max(m, 1) or capacity & (capacity - 1):
+        raise ValueError(f"hash table capacity {capacity}: expected a power of two >= the {m} keys")
+    return capacity
+
+
+if triton is not None:
+    # Globals a compiled kernel reads must be constexpr.
+    _EMPTY = tl.constexpr(EMPTY)
+    _HASH_MULTIPLIER = tl.constexpr(HASH_MULTIPLIER)
+
+    # m and mask are never compile-time constants: Triton would otherwise specialise a
+    # value of 1 (one key, a 2-slot table) into a constexpr.
+    @triton.jit(do_not_specialize=["m", "mask"])
+    def _insert_kernel(
+        keys_ptr, m, table_keys_ptr, table_pos_ptr, slot_of_ptr, mask, BLOCK: tl.constexpr
+    ):
+        """Insert keys[pid*BLOCK ...] (contract in the module docstring). ``mask`` is
+        capacity - 1; a lane probes at most capacity slots."""
+        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        valid = offs < m
+        key = tl.load(keys_ptr + offs, mask=valid, other=_EMPTY)
+        h = key.to(tl.uint64, bitcast=True) * _HASH_MULTIPLIER
+        h = h ^ (h >> 32)
+        slot = (h & mask.to(tl.uint64)).to(tl.int64)
+        active = valid
+        probes = 0
+        while (tl.max(active.to(tl.int32), axis=0) > 0) & (probes <= mask):
+            # Inactive lanes swap _EMPTY for _EMPTY: no effect whatever the slot holds.
+            prev = tl.atomic_cas(
+                table_keys_ptr + slot,
+                tl.full((BLOCK,), _EMPTY, tl.int64),
+                tl.where(active, key, _EMPTY),
+            )
+            found = active & ((prev == _EMPTY) | (prev == key))
+            tl.atomic_min(table_pos_ptr + slot, offs, mask=found)
+            tl.store(slot_of_ptr + offs, slot, mask=found)
+            active = active & ~found
+            slot = tl.where(active, (slot + 1) & mask, slot)
+            probes += 1
+
+
+def triton_groups(
+    keys: torch.Tensor, capacity: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Group ``keys`` (int64[m] >= 0, on CUDA or under the interpreter) in one hash-table
+    pass: (slot int64[m] in ``[0, capacity)``, first bool[m], capacity).
+
+    Raises:
+        ValueError: a bad ``capacity`` (see :func:`table_capacity`).
+        RuntimeError: Triton is not installed.
+    """
+    if triton is None:
+        raise RuntimeError("Triton is not installed (pip install 'distmb[triton]')")
+    m = int(keys.shape[0])
+    cap = table_capacity(m, capacity)
+    device = keys.device
+    table_keys = torch.full((cap,), EMPTY, dtype=torch.int64, device=device)
+    table_pos = torch.full((cap,), NO_POSITION, dtype=torch.int64, device=device)
+    slot_of = torch.zeros(m, dtype=torch.int64, device=device)
+    if m:
+        grid = (triton.cdiv(m, BLOCK),)
+        with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+            _insert_kernel[grid](
+                keys.contiguous(), m, table_keys, table_pos, slot_of, cap - 1, BLOCK=BLOCK
+            )
+    first = table_pos[slot_of] == torch.arange(m, dtype=torch.int64, device=device)
+    return slot_of, first, cap
