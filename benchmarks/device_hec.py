@@ -1,4 +1,5 @@
-"""Operations per second of the device-resident HEC (:class:`distmb.halo.hec.device.DeviceHistoricalCache`)
+"""Operations per second of the device-resident HEC
+(:class:`distmb.halo.hec.device.DeviceHistoricalCache`)
 next to the C++ one (:class:`distmb.halo.hec.host.HistoricalEmbeddingCache`), on the same
 operations.
 

@@ -6,7 +6,8 @@ after ``--warmup`` unmeasured ones. Every batch is sampled by every configuratio
 back (interleaved, so that load from other processes hits all alike):
 
 - ``cpp``: the C++ sampler on ``--threads`` OpenMP threads;
-- ``device/<dev>/<backend>/<placement>``: :class:`~distmb.pipeline.sample.device.DeviceNeighborSampler` on
+- ``device/<dev>/<backend>/<placement>``:
+:class:`~distmb.pipeline.sample.device.DeviceNeighborSampler` on
   ``cpu`` and, where torch sees one, ``cuda`` (Fused-Map back end ``torch`` or ``triton``;
   CSR placement ``device`` or, on CUDA, ``host`` = zero-copy pinned memory). Triton runs on
   CUDA only here (its CPU interpreter is a test vehicle, not a performance path).

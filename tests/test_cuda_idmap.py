@@ -1,4 +1,5 @@
-"""Fused-Map (distmb.pipeline.sample.idmap): the Triton hash-table kernel (under the interpreter on CPU)
+"""Fused-Map (distmb.pipeline.sample.idmap): the Triton hash-table kernel (under the interpreter on
+CPU)
 and the torch-ops version against a Python-dict reference of unique + first-seen relabel."""
 
 from __future__ import annotations

@@ -22,14 +22,14 @@ from distmb.data.store.format import META_FILE, OOC_FEATURE_FILE
 from distmb.data.store.rowfile import RowFile, write_row_file
 from distmb.data.store.store import PartitionStore
 from distmb.engine import Trainer
+from distmb.engine.adjacency import open_adjacency
+from distmb.engine.features import open_features
 from distmb.partition import partition_graph
 from distmb.partition.convert import convert_features
 from distmb.pipeline.features.cached import CachedFeatures, cache_rows
 from distmb.pipeline.features.memory import ArrayFeatures, PartFeatures
 from distmb.pipeline.features.presample import hot_rows, presample_counts, presample_seed
-from distmb.pipeline.features.select import open_features
 from distmb.pipeline.loader import BatchLoader
-from distmb.pipeline.sample.adjacency import open_adjacency
 from distmb.pipeline.sample.host import NeighborSampler
 
 #: Record keys that depend on where rows came from, not on what was trained.

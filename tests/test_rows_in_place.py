@@ -1,4 +1,5 @@
-"""Rows read in place (``distmb.pipeline.rows.IndexedRows``, ``--no-gather-in-place``): the kernels that
+"""Rows read in place (``distmb.pipeline.rows.IndexedRows``, ``--no-gather-in-place``): the kernels
+that
 read a feature table through row ids give exactly what they give on the gathered copy, bad ids
 are refused, and training with and without the gather is bit-identical."""
 

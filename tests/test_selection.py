@@ -31,10 +31,10 @@ from distmb.data.local import LocalGraph
 from distmb.engine import Trainer
 from distmb.engine.checkpoint import BEST_FILE, CHECKPOINT_FILE, save_checkpoint
 from distmb.engine.evaluate import correct_counts, layerwise_inference
+from distmb.engine.features import open_features
 from distmb.engine.selection import ModelSelection
 from distmb.partition import partition_graph
 from distmb.pipeline.features.normalize import FeatureNormalization, fit_normalization
-from distmb.pipeline.features.select import open_features
 
 SCRIPTS = Path(__file__).parent / "mpi_scripts"
 #: A short, noisy run (high lr) on the small synthetic graph: its validation accuracy

@@ -1,4 +1,5 @@
-"""Multi-rank runs started by ``torchrun`` (no MPI at all: :class:`distmb.comm.mpi.TorchCommunicator`)
+"""Multi-rank runs started by ``torchrun`` (no MPI at all:
+:class:`distmb.comm.mpi.TorchCommunicator`)
 against the same runs under a real ``mpiexec``, and the exchanges of ``--exact-remote`` and
 exact evaluation over torch.distributed (``--comm torch``, gloo on the CPU) against MPI."""
 

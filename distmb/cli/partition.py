@@ -6,9 +6,9 @@ import argparse
 import sys
 from typing import Any
 
-from distmb.config.train import MAX_THREADS
 from distmb.core import progress
 from distmb.core.errors import InputError, exit_on_user_error
+from distmb.core.machine import MAX_THREADS
 from distmb.core.progress import Progress
 from distmb.data.store.format import FEATURE_LAYOUTS
 from distmb.partition.assign import ASSIGNMENT_METHOD, METHODS, check_method_options

@@ -369,11 +369,11 @@ def _run(
     import torch
 
     from distmb.cli.train import set_threads
+    from distmb.engine.build import model_from_config
     from distmb.engine.evaluate import layerwise_inference, part_layer_table, split_accuracies
+    from distmb.engine.features import open_features
     from distmb.nn.kernels.dispatch import set_kernels
-    from distmb.nn.user import model_from_config
     from distmb.pipeline.features.normalize import FeatureNormalization
-    from distmb.pipeline.features.select import open_features
     from distmb.pipeline.sample.host import NeighborSampler
 
     start = time.perf_counter()

@@ -153,7 +153,7 @@ def train(local, config: TrainConfig, *, comm=None, halo=None, log=print) -> lis
     import torch
 
     from distmb.engine import Trainer
-    from distmb.pipeline.sample.adjacency import describe_adjacency
+    from distmb.engine.adjacency import describe_adjacency
 
     trainer = Trainer(local, config, comm=comm, halo=halo, log=log)
     params = sum(p.numel() for p in trainer.model.parameters())

@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from distmb.config.train import TORCHRUN_TIMEOUT_S
+from distmb.comm.watchdog import TORCHRUN_TIMEOUT_S
 from distmb.core.units import FLOAT32_BYTES, row_message_bytes
 
 if TYPE_CHECKING:

@@ -37,7 +37,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from distmb.config.train import DEFAULT_COLLECTIVE_TIMEOUT_S
+#: Seconds a collective of a torchrun job may wait for a peer before it fails the job
+#: (:class:`distmb.comm.mpi.TorchCommunicator`; torch's own default). Long, because every rank
+#: waits in one while rank 0 partitions ``--dataset``: a rank that *dies* ends the job at
+#: once (torchrun stops the others), this bounds only one that stops without dying.
+TORCHRUN_TIMEOUT_S = 1800.0
+
+#: Default of ``--collective-timeout`` (seconds).
+DEFAULT_COLLECTIVE_TIMEOUT_S = 300.0
 
 __all__ = [
     "DEFAULT_COLLECTIVE_TIMEOUT_S",

@@ -30,9 +30,16 @@ from typing import Any, Literal
 
 import numpy as np
 
+from distmb.comm.watchdog import DEFAULT_COLLECTIVE_TIMEOUT_S, TORCHRUN_TIMEOUT_S
 from distmb.core.errors import InputError
+from distmb.core.machine import MAX_THREADS
 from distmb.core.malloc import DEFAULT_MALLOC_POLICY, MALLOC_POLICIES
 from distmb.core.progress import DEFAULT_PROGRESS_EVERY
+from distmb.halo.hec.scheme import HecSettings
+from distmb.nn.user import is_model_spec
+from distmb.pipeline.features.cached import CACHE_POLICIES
+from distmb.pipeline.features.device import DEVICE_CACHE_POLICIES
+from distmb.pipeline.features.normalize import NORMALIZATIONS
 
 __all__ = [
     "DEFAULT_COLLECTIVE_TIMEOUT_S",
@@ -130,11 +137,6 @@ MAX_FANOUT = 2**31 - 1
 #: Where input feature rows are read from (``--features``): in memory, memory-mapped (the OS
 #: page cache, what DGL/PyG users do), or out of core (direct reads behind a cache).
 FEATURE_SOURCES: tuple[str, ...] = ("memory", "mmap", "ooc")
-#: Replacement policies of the out-of-core feature cache (``--cache-policy``).
-CACHE_POLICIES: tuple[str, ...] = ("belady", "presc", "degree", "lru", "none")
-#: Policies of the device feature cache (``--device-cache-policy``,
-#: :mod:`distmb.pipeline.features.device`).
-DEVICE_CACHE_POLICIES: tuple[str, ...] = ("presc", "degree", "none")
 #: Default size of the device feature cache, MiB (clamped to the table).
 DEFAULT_DEVICE_CACHE_MB = 4096.0
 #: ``--sampler``: ``auto`` (``device`` on a GPU, else ``cpp``), the C++ sampler, or the GPU
@@ -150,8 +152,6 @@ GRAPH_LAYOUTS: tuple[str, ...] = ("mmap", "ooc")
 NEIGHBOR_CACHE_ORDERS: tuple[str, ...] = ("degree", "ratio")
 #: Learning-rate schedules of ``--lr-schedule``, stepped once per epoch.
 LR_SCHEDULES: tuple[str, ...] = ("none", "cosine", "step")
-#: Input feature normalisations of ``--normalize-features``.
-NORMALIZATIONS: tuple[str, ...] = ("none", "row", "standard")
 #: Default size of the out-of-core neighbour cache, MiB.
 DEFAULT_NEIGHBOR_CACHE_MB = 256.0
 #: Default size of the out-of-core feature cache, MiB (clamped to the table).
@@ -173,18 +173,7 @@ GROUP_CUDA = (
 GROUP_HEC = "multi-rank (mpirun -np P): historical embedding cache"
 GROUP_SELECTION = "model selection: best epoch, early stopping, lr schedule, feature normalisation"
 
-#: Most threads ``--threads`` / ``--loader-threads`` accept (OpenMP crashes far beyond it;
-#: more threads than cores is allowed, with a warning).
-MAX_THREADS = 4096
 
-#: Default of ``--collective-timeout`` (seconds; :mod:`distmb.comm.watchdog`, which this module
-#: does not import: it needs MPI).
-DEFAULT_COLLECTIVE_TIMEOUT_S = 300.0
-#: Seconds a collective of a torchrun job may wait for a peer before it fails the job
-#: (:class:`distmb.comm.mpi.TorchCommunicator`; torch's own default). Long, because every rank
-#: waits in one while rank 0 partitions ``--dataset``: a rank that *dies* ends the job at
-#: once (torchrun stops the others), this bounds only one that stops without dying.
-TORCHRUN_TIMEOUT_S = 1800.0
 
 #: How halo (remote) leaves of a multi-rank mini-batch are handled, see
 #: :attr:`TrainConfig.halo_scheme`.
@@ -247,36 +236,10 @@ def option(default: Any, help: str, **spec: Any) -> Any:
     return field(default=default, metadata={_SPEC: OptionSpec(help=help, **spec)})
 
 
-def is_model_spec(model: str) -> bool:
-    """Whether ``--model`` names a user's class, ``package.module:Class`` (dotted names of
-    Python identifiers on both sides of one colon)."""
-    module, sep, name = model.partition(":")
-    return bool(sep) and all(part.isidentifier() for part in (*module.split("."), *name.split(".")))
-
-
 def _aggregators() -> tuple[str, ...]:
     from distmb.nn import AGGREGATORS  # imports torch: only when an --aggr value is checked
 
     return tuple(AGGREGATORS)
-
-
-@dataclass(frozen=True)
-class HecSettings:
-    """The historical embedding cache of a multi-rank run (:attr:`TrainConfig.hec`).
-
-    Args:
-        enabled: ``False`` (``--no-hec``) drops every halo leaf instead.
-        size: cache lines per layer (cs).
-        nc: rows pushed per peer and layer per iteration at most.
-        lifespan: iterations a cached embedding stays usable (ls).
-        delay: iterations between a push and its use (d).
-    """
-
-    enabled: bool
-    size: int
-    nc: int
-    lifespan: int
-    delay: int
 
 
 @dataclass(kw_only=True)

@@ -2,7 +2,8 @@
 directory. A crash leaves the previous file (or none), never a half-written one; the run that
 owns a directory removes the temporaries a killed writer left there. Checkpoints, cache
 files, JSON and PNG results and partition stamps all go through :func:`write_atomic`; writers
-that need a path (the memory-mapped arrays of ``distmb.cli.predict``) through :func:`atomic_path`."""
+that need a path (the memory-mapped arrays of ``distmb.cli.predict``) through
+:func:`atomic_path`."""
 
 from __future__ import annotations
 

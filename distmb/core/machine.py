@@ -8,6 +8,10 @@ from pathlib import Path
 
 from distmb.core.errors import InputError
 
+#: Most threads ``--threads`` / ``--loader-threads`` accept (OpenMP crashes far beyond it;
+#: more threads than cores is allowed, with a warning).
+MAX_THREADS = 4096
+
 #: Where Linux names the CPU model.
 _CPUINFO = Path("/proc/cpuinfo")
 

@@ -1,7 +1,8 @@
 """``--device`` and ``--sampler``: which device a run trains on and whether it takes the GPU path.
 
 The *GPU path* is the data path of issue 12 (docs/cuda.md): the PyTorch-ops sampler
-(:class:`~distmb.pipeline.sample.device.DeviceNeighborSampler`), the device feature cache over host rows
+(:class:`~distmb.pipeline.sample.device.DeviceNeighborSampler`), the device feature cache over host
+rows
 (:class:`~distmb.pipeline.features.device.DeviceFeatures`), optionally Match-Reorder, and the model
 in PyTorch ops on the device. It is taken with ``--device cuda`` (``--sampler auto`` or
 ``device``), and on the CPU with ``--sampler device``: the same code on CPU tensors, which is

@@ -45,7 +45,7 @@ def global_stats(
         feature_cache: this rank's out-of-core feature cache counters
             (:meth:`CachedFeatures.stats`), or None on every rank.
         neighbor_cache: the same for the out-of-core neighbour lists
-            (:func:`distmb.pipeline.sample.adjacency.neighbor_cache_stats`), or None on every rank.
+            (:func:`distmb.engine.adjacency.neighbor_cache_stats`), or None on every rank.
     """
     total = allreduce_named(
         comm,

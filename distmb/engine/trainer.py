@@ -33,7 +33,9 @@ from distmb.core.malloc import configure_malloc
 from distmb.core.progress import ProgressSettings, meter
 from distmb.data.local import LocalGraph
 from distmb.data.store.neighborfile import NeighborFile
+from distmb.engine.adjacency import neighbor_cache_stats, open_adjacency
 from distmb.engine.budget import GraphShape, check_memory
+from distmb.engine.build import model_from_config
 from distmb.engine.checkpoint import (
     BEST_FILE,
     load_cache_state,
@@ -51,6 +53,7 @@ from distmb.engine.device import (
 )
 from distmb.engine.device_stages import GpuData, gpu_data, match_reorder
 from distmb.engine.evaluate import layerwise_inference, part_layer_table, split_accuracies
+from distmb.engine.features import open_features
 from distmb.engine.outputs import prepare_checkpoint_dir, prepare_results_file
 from distmb.engine.precision import MixedPrecision
 from distmb.engine.schedule import SCHEDULER_KEY, build_scheduler, restore_schedule
@@ -71,12 +74,10 @@ from distmb.engine.work import BlockWork
 from distmb.halo.scheme import HaloScheme
 from distmb.nn.kernels.dispatch import set_kernels
 from distmb.nn.models import BlockModel
-from distmb.nn.user import check_block_model, model_from_config, model_spec
+from distmb.nn.user import check_block_model, model_spec
 from distmb.pipeline.features.normalize import fit_normalization
-from distmb.pipeline.features.select import open_features
 from distmb.pipeline.loader import BatchLoader, shuffled, split_batches
 from distmb.pipeline.minibatch import MiniBatch
-from distmb.pipeline.sample.adjacency import neighbor_cache_stats, open_adjacency
 from distmb.pipeline.sample.host import NeighborSampler
 
 #: Multiplier and rank stride of :func:`dropout_seed` (two primes: seeds of different runs

@@ -58,7 +58,8 @@ class GATConv(nn.Module):
     Initialisation as in DGL's GATConv: ``W``, ``a_l``, ``a_r`` Xavier-normal with the ReLU
     gain (:data:`INIT_GAIN`), bias zero.
 
-    Kernels (:func:`distmb.nn.kernels.dispatch.get_kernels`): with ``"fused"`` and float32 CPU tensors
+    Kernels (:func:`distmb.nn.kernels.dispatch.get_kernels`): with ``"fused"`` and float32 CPU
+    tensors
     ``z``, ``el`` and ``er`` come from one pass of
     :func:`distmb.nn.kernels.cpu_update.gat_projection`; with ``"torch"`` (or another dtype) from
     ``nn.Linear``, ReLU and two reductions. Same parameters either way.

@@ -35,7 +35,8 @@ class SAGEConv(nn.Module):
     before aggregating when ``out_dim < in_dim`` (fewer values to aggregate). The result is
     the same up to float rounding.
 
-    Kernels (:func:`distmb.nn.kernels.dispatch.get_kernels`): with ``"fused"`` and float32 CPU tensors
+    Kernels (:func:`distmb.nn.kernels.dispatch.get_kernels`): with ``"fused"`` and float32 CPU
+    tensors
     the UPDATE (both products, bias, ReLU, dropout) runs as one pass of
     :func:`distmb.nn.kernels.cpu_update.sage_update`, and the projection before aggregating through
     :func:`distmb.nn.kernels.cpu_update.linear`; with ``"torch"`` (or another dtype) it runs as

@@ -32,7 +32,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from distmb.config.train import MODELS, TrainConfig, is_model_spec
 from distmb.core.errors import InputError
 from distmb.pipeline.sample import Block
 
@@ -41,6 +40,13 @@ from distmb.pipeline.sample import Block
 USER_MODEL_ARGS = ("in_dim", "hidden", "num_classes", "num_layers", "dropout", "heads")
 #: Methods and attributes of the contract (module docstring).
 CONTRACT = ("num_layers", "layer_dims", "forward_layer", "forward")
+
+
+def is_model_spec(model: str) -> bool:
+    """Whether ``--model`` names a user's class, ``package.module:Class`` (dotted names of
+    Python identifiers on both sides of one colon)."""
+    module, sep, name = model.partition(":")
+    return bool(sep) and all(part.isidentifier() for part in (*module.split("."), *name.split(".")))
 
 
 def model_spec(model: nn.Module) -> str:
@@ -111,35 +117,6 @@ def construct_user_model(
         raise InputError(
             f"{flag} {spec}: constructing it with {kwargs} failed: {type(exc).__name__}: {exc}"
         ) from None
-
-
-def model_from_config(config: TrainConfig, in_dim: int, num_classes: int) -> nn.Module:
-    """The model ``config.model`` names: a built-in (:func:`~distmb.nn.build_model`) or a
-    user's class (:func:`construct_user_model`) with the run's widths."""
-    from distmb.nn.models import build_model
-
-    if config.model in MODELS:
-        return build_model(
-            config.model,
-            in_dim=in_dim,
-            hidden=config.hidden,
-            num_classes=num_classes,
-            num_layers=config.layers,
-            heads=config.heads,
-            dropout=config.dropout,
-            aggr=config.aggr,
-            gin_eps=config.gin_eps,
-            gin_train_eps=config.gin_train_eps,
-        )
-    arguments = dict(
-        in_dim=in_dim,
-        hidden=config.hidden,
-        num_classes=num_classes,
-        num_layers=config.layers,
-        dropout=config.dropout,
-        heads=config.heads,
-    )
-    return construct_user_model(config.model, arguments)
 
 
 def probe_blocks(num_layers: int) -> list[Block]:

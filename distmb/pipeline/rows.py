@@ -28,7 +28,8 @@ class IndexedRows:
         table: float32[N, F], C-contiguous, on the CPU (a feature table; may share a read-only
             memory map, which is never written).
         ids: int64[n], contiguous, each in ``[0, N)``: the maker checks them (a
-            :class:`~distmb.pipeline.features.FeatureSource` does, and the kernels check them again).
+            :class:`~distmb.pipeline.features.FeatureSource` does, and the kernels check them
+            again).
         head: float32[m, F] (m <= n, contiguous) or None: the first ``m`` rows already
             gathered. A layer reads its destinations' own rows (a prefix) from it
             sequentially, and only the scattered neighbour rows through the ids.

@@ -11,7 +11,8 @@ iteration. Each rank grows its batch one hop at a time from its seeds, output la
    destinations.
 
 The input features of block 0's sources are fetched from their owners by the BatchLoader's
-gather stage (:class:`~distmb.halo.exact.remote.RemoteFeatures`): here ``src_ids`` are ``VID_o``, the
+gather stage (:class:`~distmb.halo.exact.remote.RemoteFeatures`): here ``src_ids`` are ``VID_o``,
+the
 ids that feature source reads. The blocks have no halo leaves, every remote vertex is
 computed with the current weights and gradients flow through it: one rank holding the whole
 graph would compute the same (up to which neighbours the sampler draws). Every exchange is a

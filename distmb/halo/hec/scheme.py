@@ -18,13 +18,13 @@ Per iteration (step) ``k`` of ``M`` (all ranks run the same ``M``), for every la
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from distmb.comm.mpi import EmbeddingPush, RankGroup, TorchEmbeddingPush, make_push
-from distmb.config.train import HecSettings
 from distmb.data.store.store import PartitionStore
 from distmb.halo.hec.host import LIFESPAN_UNBOUNDED, HistoricalEmbeddingCache
 from distmb.halo.hec.push_select import (
@@ -47,6 +47,25 @@ if TYPE_CHECKING:  # distmb.halo.hec.device imports distmb.halo.hec.host: import
     AnyCache = HistoricalEmbeddingCache | DeviceHistoricalCache
 
 
+@dataclass(frozen=True)
+class HecSettings:
+    """The historical embedding cache of a multi-rank run (:attr:`TrainConfig.hec`).
+
+    Args:
+        enabled: ``False`` (``--no-hec``) drops every halo leaf instead.
+        size: cache lines per layer (cs).
+        nc: rows pushed per peer and layer per iteration at most.
+        lifespan: iterations a cached embedding stays usable (ls).
+        delay: iterations between a push and its use (d).
+    """
+
+    enabled: bool
+    size: int
+    nc: int
+    lifespan: int
+    delay: int
+
+
 class HistoricalCache(HaloScheme):
     """The AEP state of one rank: one cache and one push queue per layer that needs them.
 
@@ -57,7 +76,8 @@ class HistoricalCache(HaloScheme):
         seed: seed of the degree-weighted push sampling.
         cache_device: ``None`` (the default) keeps the caches in the C++
             :class:`HistoricalEmbeddingCache`; a device puts them in
-            :class:`~distmb.halo.hec.device.DeviceHistoricalCache` tables there (same lines, hits and
+            :class:`~distmb.halo.hec.device.DeviceHistoricalCache` tables there (same lines, hits
+            and
             counters). Halo rows then come back as tensors on that device; the tags pushed
             by peers are validated once by the partition loader, so a GPU cache runs
             unchecked (no synchronisation per call).

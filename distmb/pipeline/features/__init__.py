@@ -9,7 +9,8 @@
 - :class:`BeladyPlanner`, :class:`LruPlanner`: replacement policies (slot directories) of
   that cache (:mod:`distmb.pipeline.features.policy`).
 - :class:`NormalizedFeatures`: another source's rows through a
-  :class:`FeatureNormalization` (``--normalize-features``, :mod:`distmb.pipeline.features.normalize`).
+  :class:`FeatureNormalization` (``--normalize-features``,
+  :mod:`distmb.pipeline.features.normalize`).
 """
 
 from distmb.pipeline.features.base import FeatureSource

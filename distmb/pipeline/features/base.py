@@ -66,7 +66,8 @@ class FeatureSource(ABC):
         return out
 
     def rows_in_place(self, ids: np.ndarray | torch.Tensor) -> IndexedRows | None:
-        """The rows of ``ids`` as :class:`~distmb.pipeline.rows.IndexedRows` over a table this source
+        """The rows of ``ids`` as :class:`~distmb.pipeline.rows.IndexedRows` over a table this
+        source
         holds in memory (no copy), or None when it cannot serve them that way (then use
         :meth:`gather_into`). Counted as served rows like a gather."""
         ids_np = self._check_ids(ids)

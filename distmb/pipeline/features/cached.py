@@ -10,7 +10,8 @@ Policies (``--cache-policy``):
 
 - ``belady``: the BatchLoader samples a superbatch (``--superbatch K`` batches) ahead and hands
   the inspector (:meth:`CachedFeatures.inspect`) every row its gathers will request, in order;
-  the planner (:class:`~distmb.pipeline.features.policy.BeladyPlanner`) decides gather by gather: the
+  the planner (:class:`~distmb.pipeline.features.policy.BeladyPlanner`) decides gather by gather:
+  the
   rows cached at a gather's start hit, then each miss fills a slot (evicting the row whose
   next use is farthest, possibly one this gather just copied, or bypassing the cache when the
   missed row's own next use is farther still). The executor
@@ -36,11 +37,13 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from distmb.config.train import CACHE_POLICIES
 from distmb.core.units import FLOAT32_BYTES
 from distmb.data.store.rowfile import RowFile
 from distmb.pipeline.features.base import FeatureSource
 from distmb.pipeline.features.policy import NO_SLOT, BeladyPlanner, LruPlanner
+
+#: Replacement policies of the out-of-core feature cache (``--cache-policy``).
+CACHE_POLICIES: tuple[str, ...] = ("belady", "presc", "degree", "lru", "none")
 
 #: Policies whose cache never changes after it is filled (they need ``hot_ids``).
 STATIC_POLICIES: tuple[str, ...] = ("presc", "degree")

@@ -3,8 +3,10 @@ direct host reads, FastGL's Match).
 
 :class:`DeviceFeatures` holds the hot rows of a feature table in device memory (sized in MiB,
 ``--device-cache-mb``) and gathers every other row on the device straight from pinned host
-memory (:class:`~distmb.pipeline.features.zero_copy.HostRows`). Which rows are hot is decided once, before
-training, by the same ranking as the host cache (:func:`distmb.pipeline.features.presample.static_hot_ids`):
+memory (:class:`~distmb.pipeline.features.zero_copy.HostRows`). Which rows are hot is decided once,
+before
+training, by the same ranking as the host cache
+(:func:`distmb.pipeline.features.presample.static_hot_ids`):
 
 - ``presc``: the rows pre-sampling (its own random stream, ``--presample-epochs``) requested
   most, ties by in-degree (GNNLab's PreSC#1);
@@ -37,12 +39,15 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from distmb.config.train import DEVICE_CACHE_POLICIES
 from distmb.pipeline.features.base import FeatureSource
 from distmb.pipeline.features.cached import cache_rows
 from distmb.pipeline.features.presample import static_hot_ids
 from distmb.pipeline.features.zero_copy import HostRows
 from distmb.pipeline.sample.host import NeighborSampler
+
+#: Policies of the device feature cache (``--device-cache-policy``,
+#: :mod:`distmb.pipeline.features.device`).
+DEVICE_CACHE_POLICIES: tuple[str, ...] = ("presc", "degree", "none")
 
 #: Directory value of a row that is not cached.
 NOT_CACHED = -1

@@ -7,8 +7,9 @@
   over the training vertices of *all* ranks (gathered sums), so one rank and P ranks
   normalise alike; columns whose ``std`` is 0 are only centred.
 
-:class:`NormalizedFeatures` wraps a :class:`~distmb.pipeline.features.base.FeatureSource` and applies
-the transform to the rows it reads; :func:`distmb.pipeline.features.select.open_features` puts it
+:class:`NormalizedFeatures` wraps a :class:`~distmb.pipeline.features.base.FeatureSource` and
+applies
+the transform to the rows it reads; :func:`distmb.engine.features.open_features` puts it
 under the training and the evaluation sources (so halo rows, the exact baseline's remote
 rows and layer-wise evaluation all see it). The partition's files are never written. The
 transform and its statistics travel in checkpoints (:meth:`FeatureNormalization.state`).
@@ -23,9 +24,11 @@ import numpy as np
 import torch
 
 from distmb.comm.mpi import RankGroup, SingleProcess
-from distmb.config.train import NORMALIZATIONS
 from distmb.core.errors import InputError
 from distmb.pipeline.features.base import FeatureSource
+
+#: Input feature normalisations of ``--normalize-features``.
+NORMALIZATIONS: tuple[str, ...] = ("none", "row", "standard")
 
 #: Training rows read at a time while computing the ``standard`` statistics.
 STATS_CHUNK_ROWS = 65536

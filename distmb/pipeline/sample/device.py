@@ -12,7 +12,8 @@ One layer, all on the device, no loop over destinations:
 
 1. degrees from ``indptr``; row sizes ``min(deg, fanout)``; their prefix sum is the block's
    ``indptr`` (host sync 1: the edge count, which sizes the layer's arrays);
-2. positions: vectorised Floyd (:mod:`distmb.pipeline.sample.choose`) for rows above the fan-out, the
+2. positions: vectorised Floyd (:mod:`distmb.pipeline.sample.choose`) for rows above the fan-out,
+the
    whole row otherwise; neighbours gathered from ``indices``;
 3. Fused-Map (:func:`distmb.pipeline.sample.idmap.fused_map`) of ``concat(dst, neighbours)``: the
    block's ``src_ids`` and every edge's source position (host sync 2: the source counts).

@@ -84,7 +84,7 @@ def open_features(
 
     Args:
         adjacency: what the rank's sampler reads in-neighbour lists from
-            (:func:`distmb.pipeline.sample.adjacency.open_adjacency`), for pre-sampling; default:
+            (:func:`distmb.engine.adjacency.open_adjacency`), for pre-sampling; default:
             ``local.indices``.
         normalization: ``--normalize-features``
             (:func:`distmb.pipeline.features.normalize.fit_normalization`), applied to every row the
