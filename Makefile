@@ -20,7 +20,7 @@ DEMO_RANKS ?= 2
 
 .PHONY: demo test lint bench-partition clean
 
-$(STAMP): setup.cfg setup.py pyproject.toml $(wildcard csrc/*.cpp csrc/*.h)
+$(STAMP): setup.cfg setup.py pyproject.toml $(wildcard csrc/*/*.cpp csrc/*/*.h csrc/*/*/*.cpp csrc/*/*/*.h)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH_SPEC)" setuptools wheel "pybind11>=2.12"

@@ -16,8 +16,8 @@ MARCH = os.environ.get("DISTMB_MARCH", "native")
 
 ext = Pybind11Extension(
     "distmb._C",
-    sorted(glob("csrc/*.cpp")),
-    include_dirs=["csrc"],
+    sorted(glob("csrc/**/*.cpp", recursive=True)),
+    include_dirs=["csrc/include"],
     extra_compile_args=["-O3", "-fopenmp", f"-march={MARCH}", "-fno-math-errno"],
     extra_link_args=["-fopenmp"],
     cxx_std=17,

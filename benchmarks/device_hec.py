@@ -37,6 +37,7 @@ import torch
 from distmb import _C
 from distmb.cli.report import write_json
 from distmb.core.machine import cpu_model
+from distmb.halo.hec.contract import EmbeddingCache
 from distmb.halo.hec.device import DeviceHistoricalCache
 from distmb.halo.hec.host import HistoricalEmbeddingCache
 
@@ -50,8 +51,6 @@ FILL_CHUNK = 100_000
 ABSENT_BASE = 1 << 40
 #: Percentiles reported besides the median.
 LOW_PCT, HIGH_PCT = 10, 90
-
-AnyCache = HistoricalEmbeddingCache | DeviceHistoricalCache
 
 
 def timed(fn: Callable[[int], object], reps: int, warmup: int, sync: Callable[[], None]) -> list:
@@ -77,7 +76,7 @@ def summary(ms: list, rows: int) -> dict:
     }
 
 
-def make(backend: str, capacity: int, dim: int) -> AnyCache:
+def make(backend: str, capacity: int, dim: int) -> EmbeddingCache:
     if backend == "cpp":
         return HistoricalEmbeddingCache(capacity, dim, LIFESPAN)
     device = "cpu" if backend == "device-cpu" else "cuda"
@@ -85,7 +84,7 @@ def make(backend: str, capacity: int, dim: int) -> AnyCache:
     return DeviceHistoricalCache(capacity, dim, LIFESPAN, device=device, checked=False)
 
 
-def fill(cache: AnyCache, capacity: int, dim: int) -> None:
+def fill(cache: EmbeddingCache, capacity: int, dim: int) -> None:
     cols = np.arange(dim, dtype=np.float32) / 1000
     for lo in range(0, capacity, FILL_CHUNK):
         tags = np.arange(lo, min(capacity, lo + FILL_CHUNK))

@@ -1,4 +1,4 @@
-"""The one-GPU benchmark of issue 12: epoch split, sampling, host->device bytes, cache, bandwidth.
+"""The one-GPU benchmark: epoch split, sampling, host->device bytes, cache, bandwidth.
 
 On a products-shaped synthetic graph (default 2.4M vertices, ~62M in-edges, 100 float32
 features, 47 classes, 8 % training vertices; GraphSAGE 3 layers, hidden 256, fan-out 5,10,15,
@@ -45,6 +45,7 @@ sys.path.insert(0, str(HERE))
 
 import gpu_features  # noqa: E402  (benchmarks/ is not a package)
 import gpu_sampling  # noqa: E402
+from record import command_line  # noqa: E402
 
 from distmb import _C  # noqa: E402
 from distmb.cli.report import save_figure, write_json  # noqa: E402
@@ -144,7 +145,8 @@ def training_part(args: argparse.Namespace, graph, kernels: str) -> dict[str, An
     setup_s = time.perf_counter() - t0
     epochs = [trainer.train_epoch(e) for e in range(args.epochs)]
     last = epochs[-1]
-    cache = trainer.gpu.features.counters() if trainer.gpu is not None else {}
+    stages = trainer.parts.device_stages
+    cache = stages.features.counters() if stages is not None else {}
     compute = last["fwd"] + last["bwd"] + last["opt"]
     record = {
         "kernels": kernels,
@@ -257,9 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {
         "benchmark": "gpu",
         "figures": "gpu" if on_gpu else "cpu smoke test: not GPU figures",
-        "command": " ".join(
-            [Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]
-        ),
+        "command": command_line(argv),
         "machine": machine(args.device),
         "dataset": f"synthetic:{spec}",
         "graph": {"nodes": graph.num_nodes, "in_edges": int(graph.indices.size),

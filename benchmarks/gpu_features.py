@@ -32,12 +32,12 @@ import argparse
 import os
 import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
+from record import command_line
 
 from distmb import _C
 from distmb.cli.report import write_json
@@ -291,9 +291,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{args.feat_dim} float32 features, fan-out {args.fanout}, batch {args.batch_size}, "
             f"superbatch {args.superbatch}"
         ),
-        "command": " ".join(
-            [Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]
-        ),
+        "command": command_line(argv),
         "machine": machine,
         "dataset": f"synthetic:{config.to_spec()}",
         "cache": cache,

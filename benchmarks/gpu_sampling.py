@@ -27,12 +27,12 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
+from record import command_line
 
 from distmb import _C
 from distmb.cli.report import write_json
@@ -166,7 +166,7 @@ def main() -> None:
         args.out,
         {
             "benchmark": "gpu_sampling",
-            "command": " ".join([sys.executable, *sys.argv]),
+            "command": command_line(),
             "machine": machine(),
             "graph": {
                 "nodes": graph.num_nodes,

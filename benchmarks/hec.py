@@ -37,7 +37,8 @@ import torch
 
 from distmb import _C
 from distmb.cli.report import write_json
-from distmb.halo.hec.host import HEC_MISS, HistoricalEmbeddingCache
+from distmb.halo.hec.contract import HEC_MISS
+from distmb.halo.hec.host import HistoricalEmbeddingCache
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 #: Life-span of the benchmarked caches (the paper's default); no advance() happens while

@@ -14,7 +14,7 @@ file pages excluded) every 20 ms:
 Writes ``results/ogb_npz_load.json``.
 
     python benchmarks/ogb_npz_load.py --nodes 4000000 --edges 50000000 \\
-        --old-so /work/main/distmb/_C.cpython-311-x86_64-linux-gnu.so
+        --old-so ../main-before/distmb/_C.cpython-311-x86_64-linux-gnu.so
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from record import command_line
 
 from distmb.cli.report import write_json
 from distmb.core.machine import cpu_model
@@ -145,7 +146,7 @@ def main() -> None:
             print(action, json.dumps(runs[action]), flush=True)
     result = {
         "benchmark": "ogb_npz_load",
-        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "command": command_line(),
         "machine": {
             "cpu": cpu_model(),
             "cpus": os.cpu_count(),

@@ -53,7 +53,7 @@ from distmb.data.store.rowfile import (
     set_io_depth,
 )
 from distmb.data.store.store import PartitionStore
-from distmb.engine.features import open_features
+from distmb.engine.build.features import open_features
 from distmb.partition import partition_graph
 from distmb.pipeline.loader import BatchLoader
 from distmb.pipeline.sample.host import NeighborSampler

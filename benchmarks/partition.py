@@ -43,6 +43,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from record import command_line
+
 from distmb.cli.report import save_figure, write_json
 from distmb.core.plotting import panels, reference_line, set_scale
 
@@ -520,7 +522,7 @@ def compare_engines(args: argparse.Namespace) -> None:
                     records.append(rec)
     result = {
         "benchmark": "partition_engines",
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "command": command_line(),
         "machine": machine(),
         "graphs": graphs,
         "records": records,
@@ -643,7 +645,7 @@ def main() -> None:
         records = kept + records
     result = {
         "benchmark": "partition",
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "command": command_line(),
         "machine": machine(),
         "records": records,
     }

@@ -7,8 +7,8 @@ sampler, ``--threads`` threads), and times for every layer's computed sources, i
 and in the same process:
 
 - ``previous``: the choice before the counter-based keys (numpy ``default_rng`` keys,
-  ``argpartition`` per peer; copied from ``HistoricalCache._cap_per_peer`` as of main
-  0d08eea);
+  ``argpartition`` per peer; copied from ``HistoricalCache._cap_per_peer``, the scheme now
+  named ``HistoricalEmbeddingScheme``, as of main 0d08eea);
 - ``host``: :func:`distmb.halo.hec.push_select.select_push_host` (the CPU path);
 - ``device_on_cpu``: :func:`~distmb.halo.hec.push_select.select_push_device` on CPU tensors
   (the GPU path's torch ops; on the CPU only for comparison).

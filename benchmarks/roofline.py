@@ -1,4 +1,4 @@
-"""Roofline and thread scaling of one single-rank GraphSAGE epoch (issue 16, parts 3 and 4).
+"""Roofline and thread scaling of one single-rank GraphSAGE epoch.
 
 For every thread count of ``--threads`` the script, in one run:
 
@@ -38,10 +38,8 @@ import argparse
 import math
 import os
 import platform
-import shlex
 import statistics
 import subprocess
-import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -51,10 +49,10 @@ from typing import Any
 
 import numpy as np
 import torch
+from record import command_line
 
 from distmb import _C
 from distmb.cli.report import save_figure, write_json
-from distmb.cli.train import set_threads
 from distmb.config.train import TrainConfig
 from distmb.core.errors import InputError
 from distmb.core.plotting import panels, reference_line, rotate_labels, set_scale
@@ -62,6 +60,7 @@ from distmb.data import load_dataset
 from distmb.data.graph import Graph
 from distmb.data.local import LocalGraph
 from distmb.engine import Trainer
+from distmb.engine.build.runtime import set_threads
 from distmb.nn.kernels import cpu_aggregate as fused_aggregate
 from distmb.nn.kernels import cpu_update as fused_update
 from distmb.nn.models import GraphSAGE
@@ -79,7 +78,7 @@ _GIGA = 1e9
 
 # --------------------------------------------------------------------------- graph
 
-#: The benchmark graph (issue 16): ogbn-products' shape scaled to what 2 cores can train.
+#: The benchmark graph: ogbn-products' shape scaled to what 2 cores can train.
 GRAPH_NODES, GRAPH_AVG_DEGREE, GRAPH_FEAT_DIM, GRAPH_CLASSES = 200_000, 30.0, 100, 47
 #: Fraction of the vertices in the training split; in the validation split.
 GRAPH_TRAIN_FRACTION, GRAPH_VAL_FRACTION = 0.25, 0.10
@@ -967,7 +966,7 @@ def main(argv: list[str] | None = None) -> None:
         r["epoch_speedup_vs_first"] = round(base / r["median_trainer"]["epoch_time"], 3)
     result = {
         "benchmark": "roofline",
-        "command": " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]),
+        "command": command_line(),
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "machine": machine_facts(),
         "load_start": start,

@@ -49,6 +49,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from record import command_line
 
 from distmb import _C
 from distmb.cli.report import save_figure, write_json
@@ -1167,7 +1168,7 @@ def main() -> None:
     start = time.perf_counter()
     result: dict[str, Any] = {
         "benchmark": "scaling",
-        "command": " ".join([Path(PYTHON).name, *sys.argv]),
+        "command": command_line(),
         "quick": args.quick,
         "machine": machine_facts(),
         "settings": {

@@ -6,7 +6,7 @@ epoch and phase times over the epochs after the first (warm-up). Writes
 ``results/train_epoch.json`` and ``results/train_epoch.png``.
 
     python benchmarks/train_epoch.py
-    python benchmarks/train_epoch.py --kernels torch fused     # compare (issue 5)
+    python benchmarks/train_epoch.py --kernels torch fused     # fused kernels against PyTorch ops
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """``python -m distmb.predict`` (:mod:`distmb.cli.predict`) and the public function
-``distmb.predict(...)`` (:func:`distmb.cli.predict.predict`).
+``distmb.predict(...)`` (:func:`distmb.engine.predict.predict`).
 
 ``distmb.predict`` names both this module and that function: importing the module binds the
 module to that name on the package, so the module itself calls the function
@@ -12,7 +12,8 @@ import sys
 import types
 from typing import Any
 
-from distmb.cli.predict import Prediction, main, predict
+from distmb.cli.predict import main
+from distmb.engine.predict import Prediction, predict
 
 __all__ = ["Prediction", "main", "predict"]
 

@@ -19,7 +19,7 @@ from distmb.data import Graph, load_dataset
 from distmb.data import csr as csr_module
 from distmb.data.csr import array_chunks, build_csr, csr_edge_chunks
 from distmb.data.datasets.edgelist import load_edgelist
-from distmb.data.datasets.synthetic import MAX_NODES
+from distmb.data.datasets.synthetic_config import MAX_NODES
 from distmb.data.store.format import INT32_LIMIT, index_dtype
 from distmb.data.store.rowfile import RowTake, write_row_file
 from distmb.partition import assign as assign_module

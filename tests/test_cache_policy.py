@@ -1,5 +1,5 @@
-"""Feature-cache replacement policies (distmb.pipeline.features.policy, csrc/feature_cache.cpp)
-against
+"""Feature-cache replacement policies (distmb.pipeline.features.policy,
+csrc/kernels/feature_cache.cpp) against
 independent references: an exhaustive search of the optimal miss count over gather-level
 policies, a literal Python simulation of the gather-level Belady rule (and of the previous,
 access-by-access one, which it must never lose to), an OrderedDict LRU, and a replay of every

@@ -1,5 +1,5 @@
-"""distmb.config.train: one declaration per option, and the parser, defaults, validation,
-checkpoint list and docs table derived from it."""
+"""distmb.config: one declaration per option, and the parser, defaults, validation,
+checkpoint list, per-concern views and docs table derived from it."""
 
 from __future__ import annotations
 
@@ -7,10 +7,22 @@ import argparse
 import dataclasses
 import json
 import math
+import re
+import typing
 from pathlib import Path
 
 import pytest
 
+from distmb.config.flags_doc import flag_table_markdown, main
+from distmb.config.options import (
+    check_exclusive,
+    make_parser,
+    option,
+    option_group,
+    options_of,
+    refuse_outside,
+    values_from_args,
+)
 from distmb.config.train import (
     DEFAULT_LR,
     OPTIONS,
@@ -20,8 +32,6 @@ from distmb.config.train import (
     TrainConfig,
     build_parser,
     config_from_args,
-    flag_table_markdown,
-    main,
     parse_config,
 )
 from distmb.core.errors import InputError
@@ -454,3 +464,149 @@ def test_nan_is_refused_everywhere():
     for name in ("lr", "dropout", "weight_decay"):
         with pytest.raises(InputError):
             TrainConfig(**{name: math.nan})
+
+
+#: The fields of each per-concern view, written out independently of the declarations.
+VIEW_FIELDS = {
+    "model_settings": (
+        "model", "layers", "hidden", "heads", "aggr", "gin_eps", "gin_train_eps", "dropout",
+    ),
+    "optimizer_settings": (
+        "lr", "weight_decay", "lr_schedule", "lr_step_size", "lr_gamma", "lr_min", "epochs",
+    ),
+    "pipeline": (
+        "batch_size", "fanout", "prefetch", "gather_in_place", "sampler", "loader_threads",
+        "features", "feature_cache_mb", "cache_policy", "superbatch", "presample_epochs",
+        "graph_layout", "neighbor_cache_mb", "neighbor_cache_order",
+    ),
+    "device_settings": (
+        "device", "kernels", "precision", "graph_placement", "device_cache_mb",
+        "device_cache_policy", "match_reorder",
+    ),
+    "comm_settings": ("comm", "grad_bucket_mb", "collective_timeout"),
+}  # fmt: skip
+
+#: Two valid configurations that together set every field of every view off its default.
+_NON_DEFAULT = dict(
+    model="gat", layers=2, hidden=8, heads=2, aggr="sum", gin_eps=0.5, gin_train_eps=True,
+    dropout=0.25, weight_decay=0.1, epochs=7, batch_size=50, fanout=(3, 4), prefetch=0,
+    gather_in_place=False, sampler="device", loader_threads=2, features="ooc",
+    feature_cache_mb=10.0, cache_policy="lru", superbatch=4, presample_epochs=2,
+    graph_layout="ooc", neighbor_cache_mb=5.0, neighbor_cache_order="ratio", device="auto",
+    kernels="torch", precision="bf16", graph_placement="host", device_cache_mb=10.0,
+    device_cache_policy="degree", match_reorder=True, comm="torch", grad_bucket_mb=0.0,
+    collective_timeout=60.0,
+)  # fmt: skip
+VIEW_PROBES = [
+    TrainConfig(**_NON_DEFAULT, lr=0.02, lr_schedule="cosine", lr_min=0.001),
+    TrainConfig(**_NON_DEFAULT, lr_schedule="step", lr_step_size=3, lr_gamma=0.5),
+]
+
+
+@pytest.mark.parametrize("view", sorted(VIEW_FIELDS))
+def test_view_fields_equal_the_flat_fields(view):
+    default = TrainConfig()
+    names = VIEW_FIELDS[view]
+    for config in VIEW_PROBES:
+        settings = getattr(config, view)
+        assert dataclasses.asdict(settings) == {n: getattr(config, n) for n in names}
+        assert [f.name for f in dataclasses.fields(settings)] == list(names)
+    # The probes are not the defaults: a view returning defaults or another field would fail.
+    assert all(any(getattr(c, n) != getattr(default, n) for c in VIEW_PROBES) for n in names)
+
+
+@pytest.mark.parametrize("view", sorted(VIEW_FIELDS))
+def test_view_is_frozen_and_read_afresh(view):
+    config = dataclasses.replace(VIEW_PROBES[0])
+    settings = getattr(config, view)
+    name = VIEW_FIELDS[view][0]
+    given, default = getattr(config, name), getattr(TrainConfig(), name)
+    assert given != default
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        setattr(settings, name, default)
+    setattr(config, name, default)  # the view is a snapshot, taken on read
+    assert getattr(getattr(config, view), name) == default
+    assert getattr(settings, name) == given
+
+
+@pytest.mark.parametrize("view", sorted(VIEW_FIELDS))
+def test_view_field_types_are_the_flat_types(view):
+    flat = typing.get_type_hints(TrainConfig)
+    hints = typing.get_type_hints(type(getattr(TrainConfig(), view)))
+    for name in VIEW_FIELDS[view]:
+        if name == "lr":  # resolved at construction: the model's default when not given
+            assert (hints[name], flat[name]) == (float, float | None)
+        else:
+            assert hints[name] == flat[name], name
+
+
+def test_fields_are_declared_in_groups_in_help_order():
+    from distmb.config import train_options as groups
+
+    declared = [
+        (groups.DataOptions, "options"),
+        (groups.ModelOptions, "options"),
+        (groups.TrainingOptions, "options"),
+        (groups.RunOptions, "options"),
+        (groups.SelectionOptions, "model selection"),
+        (groups.LoadingOptions, "data loading"),
+        (groups.FeatureOptions, "input features"),
+        (groups.GpuPathOptions, "GPU path"),
+        (groups.MultiRankOptions, "multi-rank"),
+    ]
+    names = [f.name for cls, _ in declared for f in dataclasses.fields(cls)]
+    assert names == [f.name for f in dataclasses.fields(TrainConfig)]  # flat, in --help order
+    group_of = {o.name: o.spec.group for o in OPTIONS}
+    for cls, title in declared:
+        assert all(group_of[f.name].startswith(title) for f in dataclasses.fields(cls)), cls
+
+
+def test_option_machinery_on_a_small_dataclass():
+    @option_group("extra")
+    class Demo:
+        count: int = option(1, "how many", min=1, max=9)
+        name: str | None = option(None, "a name", exclusive="who")
+        label: str | None = option(None, "a label", exclusive="who")
+        quiet: bool = option(True, "say more", flag="--verbose", inverted=True)
+
+    options = options_of(Demo)
+    assert [(o.flag, o.spec.group) for o in options] == [
+        ("--count", "extra"), ("--name", "extra"), ("--label", "extra"), ("--verbose", "extra"),
+    ]  # fmt: skip
+    parser = make_parser("demo", "a demo", options)
+    args = parser.parse_args(["--count", "3", "--verbose", "--name", "n"])
+    assert values_from_args(options, args) == dict(count=3, name="n", label=None, quiet=False)
+    with pytest.raises(SystemExit):  # argparse's mutually exclusive group
+        parser.parse_args(["--name", "n", "--label", "l"])
+    with pytest.raises(InputError, match="^--name and --label exclude each other$"):
+        check_exclusive(Demo(name="n", label="l"), options)
+    check_exclusive(Demo(name="n"), options)
+    with pytest.raises(InputError, match="^--count applies only to runs with a name$"):
+        refuse_outside(Demo(count=2), options, "runs with a name")
+    with pytest.raises(InputError, match="^--count, --verbose apply only to x$"):
+        refuse_outside(Demo(count=2, quiet=False), options, "x")
+    refuse_outside(Demo(), options, "x")
+    with pytest.raises(InputError, match=r"^--count must be in \[1, 9\], got 10$"):
+        options[0].check(10)
+
+
+def test_options_of_refuses_what_it_cannot_parse():
+    @dataclasses.dataclass
+    class Undeclared:
+        count: int = 1
+
+    @dataclasses.dataclass
+    class FlagOnByDefault:
+        on: bool = option(True, "on")
+
+    @dataclasses.dataclass
+    class ListOption:
+        values: list = option(None, "values")
+
+    for cls, message in [
+        (Undeclared, "Undeclared.count is not declared with option()"),
+        (FlagOnByDefault, "FlagOnByDefault.on: a flag's default must be False"),
+        (ListOption, "ListOption.values: unsupported option type"),
+    ]:
+        with pytest.raises(TypeError, match=re.escape(message)):
+            options_of(cls)

@@ -1,9 +1,10 @@
-"""DeviceNeighborSampler (distmb.cuda): the C++ sampler's block contract and its sampling
-distribution, on CPU tensors here and on CUDA under ``pytest -m cuda``.
+"""DeviceNeighborSampler: what only it has (power-law hubs at scale, graph placements, its
+per-batch generator seed, its sampling distribution, its argument checks, the BatchLoader on
+its device blocks), on CPU tensors here and on CUDA under ``pytest -m cuda``.
 
-The contract checks are test_sampler's (an exact brute-force relabel reference and every
-invariant), applied to the device sampler's blocks; the distribution is tested by chi-square
-statistics that a biased sampler cannot pass, and against the C++ sampler on the same graph.
+The block contract it shares with the C++ sampler is checked in ``test_sampler_contract.py``;
+the distribution is tested by chi-square statistics that a biased sampler cannot pass, and
+against the C++ sampler on the same graph.
 """
 
 from __future__ import annotations
@@ -15,27 +16,24 @@ from itertools import combinations
 import numpy as np
 import pytest
 import torch
-from test_sampler import (
-    BAD_SEEDS,
-    P_MIN,
+from test_sampler import P_MIN
+from test_sampler_contract import (
+    Implementation,
     LocalGraph,
     assert_same_blocks,
     block_neighbours,
     check_blocks,
     hand_graph,
+    on_cpu,
     random_local_graph,
-    reference_full,
     star_graph,
 )
 
 from distmb.data.datasets.synthetic import SyntheticConfig, generate
-from distmb.pipeline.sample import FANOUT_ALL, Block, idmap_triton
 from distmb.pipeline.sample.device import DeviceNeighborSampler, batch_seed
 from distmb.pipeline.sample.placement import mapped_view
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
-#: (Fused-Map back end, graph placement) combinations.
-VARIANTS = [("torch", "device"), ("torch", "host"), ("triton", "device"), ("triton", "host")]
 
 
 def device_sampler(
@@ -46,25 +44,9 @@ def device_sampler(
     backend: str = "torch",
     placement: str = "device",
 ) -> DeviceNeighborSampler:
-    if backend == "triton":
-        ok, why = idmap_triton.usable(torch.device(device))
-        if not ok:
-            pytest.skip(why)
-    return DeviceNeighborSampler(
-        g.indptr, g.indices, g.n_solid, g.n_local, fanouts, seed,
-        device=device, placement=placement, backend=backend,  # type: ignore[arg-type]
-    )  # fmt: skip
-
-
-def on_cpu(blocks: list[Block], device: str) -> list[Block]:
-    """The blocks with their tensors on the CPU, after checking they were on ``device``."""
-    out = []
-    for b in blocks:
-        for t in (b.indptr, b.indices, b.src_ids):
-            assert t.device.type == device
-        out.append(Block(b.n_dst, b.n_src, b.n_halo, b.indptr.cpu(), b.indices.cpu(),
-                         b.src_ids.cpu()))  # fmt: skip
-    return out
+    sampler = Implementation(backend, placement, device).make(g, fanouts, seed)
+    assert isinstance(sampler, DeviceNeighborSampler)
+    return sampler
 
 
 def power_law_graph(nodes: int, avg_degree: float, seed: int, halo_fraction: float = 0.1):
@@ -78,32 +60,7 @@ def power_law_graph(nodes: int, avg_degree: float, seed: int, halo_fraction: flo
     return LocalGraph(indptr, indices, n_solid, nodes)
 
 
-# -- contract ------------------------------------------------------------------------------
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize(("backend", "placement"), VARIANTS)
-@pytest.mark.parametrize("fanouts", [[2, 2], [1, 3, 2], [FANOUT_ALL, 2], [3, FANOUT_ALL]])
-def test_hand_graph_invariants(fanouts, backend, placement, device) -> None:
-    g = hand_graph()
-    sampler = device_sampler(g, fanouts, 5, device, backend, placement)
-    for it in range(6):
-        seeds = np.array([1, 4, 3]) if it % 2 else np.array([0])
-        blocks = on_cpu(sampler.sample(seeds, epoch=0, iteration=it), device)
-        check_blocks(g, seeds, fanouts, blocks)
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize(("backend", "placement"), VARIANTS)
-@pytest.mark.parametrize("dtype", [np.int32, np.int64])
-def test_random_graph_invariants(dtype, backend, placement, device) -> None:
-    g = random_local_graph(300, 40, 12, seed=1, dtype=dtype)
-    fanouts = [4, 3, 6]
-    sampler = device_sampler(g, fanouts, 11, device, backend, placement)
-    rng = np.random.default_rng(2)
-    for it in range(4):
-        seeds = rng.choice(g.n_solid, 25, replace=False)  # unsorted: they keep their order
-        check_blocks(g, seeds, fanouts, on_cpu(sampler.sample(seeds, 1, it), device))
-
-
+# -- hubs, placements, streams ---------------------------------------------------------------
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_power_law_invariants(backend, device) -> None:
@@ -120,56 +77,17 @@ def test_power_law_invariants(backend, device) -> None:
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize(("backend", "placement"), VARIANTS)
-def test_fanout_all_is_the_cpp_sampler_block(backend, placement, device) -> None:
-    # No randomness: the blocks equal the reference and the C++ sampler's, bit for bit.
-    g = random_local_graph(200, 30, 10, seed=3)
-    seeds = np.array([5, 17, 0, 199, 42])
-    fanouts = [FANOUT_ALL, FANOUT_ALL]
-    blocks = on_cpu(device_sampler(g, fanouts, 0, device, backend, placement)
-                    .sample(seeds, 0, 0), device)  # fmt: skip
-    check_blocks(g, seeds, fanouts, blocks)
-    assert_same_blocks([blocks[1]], [reference_full(g, seeds)])
-    assert_same_blocks(blocks, g.sampler(fanouts).sample(seeds, 0, 0))
-    big = int(np.diff(g.indptr).max())  # a fan-out >= every degree takes whole rows too
-    sampler = device_sampler(g, [big, big], 1, device, backend, placement)
-    assert_same_blocks(on_cpu(sampler.sample(seeds, 3, 4), device), blocks)
-    full = on_cpu([sampler.full_block(torch.arange(0, 60))], device)
-    assert_same_blocks(full, [reference_full(g, np.arange(0, 60))])
-
-
-@pytest.mark.parametrize("device", DEVICES)
-def test_halo_leaves_empty_and_isolated_seeds(device) -> None:
-    g = LocalGraph(np.array([0, 3, 4]), np.array([2, 3, 4, 0]), 2, 5)
-    for b in on_cpu(device_sampler(g, [FANOUT_ALL] * 3, device=device)
-                    .sample(np.array([0]), 0, 0), device):  # fmt: skip
-        assert b.dst_ids.tolist() == [0] and b.src_ids.tolist() == [0, 2, 3, 4]
-        assert b.n_halo == 3 and b.num_edges == 3
-    h = hand_graph()
-    sampler = device_sampler(h, [3, 3], device=device)
-    blocks = on_cpu(sampler.sample(np.zeros(0, dtype=np.int64), 0, 0), device)
-    assert all(b.n_dst == 0 and b.n_src == 0 and b.num_edges == 0 for b in blocks)
-    blocks = on_cpu(sampler.sample(torch.tensor([4], device=device), 0, 0), device)
-    assert all(b.src_ids.tolist() == [4] and b.indptr.tolist() == [0, 0] for b in blocks)
-
-
-@pytest.mark.parametrize("device", DEVICES)
-def test_deterministic_per_batch(device) -> None:
+def test_placements_draw_the_same_blocks(device) -> None:
     g = random_local_graph(2_000, 200, 30, seed=9, dtype=np.int32)
     fanouts = [10, 10]
     seeds = np.random.default_rng(0).choice(g.n_solid, 200, replace=False)
-    sampler = device_sampler(g, fanouts, 123, device)
-    one = on_cpu(sampler.sample(seeds, epoch=3, iteration=7), device)
+    one = on_cpu(device_sampler(g, fanouts, 123, device).sample(seeds, 3, 7), device)
     check_blocks(g, seeds, fanouts, one)
-    assert_same_blocks(one, on_cpu(sampler.sample(seeds, 3, 7), device))
     fresh = device_sampler(g, fanouts, 123, device, placement="host")
     assert_same_blocks(one, on_cpu(fresh.sample(seeds, 3, 7), device))
-    for other in (
-        sampler.sample(seeds, epoch=3, iteration=8),
-        sampler.sample(seeds, epoch=4, iteration=7),
-        device_sampler(g, fanouts, 124, device).sample(seeds, 3, 7),
-    ):
-        assert not torch.equal(other[-1].indices.cpu(), one[-1].indices)
+
+
+def test_batch_seed_is_a_hash_of_the_triple() -> None:
     assert len({batch_seed(s, e, i) for s in range(3) for e in range(3) for i in range(3)}) == 27
     assert 0 <= batch_seed(2**64 - 1, 2**64 - 1, 2**64 - 1) < 2**63
 
@@ -302,18 +220,6 @@ def test_edge_inclusion_matches_the_cpp_sampler(device) -> None:
 
 
 # -- errors --------------------------------------------------------------------------------
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize(("seeds", "message"), BAD_SEEDS)
-def test_bad_seeds(seeds, message, device) -> None:
-    sampler = device_sampler(hand_graph(), [2, 2], 0, device)
-    before = on_cpu(sampler.sample(np.array([0, 3]), 0, 0), device)
-    with pytest.raises(ValueError, match=message):
-        sampler.sample(np.array(seeds), 0, 0)
-    with pytest.raises(ValueError, match=message):
-        sampler.sample(torch.tensor(seeds, device=device), 0, 0)
-    assert_same_blocks(on_cpu(sampler.sample(np.array([0, 3]), 0, 0), device), before)
-
-
 def test_bad_arguments() -> None:
     g = hand_graph()
     with pytest.raises(ValueError, match="positive or FANOUT_ALL"):

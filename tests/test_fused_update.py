@@ -1,4 +1,4 @@
-"""Fused UPDATE kernels (csrc/update.cpp, distmb.nn.kernels.cpu_update) against float64 references.
+"""Fused UPDATE kernels (csrc/kernels/update/, nn.kernels.cpu_update) against float64 references.
 
 Every kernel runs in float32 and is compared with the same equations evaluated in float64 by
 PyTorch (values and autograd gradients of a random linear functional of the outputs), on

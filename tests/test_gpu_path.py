@@ -19,7 +19,7 @@ from distmb.core.errors import InputError
 from distmb.data import load_dataset
 from distmb.data.local import LocalGraph
 from distmb.engine import Trainer
-from distmb.engine.device import check_gpu_path, resolve_device, uses_gpu_path
+from distmb.engine.device import check_device_path, resolve_device, uses_device_path
 from distmb.pipeline.minibatch import MiniBatch
 from distmb.pipeline.sample import NeighborSampler
 
@@ -73,22 +73,57 @@ def test_bad_device_values(value):
     "flags",
     [["--graph-placement", "host"], ["--match-reorder"], ["--device-cache-mb", "1"]],
 )
-def test_gpu_options_outside_the_gpu_path_are_refused(flags):
+def test_gpu_options_outside_the_device_path_are_refused(flags):
     with pytest.raises(InputError, match="appl(y|ies) only to the GPU path"):
         parse_config(flags)  # --device cpu with the C++ sampler: refused when parsed
     config = parse_config([*flags, "--device", "auto", "--sampler", "cpp"])
     if torch.cuda.is_available():
         return  # auto is cuda here: --sampler cpp on a GPU is refused instead
     with pytest.raises(InputError, match="appl(y|ies) only to the GPU path"):
-        check_gpu_path(config, resolve_device("auto"))
+        check_device_path(config, resolve_device("auto"))
 
 
-def test_which_runs_take_the_gpu_path():
+def test_which_runs_take_the_device_path():
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert not uses_gpu_path(TrainConfig(), cpu)
-    assert uses_gpu_path(TrainConfig(sampler="device"), cpu)
-    assert uses_gpu_path(TrainConfig(device="cuda"), cuda)
-    assert not uses_gpu_path(TrainConfig(device="cuda", sampler="cpp"), cuda)
+    assert not uses_device_path(TrainConfig(), cpu)
+    assert uses_device_path(TrainConfig(sampler="device"), cpu)
+    assert uses_device_path(TrainConfig(device="cuda"), cuda)
+    assert not uses_device_path(TrainConfig(device="cuda", sampler="cpp"), cuda)
+
+
+@pytest.mark.parametrize("sampler", ["cpp", "device"])
+def test_the_run_counts_per_epoch_what_its_data_path_has(sampler):
+    """The C++ path on in-memory data has no cache to count; the device path's feature cache
+    counts each epoch's gathers from zero and reports them as ``device_cache``: its lookups
+    are the input rows of the epoch's batches (counted here from the batches themselves)."""
+    from distmb.engine.build.counters import DeviceCacheCounters
+    from distmb.engine.build.watchdog import NoWatchdog
+
+    config = TrainConfig(
+        layers=2, fanout=(3, 3), hidden=8, batch_size=200, epochs=1, progress=False,
+        sampler=sampler, prefetch=0, threads=1,
+    )  # fmt: skip
+    local = LocalGraph.from_graph(load_dataset(SMALL))
+    trainer = Trainer(local, config, log=lambda _: None, device=torch.device("cpu"))
+    assert isinstance(trainer.watchdog, NoWatchdog)
+    owners = trainer.parts.counters
+    if sampler == "cpp":
+        assert owners == [] and trainer.parts.device_stages is None
+        return
+    (owner,) = owners
+    assert isinstance(owner, DeviceCacheCounters)
+    rows = []
+    loader = trainer.loader
+    plan = loader.plan(0, trainer.epoch_batches(0))
+    owner.reset_epoch_counters()
+    assert trainer.parts.device_stages.features.counters()["lookups"] == 0
+    for batch in loader(plan):
+        rows.append(batch.blocks[0].n_src)
+    record = owner.epoch_stats(trainer.comm)["device_cache"]
+    assert record["lookups"] == sum(rows)
+    assert record["hits"] + record["misses"] == record["lookups"]
+    owner.reset_epoch_counters()
+    assert owner.epoch_stats(trainer.comm)["device_cache"]["lookups"] == 0
 
 
 @pytest.mark.parametrize(
@@ -101,7 +136,7 @@ def test_which_runs_take_the_gpu_path():
 )
 def test_unsupported_combinations_name_the_flags(config, message):
     with pytest.raises(InputError, match=message):
-        check_gpu_path(config, torch.device("cuda" if config.device == "cuda" else "cpu"))
+        check_device_path(config, torch.device("cuda" if config.device == "cuda" else "cpu"))
 
 
 # ---- moving a batch ------------------------------------------------------------------------
@@ -141,15 +176,15 @@ def test_minibatch_to_moves_every_tensor_and_keeps_values(device):
 def test_device_sampler_path_learns_like_the_cpp_path(tmp_path, capsys):
     base = ["--dataset", LEARNABLE, *FAST, "--epochs", "4", "--prefetch", "0"]
     cpp = records(tmp_path, "cpp", base, capsys)
-    gpu_path = records(tmp_path, "gpu", [*base, "--sampler", "device"], capsys)
+    device_path = records(tmp_path, "gpu", [*base, "--sampler", "device"], capsys)
     chance = 1 / 4
-    for rows in (cpp, gpu_path):
+    for rows in (cpp, device_path):
         assert rows[-1]["loss"] < rows[0]["loss"]
         assert rows[-1]["test_acc"] > chance + 0.2, rows[-1]["test_acc"]
     # Other random choices, the same distribution: close accuracies, not equal ones.
-    assert abs(gpu_path[-1]["test_acc"] - cpp[-1]["test_acc"]) < 0.1
+    assert abs(device_path[-1]["test_acc"] - cpp[-1]["test_acc"]) < 0.1
     assert "device_cache" not in cpp[-1]
-    cache = gpu_path[-1]["device_cache"]
+    cache = device_path[-1]["device_cache"]
     assert cache["policy"] == "presc" and cache["lookups"] == cache["hits"] + cache["misses"]
     assert cache["hit_rate"] == pytest.approx(cache["hits"] / cache["lookups"])
 
@@ -171,7 +206,7 @@ def test_device_cache_counts_add_up_and_match_saves_host_reads(tmp_path, capsys)
 
 
 @pytest.mark.parametrize("extra", [[], ["--match-reorder", "--superbatch", "3"]])
-def test_gpu_path_resume_equals_straight_run(tmp_path, capsys, extra):
+def test_device_path_resume_equals_straight_run(tmp_path, capsys, extra):
     base = ["--dataset", SMALL, *FAST, "--sampler", "device", *extra]
     straight = records(tmp_path, "straight", [*base, "--epochs", "4"], capsys)
     ckpt = ["--checkpoint-dir", str(tmp_path / "ckpt")]
@@ -184,7 +219,7 @@ def test_gpu_path_resume_equals_straight_run(tmp_path, capsys, extra):
     ]
 
 
-def test_gpu_path_with_prefetch_trains_identically(tmp_path, capsys):
+def test_device_path_with_prefetch_trains_identically(tmp_path, capsys):
     base = ["--dataset", SMALL, *FAST, "--sampler", "device", "--epochs", "2"]
     sync = untimed(records(tmp_path, "sync", [*base, "--prefetch", "0"], capsys))
     assert untimed(records(tmp_path, "ahead", [*base, "--prefetch", "2"], capsys)) == sync

@@ -16,9 +16,10 @@ from conftest import needs_kaminpar, random_graph
 from distmb.cli.partition import main as cli_main
 from distmb.core.errors import InputError
 from distmb.data import Graph, PartitionStore, load_dataset
+from distmb.data.graph import undirected_csr
 from distmb.partition import kaminpar as kaminpar_module
 from distmb.partition import partition_graph
-from distmb.partition.assign import assign_parts, random_parts, undirected_csr
+from distmb.partition.assign import assign_parts, random_parts
 from distmb.partition.kaminpar import (
     KAMINPAR_INSTALL,
     kaminpar_parts,

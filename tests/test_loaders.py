@@ -14,10 +14,11 @@ import pytest
 
 from distmb.core.errors import InputError
 from distmb.data import UNLABELED, Graph, load_dataset
-from distmb.data.datasets import ogb as ogb_module
+from distmb.data.datasets import ogb_cache, ogb_csv
 from distmb.data.datasets.edgelist import load_edgelist
 from distmb.data.datasets.npz import load_npz
-from distmb.data.datasets.ogb import CACHE_DIRNAME, CACHE_TMP_PREFIX, load_ogb
+from distmb.data.datasets.ogb import load_ogb
+from distmb.data.datasets.ogb_cache import CACHE_DIRNAME, CACHE_TMP_PREFIX
 from distmb.data.datasets.planetoid import load_planetoid
 
 # --------------------------------------------------------------------------------------------
@@ -404,7 +405,7 @@ def test_ogb_corrupt_cache_is_rebuilt(tmp_path: Path) -> None:
 
 def test_ogb_interrupted_cache_write_leaves_no_cache(tmp_path: Path, monkeypatch) -> None:
     root = _write_ogb(tmp_path / "ogbn-tiny")
-    real_save = ogb_module.save_array
+    real_save = ogb_csv.save_array
     calls = []
 
     def crash_on_third(path, arr):
@@ -413,12 +414,12 @@ def test_ogb_interrupted_cache_write_leaves_no_cache(tmp_path: Path, monkeypatch
             raise RuntimeError("simulated crash")
         return real_save(path, arr)
 
-    monkeypatch.setattr(ogb_module, "save_array", crash_on_third)
+    monkeypatch.setattr(ogb_csv, "save_array", crash_on_third)
     with pytest.raises(RuntimeError):
         load_ogb(str(root))
     assert not (root / CACHE_DIRNAME).exists()
     assert not [p for p in root.iterdir() if p.name.startswith(CACHE_TMP_PREFIX)]
-    monkeypatch.setattr(ogb_module, "save_array", real_save)
+    monkeypatch.setattr(ogb_csv, "save_array", real_save)
     assert any("no cache yet" in n for n in load_ogb(str(root)).notes)
     assert any(n.startswith("cache hit") for n in load_ogb(str(root)).notes)
 
@@ -429,7 +430,7 @@ def test_ogb_unwritable_directory_loads_without_cache(tmp_path: Path, monkeypatc
     def refuse(*args, **kwargs):
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(ogb_module.tempfile, "mkdtemp", refuse)
+    monkeypatch.setattr(ogb_cache.tempfile, "mkdtemp", refuse)
     g = load_ogb(str(root))
     _check_ogb_graph(g)
     assert any("cache not written" in n and "not writable" in n for n in g.notes)
@@ -439,7 +440,7 @@ def test_ogb_unwritable_directory_loads_without_cache(tmp_path: Path, monkeypatc
 def test_ogb_small_blocks_and_several_schemes(tmp_path: Path, monkeypatch) -> None:
     root = _write_ogb(tmp_path / "ogbn-tiny", scheme="time")
     _gz(root / "split" / "another" / "train.csv.gz", "0\n")  # sorts first, but incomplete
-    monkeypatch.setattr(ogb_module, "BLOCK_BYTES", 5)  # lines span several reads
+    monkeypatch.setattr(ogb_csv, "BLOCK_BYTES", 5)  # lines span several reads
     with pytest.raises(InputError, match=r"another/valid\.csv\.gz: no such file"):
         load_ogb(str(root))
     shutil.rmtree(root / "split" / "another")
@@ -452,7 +453,7 @@ def test_ogb_small_blocks_and_several_schemes(tmp_path: Path, monkeypatch) -> No
 def test_ogb_line_numbers_across_blocks(tmp_path: Path, monkeypatch) -> None:
     root = _write_ogb(tmp_path / "ogbn-tiny")
     _gz(root / "raw" / "edge.csv.gz", "0,1\n1,2\n2,3\n3,4\n4,x\n")
-    monkeypatch.setattr(ogb_module, "BLOCK_BYTES", 3)
+    monkeypatch.setattr(ogb_csv, "BLOCK_BYTES", 3)
     with pytest.raises(InputError, match=r"edge\.csv\.gz: line 5: expected 2 comma-separated int"):
         load_ogb(str(root))
 

@@ -114,7 +114,7 @@ def test_trainer_applies_its_config(monkeypatch):
     from distmb.engine import Trainer
 
     asked = []
-    monkeypatch.setattr("distmb.engine.trainer.configure_malloc", lambda p: asked.append(p))
+    monkeypatch.setattr("distmb.engine.build.runtime.configure_malloc", lambda p: asked.append(p))
     config = TrainConfig(layers=1, fanout=(2,), hidden=4, epochs=1, progress=False)
     for policy in malloc.MALLOC_POLICIES:
         Trainer(LocalGraph.from_graph(random_graph()), dataclasses.replace(config, malloc=policy))
@@ -135,7 +135,7 @@ def test_trainer_logs_a_note_where_retain_cannot_apply(monkeypatch):
 
 @pytest.mark.parametrize("policy", malloc.MALLOC_POLICIES)
 def test_predict_applies_its_flag(monkeypatch, tmp_path, capsys, policy):
-    predict_module = importlib.import_module("distmb.cli.predict")  # the package exports predict()
+    predict_module = importlib.import_module("distmb.cli.predict")  # the command's flags
 
     code, _, err = run_train_cli(
         ["--dataset", SMALL, *FAST_FLAGS, "--epochs", "1", "--checkpoint-dir", str(tmp_path)],
@@ -146,7 +146,8 @@ def test_predict_applies_its_flag(monkeypatch, tmp_path, capsys, policy):
         ["--checkpoint", str(tmp_path), "--out", "o", "--malloc", policy]
     ).malloc == policy
     asked = []
-    monkeypatch.setattr(predict_module, "configure_malloc", lambda p: asked.append(p))
-    result = predict_module.predict(tmp_path, malloc=policy, log=lambda _: None)
+    monkeypatch.setattr("distmb.engine.predict.configure_malloc", lambda p: asked.append(p))
+    predict = importlib.import_module("distmb.engine.predict").predict
+    result = predict(tmp_path, malloc=policy, log=lambda _: None)
     assert asked == [policy]
     assert result.predictions is not None and result.predictions.shape == (result.num_nodes,)

@@ -1,4 +1,4 @@
-"""Several ranks on the GPU path (issue 13; docs/cuda.md "Several GPUs").
+"""Several ranks on the GPU path (docs/cuda.md, "Several GPUs").
 
 On CPU-only machines the path runs on CPU tensors with ``--sampler device`` under a real
 ``mpiexec -n 2/3``: the device HEC (``DeviceHistoricalCache``) on the training device, the
@@ -75,23 +75,6 @@ def test_comm_auto_and_shared_gpus():
     assert not shares_gpu([("a", "g0"), ("a", "g1"), ("b", "g0")])
 
 
-# ---- collectives over torch.distributed ------------------------------------------------------
-
-
-@pytest.mark.parametrize("ranks", [2, 3])
-def test_bucketed_allreduce_equals_the_flat_one(ranks):
-    proc = mpirun(ranks, [str(SCRIPTS / "bucketed_allreduce.py")], 120)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert f"{ranks} ranks agree" in proc.stdout
-
-
-@pytest.mark.parametrize(("ranks", "delay"), [(2, 1), (3, 2)])
-def test_torch_push_delivers_what_the_mpi_push_does(ranks, delay):
-    proc = mpirun(ranks, [str(SCRIPTS / "torch_push.py"), str(delay)], 120)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "all equal" in proc.stdout
-
-
 # ---- training ----------------------------------------------------------------------------------
 
 
@@ -112,7 +95,7 @@ SAMPLER_SEEDS = (0, 1, 2)
 
 
 @pytest.mark.parametrize("ranks", [2, 3])
-def test_gpu_path_trains_like_the_cpp_path(small_parts, tmp_path, ranks):  # noqa: F811
+def test_device_path_trains_like_the_cpp_path(small_parts, tmp_path, ranks):  # noqa: F811
     """Other sampler draws, the same distribution: mean accuracy within the multi-rank
     noise, HEC hit rates per layer within 2 points (pooled over seeds); the device HEC is
     the one in use."""
@@ -122,7 +105,7 @@ def test_gpu_path_trains_like_the_cpp_path(small_parts, tmp_path, ranks):  # noq
             flags = [*SAMPLER_RUN, "--sampler", sampler, "--seed", str(seed)]
             records, out = _train(ranks, small_parts[ranks], tmp_path, f"{sampler}{seed}", *flags)
             rows.append(records)
-            if sampler == "device":  # HistoricalCache.describe: the device cache's tables
+            if sampler == "device":  # HistoricalEmbeddingScheme.describe: the device cache's tables
                 assert "on cpu (--hec-size" in out
                 assert all(r["bytes_pushed"] > 0 for r in records)
 
@@ -137,7 +120,7 @@ def test_gpu_path_trains_like_the_cpp_path(small_parts, tmp_path, ranks):  # noq
         assert abs(a - b) <= HIT_RATE_NOISE, (rates_cpp, rates_dev)
 
 
-def test_gpu_path_torch_equals_mpi_on_two_ranks(small_parts, tmp_path):  # noqa: F811
+def test_device_path_torch_equals_mpi_on_two_ranks(small_parts, tmp_path):  # noqa: F811
     """2 ranks: every collective adds a + b, so --comm torch (bucketed all-reduce, push over
     all_to_all_single) and the unbucketed all-reduce give the MPI run's records to the bit."""
     mpi, _ = _train(2, small_parts[2], tmp_path, "mpi", *DEVICE_PATH, "--comm", "mpi")
@@ -148,7 +131,7 @@ def test_gpu_path_torch_equals_mpi_on_two_ranks(small_parts, tmp_path):  # noqa:
     assert mpi == tch == flat
 
 
-def test_gpu_path_torch_and_mpi_agree_on_three_ranks(small_parts, tmp_path):  # noqa: F811
+def test_device_path_torch_and_mpi_agree_on_three_ranks(small_parts, tmp_path):  # noqa: F811
     mpi, _ = _train(3, small_parts[3], tmp_path, "mpi", *DEVICE_PATH, "--comm", "mpi")
     tch, _ = _train(3, small_parts[3], tmp_path, "torch", *DEVICE_PATH, "--comm", "torch")
     assert abs(mpi[-1]["val_acc"] - tch[-1]["val_acc"]) <= ACC_NOISE
@@ -156,7 +139,7 @@ def test_gpu_path_torch_and_mpi_agree_on_three_ranks(small_parts, tmp_path):  # 
 
 
 @pytest.mark.parametrize("comm", ["mpi", "torch"])
-def test_gpu_path_without_hec_and_exact(small_parts, tmp_path, comm):  # noqa: F811
+def test_device_path_without_hec_and_exact(small_parts, tmp_path, comm):  # noqa: F811
     """--no-hec and --exact-remote on the GPU path: nothing pushed without the HEC; the exact
     baseline moves its bytes and fills no cache."""
     drop, _ = _train(2, small_parts[2], tmp_path, "drop", *DEVICE_PATH, "--comm", comm,
@@ -169,7 +152,7 @@ def test_gpu_path_without_hec_and_exact(small_parts, tmp_path, comm):  # noqa: F
 
 
 @pytest.mark.parametrize("comm", ["mpi", "torch"])
-def test_gpu_path_resume_is_bit_identical_with_the_device_hec(small_parts, tmp_path, comm):  # noqa: F811
+def test_device_path_resume_is_bit_identical_with_the_device_hec(small_parts, tmp_path, comm):  # noqa: F811
     base = [*DEVICE_PATH, "--comm", comm, "--eval-every", "1"]
     straight, _ = _train(2, small_parts[2], tmp_path, "straight", *base, "--epochs", "4")
     ckpt = ["--checkpoint-dir", str(tmp_path / "ckpt")]
@@ -187,7 +170,7 @@ def test_gpu_path_resume_is_bit_identical_with_the_device_hec(small_parts, tmp_p
     ]
 
 
-def test_failing_rank_aborts_the_gpu_path_with_torch(small_parts):  # noqa: F811
+def test_failing_rank_aborts_the_device_path_with_torch(small_parts):  # noqa: F811
     start = time.monotonic()
     proc = mpirun(2, [str(SCRIPTS / "fail_rank.py"), str(small_parts[2]), *DEVICE_PATH,
                       "--comm", "torch"], 90)  # fmt: skip
@@ -228,7 +211,7 @@ def test_cuda_two_gpus_nccl_equals_mpi(small_parts, tmp_path):  # noqa: F811
 
 @pytest.mark.cuda
 @pytest.mark.skipif(_gpus() < 2, reason="NCCL needs one GPU per rank: two GPUs")
-def test_cuda_nccl_push_delivers_what_the_mpi_push_does():
-    proc = mpirun(2, [str(SCRIPTS / "torch_push.py"), "2", "cuda"], 120)
+def test_cuda_nccl_push_holds_the_push_contract():
+    proc = mpirun(2, [str(SCRIPTS / "push_contract.py"), "cuda", "torch"], 120)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "all equal" in proc.stdout
+    assert "push contract holds: torch, delay 2, on 2 ranks" in proc.stdout

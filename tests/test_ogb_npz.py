@@ -17,9 +17,9 @@ import pytest
 from distmb.cli.partition import main as partition_main
 from distmb.core.errors import InputError
 from distmb.data import UNLABELED, load_dataset
-from distmb.data.datasets import ogb as ogb_module
-from distmb.data.datasets import ogb_npz
-from distmb.data.datasets.ogb import CACHE_DIRNAME, CACHE_TMP_PREFIX, load_ogb
+from distmb.data.datasets import ogb_cache, ogb_npz
+from distmb.data.datasets.ogb import load_ogb
+from distmb.data.datasets.ogb_cache import CACHE_DIRNAME, CACHE_TMP_PREFIX
 from distmb.data.store import npzmember
 from distmb.data.store.store import PartitionStore
 
@@ -216,7 +216,7 @@ def test_integer_labels_and_unwritable_directory(tmp_path: Path, monkeypatch) ->
     def refuse(*args, **kwargs):
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(ogb_module.tempfile, "mkdtemp", refuse)
+    monkeypatch.setattr(ogb_cache.tempfile, "mkdtemp", refuse)
     g = load_ogb(str(root))
     _check_graph(g, a)
     assert any("cache not written" in n and "converted into memory instead" in n for n in g.notes)

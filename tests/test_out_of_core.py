@@ -22,8 +22,8 @@ from distmb.data.store.format import META_FILE, OOC_FEATURE_FILE
 from distmb.data.store.rowfile import RowFile, write_row_file
 from distmb.data.store.store import PartitionStore
 from distmb.engine import Trainer
-from distmb.engine.adjacency import open_adjacency
-from distmb.engine.features import open_features
+from distmb.engine.build.adjacency import open_adjacency
+from distmb.engine.build.features import open_features
 from distmb.partition import partition_graph
 from distmb.partition.convert import convert_features
 from distmb.pipeline.features.cached import CachedFeatures, cache_rows
@@ -173,22 +173,15 @@ def _sources(table: np.ndarray, rows: RowFile, capacity: int):
 
 
 @pytest.mark.parametrize("capacity", [0, 1, 17, 499, 10_000])
-def test_every_policy_returns_the_table_rows(table_file, capacity):
+def test_every_policy_counts_hits_among_lookups(table_file, capacity):
+    # The rows themselves are checked for every policy in test_feature_source_contract.py.
     table, rows = table_file
     rng = np.random.default_rng(capacity)
-    requests = (
-        [
-            rng.integers(0, 500, 60),  # duplicates, unsorted
-            np.arange(500)[::-1].copy(),
-            np.zeros(0, dtype=np.int64),
-            np.array([499, 0, 499, 0]),
-        ]
-        + [rng.permutation(500)[: rng.integers(1, 200)] for _ in range(12)]
-    )
+    requests = [rng.integers(0, 500, 60), np.arange(500)[::-1].copy(), np.array([499, 0, 499])]
+    requests += [rng.permutation(500)[: rng.integers(1, 200)] for _ in range(12)]
     for policy, source in _sources(table, rows, capacity):
         for ids in requests:
-            got = source.gather(ids)
-            np.testing.assert_array_equal(got.numpy(), table[ids], err_msg=policy)
+            source.gather(ids)
         assert source.hits <= source.lookups, policy
         if policy == "none" or capacity == 0:
             assert source.hits == 0

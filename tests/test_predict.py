@@ -1,4 +1,4 @@
-"""distmb.cli.predict: predictions, logits and embeddings from a checkpoint, on one rank and under a
+"""distmb.predict: predictions, logits and embeddings from a checkpoint, on one rank and under a
 real ``mpiexec -n 2`` (gathered and per part), against the trainer's own evaluation and an
 independent float64 full-graph forward pass; bad input."""
 
@@ -13,18 +13,18 @@ import numpy as np
 import pytest
 import torch
 from conftest import FAST_FLAGS, SMALL, run_cli
-from test_distributed import SCRIPTS, mpirun
+from test_distributed import mpirun
 
-from distmb.cli.predict import build_parser, predict
+from distmb.cli.predict import build_parser
 from distmb.cli.predict import main as predict_main
 from distmb.cli.train import main as train_main
-from distmb.comm.mpi import SingleProcess
 from distmb.config.train import TrainConfig
 from distmb.data import Graph, load_dataset
 from distmb.data.local import LocalGraph
 from distmb.engine import Trainer
 from distmb.engine.checkpoint import CHECKPOINT_FILE
 from distmb.engine.evaluate import layerwise_inference
+from distmb.engine.predict import predict
 from distmb.partition import partition_graph
 
 EPOCHS = ["--epochs", "3", "--threads", "1"]
@@ -364,17 +364,6 @@ def test_one_rank_checkpoint_predicts_on_two_ranks(one_rank_run, two_parts, tmp_
     assert accuracy["test"] == records[-1]["test_acc"]
 
 
-def test_gather_rows_delivers_every_row_once_in_bounded_chunks():
-    proc = mpirun(2, [str(SCRIPTS / "gather_rows.py"), "100"], 60)  # 8 rows per chunk
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "gathered 1000 rows in" in proc.stdout
-    chunks: list[tuple[np.ndarray, np.ndarray]] = []
-    rows = np.arange(30, dtype=np.float32).reshape(10, 3)
-    SingleProcess().gather_rows(np.arange(10), rows, lambda i, r: chunks.append((i, r)), 24)
-    assert [len(i) for i, _ in chunks] == [2] * 5
-    np.testing.assert_array_equal(np.concatenate([r for _, r in chunks]), rows)
-
-
 def test_dataset_on_two_ranks_is_refused(one_rank_run, tmp_path):
     argv = ["-m", "distmb.predict", "--checkpoint", str(one_rank_run[0]), "--dataset", SMALL]
     proc = mpirun(2, [*argv, "--out", str(tmp_path / "o")], 60)
@@ -383,14 +372,14 @@ def test_dataset_on_two_ranks_is_refused(one_rank_run, tmp_path):
 
 
 def test_distmb_predict_is_callable_whichever_import_came_first(one_rank_run, tmp_path):
-    """``distmb.cli.predict`` is the function and also the module of ``python -m distmb.predict``:
-    after ``import distmb.cli.predict`` (done at the top of this file) the package's attribute is
-    the module, which must still predict."""
+    """``distmb.predict`` is the function and also the module of ``python -m distmb.predict``:
+    after ``import distmb.predict`` the package's attribute is the module, which must still
+    predict."""
     import distmb
-    import distmb.cli.predict as module
+    import distmb.predict as module
 
     ckpt, records = one_rank_run
-    assert callable(distmb.cli.predict)
-    result = distmb.cli.predict(ckpt, dataset=SMALL)
+    assert callable(distmb.predict)
+    result = distmb.predict(ckpt, dataset=SMALL)
     assert result.accuracy["val"] == records[-1]["val_acc"]
     assert module.predict is not None

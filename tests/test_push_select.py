@@ -1,7 +1,7 @@
 """The push choice (distmb.halo.hec.push_select) and its counter-based keys (distmb.core.rng).
 
 - the tensor hash equals an independent pure-Python splitmix64, published splitmix64
-  outputs and the C++ dropout masks built on ``csrc/rng.h``'s ``hash_key``;
+  outputs and the C++ dropout masks built on ``csrc/include/rng.h``'s ``hash_key``;
 - on hand-built and random candidate sets: at most ``nc`` per peer, every candidate of a
   peer with at most ``nc``, grouped by peer and ascending, equal to a brute-force choice
   (sort every peer's keys); the host (numpy) and the torch choice equal on CPU tensors (and
@@ -22,7 +22,6 @@ import torch
 from conftest import SMALL
 
 from distmb import _C
-from distmb.config.train import HecSettings
 from distmb.core.rng import hash_chain, hash_chain_t, hash_key, hash_key_t, mix64_t, to_unit_open
 from distmb.data import load_dataset
 from distmb.data.store.store import PartitionStore
@@ -36,7 +35,7 @@ from distmb.halo.hec.push_select import (
     select_push_device,
     select_push_host,
 )
-from distmb.halo.hec.scheme import HistoricalCache, _peers_of_solid
+from distmb.halo.hec.scheme import HecSettings, HistoricalEmbeddingScheme, _peers_of_solid
 from distmb.partition import partition_graph
 from distmb.pipeline.sample import NeighborSampler
 
@@ -377,12 +376,12 @@ TRACE_ITERS = 6
 
 
 def push_trace(part_dir: Path, rank: int, cache_device: str | None, block_device: str, nc: int):
-    """HistoricalCache._push of 3 iterations x 2 layers of real blocks of ``rank``'s part:
+    """HistoricalEmbeddingScheme._push of 3 iterations x 2 layers of real blocks of ``rank``'s part:
     what the pushes were given and what ``record`` saw."""
     store = PartitionStore(part_dir, rank)
     comm = SimpleNamespace(rank=rank, size=3)
     settings = HecSettings(enabled=True, size=1000, nc=nc, lifespan=2, delay=1)
-    halo = HistoricalCache(comm, store, settings, seed=5, cache_device=cache_device)
+    halo = HistoricalEmbeddingScheme(comm, store, settings, seed=5, cache_device=cache_device)
     halo.setup([4, 4])
     calls: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
     halo.pushes = [RecordingPush(calls), RecordingPush(calls)]
@@ -409,7 +408,7 @@ def push_trace(part_dir: Path, rank: int, cache_device: str | None, block_device
     ],
 )
 def test_halo_push_on_the_device_equals_the_host_push(three_parts, cache_device, block_device):
-    """HistoricalCache._push with the C++ caches (the host choice) and with a device cache
+    """HistoricalEmbeddingScheme._push with the C++ caches (the host choice) and with a device cache
     (the torch choice on the blocks' device): the same counts, tags and rows go to the push,
     and ``record`` sees them; some peers are capped at nc."""
     for rank in range(3):

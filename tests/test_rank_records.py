@@ -11,7 +11,7 @@ import torch
 from conftest import SMALL
 from test_distributed import SCRIPTS, mpirun
 
-from distmb.comm.mpi import SingleProcess
+from distmb.comm import SingleProcess
 from distmb.config.train import TrainConfig
 from distmb.data import load_dataset
 from distmb.data.local import LocalGraph

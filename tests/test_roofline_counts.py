@@ -21,6 +21,8 @@ _PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "roofline.py"
 
 
 def _load_roofline():
+    if str(_PATH.parent) not in sys.path:  # its sibling modules (record.py), as when run
+        sys.path.insert(0, str(_PATH.parent))
     spec = importlib.util.spec_from_file_location("roofline_benchmark", _PATH)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses resolve their module by name

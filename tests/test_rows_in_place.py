@@ -18,7 +18,7 @@ from distmb.config.train import TrainConfig
 from distmb.data.local import LocalGraph
 from distmb.engine import Trainer
 from distmb.halo import HaloScheme
-from distmb.halo.hec.scheme import HistoricalCache
+from distmb.halo.hec.scheme import HistoricalEmbeddingScheme
 from distmb.nn import GATConv, GraphSAGE, SAGEConv
 from distmb.nn.kernels import cpu_aggregate as fused_aggregate
 from distmb.nn.kernels import cpu_update as fused_update
@@ -230,7 +230,7 @@ def test_feature_sources_rows_in_place() -> None:
 
 def test_halo_schemes_declare_reading_input_rows() -> None:
     assert not HaloScheme.reads_input_rows
-    assert HistoricalCache.reads_input_rows  # pushes layer 0's rows to its peers
+    assert HistoricalEmbeddingScheme.reads_input_rows  # pushes layer 0's rows to its peers
 
 
 @pytest.mark.parametrize("model", ["sage", "gat"])

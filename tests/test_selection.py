@@ -22,16 +22,16 @@ from conftest import FAST_FLAGS, SMALL, TIMING_KEYS, random_graph
 
 from distmb.cli.report import main as report_main
 from distmb.cli.train import main as train_main
-from distmb.comm.mpi import SingleProcess
+from distmb.comm import SingleProcess
 from distmb.config import recipes
 from distmb.config.train import TrainConfig, parse_config
 from distmb.core.errors import InputError
 from distmb.data import PartitionStore, load_dataset
 from distmb.data.local import LocalGraph
 from distmb.engine import Trainer
+from distmb.engine.build.features import open_features
 from distmb.engine.checkpoint import BEST_FILE, CHECKPOINT_FILE, save_checkpoint
 from distmb.engine.evaluate import correct_counts, layerwise_inference
-from distmb.engine.features import open_features
 from distmb.engine.selection import ModelSelection
 from distmb.partition import partition_graph
 from distmb.pipeline.features.normalize import FeatureNormalization, fit_normalization

@@ -12,7 +12,8 @@ import torch
 
 from distmb.core.errors import InputError
 from distmb.data import load_dataset
-from distmb.data.datasets.synthetic import NO_HUB_CAP, SyntheticConfig, generate
+from distmb.data.datasets.synthetic import generate
+from distmb.data.datasets.synthetic_config import NO_HUB_CAP, SyntheticConfig
 from distmb.data.graph import Graph
 
 #: A small graph for the structural tests (fast, but large enough for statistics).

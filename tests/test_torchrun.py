@@ -1,5 +1,5 @@
 """Multi-rank runs started by ``torchrun`` (no MPI at all:
-:class:`distmb.comm.mpi.TorchCommunicator`)
+:class:`distmb.comm.TorchGroup`)
 against the same runs under a real ``mpiexec``, and the exchanges of ``--exact-remote`` and
 exact evaluation over torch.distributed (``--comm torch``, gloo on the CPU) against MPI."""
 
@@ -153,21 +153,6 @@ def test_three_ranks_under_torchrun_reach_mpiexecs_accuracy(small_parts, tmp_pat
 # ---- exact exchanges over torch.distributed ------------------------------------------------
 
 
-@pytest.mark.parametrize("ranks", [2, 3])
-def test_alltoallv_and_halo_exchange_deliver_exactly_over_both(ranks: int) -> None:
-    """Uneven and empty messages, ids and rows, numpy and tensors: what each rank receives
-    equals what it computes the peers sent; with MPI, with --comm torch under mpiexec (MPI's
-    all-to-all calls made to fail) and under torchrun."""
-    script = str(SCRIPTS / "exchange_exact.py")
-    for mode in ("mpi", "torch"):
-        proc = mpirun(ranks, [script, mode], 60)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        assert f"{ranks} ranks exchanged exactly over {mode}" in proc.stdout
-    proc = torchrun(ranks, [script, "torch"], 60)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert f"{ranks} ranks exchanged exactly over torch" in proc.stdout
-
-
 def test_exact_remote_over_torch_equals_mpi(small_parts, tmp_path):  # noqa: F811
     """--exact-remote: remote sampling and feature fetch over the torch group train the same
     model as over MPI, to the bit (the same bytes move), under mpiexec and under torchrun."""
@@ -193,12 +178,6 @@ def test_exact_evaluation_over_torch_equals_the_full_graph_reference(small_parts
 
 
 # ---- distmb.cli.predict ------------------------------------------------------------------------
-
-
-def test_gather_rows_under_torchrun() -> None:
-    proc = torchrun(3, [str(SCRIPTS / "gather_rows.py"), "100"], 60)  # 8 rows per chunk
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "gathered 1000 rows in" in proc.stdout
 
 
 def test_predict_under_torchrun_writes_what_mpiexec_writes(small_parts, tmp_path):  # noqa: F811

@@ -73,7 +73,7 @@ WORKER = HERE / "dgl_worker.py"
 #: Every reply line of the worker starts with this (``dgl_worker.REPLY_PREFIX``).
 REPLY_PREFIX = "@@dgl-worker "
 
-#: The products-shaped synthetic graph (distmb.data.datasets.synthetic.SHAPES["products"]).
+#: The products-shaped synthetic graph (distmb.data.datasets.synthetic_config.SHAPES["products"]).
 DEFAULT_DATASET = "synthetic:shape=products"
 #: --quick: a tiny graph of the same shape, small batches, one measured round.
 QUICK = dict(nodes=4000, batch_size=250, hidden=32, epochs=1, warmup=1)
@@ -464,12 +464,12 @@ def run(args: argparse.Namespace, workdir: Path) -> None:
 
     from distmb import __version__ as distmb_version
     from distmb.cli.report import write_json
-    from distmb.cli.train import set_threads
     from distmb.config.train import TrainConfig
     from distmb.core.machine import cpu_model
     from distmb.data import load_dataset
     from distmb.data.local import LocalGraph
     from distmb.engine import Trainer
+    from distmb.engine.build.runtime import set_threads
 
     load_start = os.getloadavg()[0]
     run_start = time.perf_counter()

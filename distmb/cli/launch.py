@@ -1,7 +1,7 @@
-"""Starting a run: one rank's part (opened and checked on every rank), the on-the-fly
-partition of ``--dataset`` for P ranks, whether an MPI launcher started us, and one rank's
-error handling (:func:`run_on_ranks`: an error on any rank aborts the job), under an MPI
-launcher or torchrun.
+"""Starting a run: the on-the-fly partition of ``--dataset`` for P ranks, whether an MPI
+launcher started us, and one rank's error handling (:func:`run_on_ranks`: an error on any
+rank aborts the job), under an MPI launcher or torchrun. A rank's part is opened by
+:func:`distmb.engine.build.data.open_part`.
 
 This module sits above both the runtime and the partitioner (``distmb.partition``), so
 neither imports the other's entry points: the runtime packages never import the partitioner.
@@ -17,44 +17,14 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from distmb.comm.mpi import RankGroup, launch_communicator
+from distmb.comm import RankGroup, launch_communicator
 from distmb.comm.mpienv import is_mpi_launch, is_torchrun_launch
-from distmb.core.errors import DistmbError, InputError, PartitionError
-from distmb.data.store.format import NODE_PART_FILE
-from distmb.data.store.store import PartitionStore, read_meta
+from distmb.core.errors import DistmbError, InputError
 
 #: Part of the ``--partition-cache`` key: bump it when a loader's output or the partition
 #: format changes, so that no run reuses a partition of the old data (the key is computed
 #: before any rank loads the dataset). 2: the synthetic generator's features were rescaled.
 PARTITION_CACHE_REVISION = 2
-
-def open_part(comm: RankGroup, part_dir: str, *, verify: bool = True) -> PartitionStore:
-    """Open part ``rank`` of ``part_dir`` on every rank, after checking on every rank that
-    the partition has one part per rank and that all ranks see the same graph."""
-    num_parts = int(read_meta(part_dir)["num_parts"])  # every rank reads the same file
-    if num_parts != comm.size:
-        raise PartitionError(
-            f"--part-dir {part_dir} has {num_parts} parts but {comm.size} ranks run; "
-            f"use mpirun -np {num_parts}"
-        )
-    store = PartitionStore(part_dir, comm.rank, verify="auto" if verify else "never")
-    # The graph, and the partitioning itself: node_part.npy's sha256 tells apart any two
-    # assignments (another --method, --seed or METIS version), whatever produced them.
-    mine = (store.meta["graph_sha256"], store.num_parts, store.meta["files"].get(NODE_PART_FILE))
-    everyone = comm.allgather(mine)
-    odd = [r for r, other in enumerate(everyone) if other != everyone[0]]
-    if odd:
-        raise PartitionError(
-            f"--part-dir {part_dir}: rank(s) {odd} opened a partition of another graph or "
-            f"partitioning than rank 0 (graph sha256 {everyone[0][0][:12]}...)"
-        )
-    train_counts = comm.allgather(int(store.counts["n_train"]))
-    empty = [r for r, n in enumerate(train_counts) if n == 0]
-    if empty:
-        raise PartitionError(
-            f"--part-dir {part_dir}: part(s) {empty} have no training vertices; use fewer ranks"
-        )
-    return store
 
 
 def partition_cache_dir(cache_root: str, spec: str, parts: int, seed: int) -> Path:
@@ -73,7 +43,7 @@ def dataset_fingerprint(spec: str) -> str:
     for the generated ``synthetic`` datasets, whose spec says everything. Cheap: no file is
     read."""
     from distmb.data.datasets import parse_spec
-    from distmb.data.datasets.ogb import CACHE_DIRNAME
+    from distmb.data.datasets.ogb_cache import CACHE_DIRNAME
 
     kind, arg = parse_spec(spec)
     if kind == "synthetic":
@@ -137,7 +107,7 @@ def is_multi_rank_launch() -> bool:
 
 def run_on_ranks(prog: str, body: Callable[[RankGroup], None]) -> int:
     """Run ``body(comm)`` as one rank of a multi-rank job (``mpirun -np P python -m PROG``,
-    or ``torchrun --nproc_per_node P -m PROG``; :func:`~distmb.comm.mpi.launch_communicator`).
+    or ``torchrun --nproc_per_node P -m PROG``; :func:`~distmb.comm.launch_communicator`).
 
     Any error on any rank aborts the whole job (``MPI_Abort``; under torchrun the rank exits
     and torchrun stops the others), so a dead rank never leaves the others waiting: a

@@ -7,39 +7,11 @@ two cores). Defaults follow Table 2 of the DistGNN-MB paper.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 from distmb.config.train import TrainConfig, build_parser, config_from_args
 from distmb.core import progress
-from distmb.core.errors import InputError, exit_on_user_error
-
-
-def load_local(args: TrainConfig, log) -> object:
-    """The single rank's :class:`LocalGraph` from ``--part-dir`` (one part) or
-    ``--dataset``."""
-    from distmb.data import PartitionStore, load_dataset
-    from distmb.data.local import LocalGraph
-
-    if args.part_dir:
-        store = PartitionStore(args.part_dir, 0, verify="auto" if args.verify else "never")
-        if store.num_parts != 1:
-            raise InputError(
-                f"--part-dir {args.part_dir} has {store.num_parts} parts; a single-rank run "
-                f"needs 1 (run under mpirun -np {store.num_parts} for multi-rank training)"
-            )
-        log(f"partition {args.part_dir}: {store}")
-        local = LocalGraph.from_store(store)
-    else:
-        spec = args.dataset or "synthetic"
-        graph = load_dataset(spec, seed=args.seed)
-        log(graph.summary())
-        for note in graph.notes:
-            log(f"  {note}")
-        local = LocalGraph.from_graph(graph)
-    if local.train_idx.size == 0:
-        raise InputError(f"{args.part_dir or args.dataset or 'synthetic'}: no training vertices")
-    return local
+from distmb.core.errors import exit_on_user_error
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,22 +36,25 @@ def main_distributed(argv: list[str] | None) -> int:
 
 
 def run_distributed(args: argparse.Namespace, comm) -> None:
+    """One rank of a multi-rank run: its part (partitioned on the fly for ``--dataset``), its
+    device (resolved once, here), its halo scheme and collectives' library, then
+    :func:`train`."""
     import torch
 
-    from distmb.cli.launch import ensure_partition, open_part
+    from distmb.cli.launch import ensure_partition
     from distmb.data.local import LocalGraph
+    from distmb.engine.build import make_halo_scheme
+    from distmb.engine.build.data import open_part
+    from distmb.engine.build.runtime import prepare_outputs, set_threads
     from distmb.engine.device import (
         check_comm_launch,
-        check_gpu_path,
         gpu_identity,
         resolve_comm,
-        resolve_device,
         shares_gpu,
         torch_backend,
-        uses_gpu_path,
+        training_device,
+        uses_device_path,
     )
-    from distmb.engine.trainer import prepare_outputs
-    from distmb.halo import make_halo_scheme
 
     config = config_from_args(args)
     check_comm_launch(config.comm, comm.launcher)  # before partitioning or loading anything
@@ -99,11 +74,10 @@ def run_distributed(args: argparse.Namespace, comm) -> None:
     store = open_part(comm, part_dir, verify=config.verify)
     log(f"{comm.size} ranks on {part_dir}; rank 0: {store}")
     # Every rank asks for its node-local rank here, at the same point (it may be a collective).
-    device = resolve_device(config.device, comm.local_rank())
-    check_gpu_path(config, device)
-    gpu_path = uses_gpu_path(config, device)
-    # On the GPU path the HEC's tables live on the training device: halo rows arrive there.
-    halo = make_halo_scheme(comm, store, config, cache_device=device if gpu_path else None)
+    device = training_device(config, comm.local_rank())
+    # On the device path the HEC's tables live on the training device: halo rows arrive there.
+    cache_device = device if uses_device_path(config, device) else None
+    halo = make_halo_scheme(comm, store, config, cache_device=cache_device)
     shared = False
     if device.type == "cuda":
         import socket
@@ -123,39 +97,23 @@ def run_distributed(args: argparse.Namespace, comm) -> None:
         )
     # run_on_ranks tears the torch.distributed group down once this returns (not on an
     # error: the job is aborted then, and a teardown barrier would wait for the dead).
-    train(LocalGraph.from_store(store), config, comm=comm, halo=halo, log=log)
+    train(LocalGraph.from_store(store), config, comm=comm, halo=halo, log=log, device=device)
 
 
-def set_threads(config: TrainConfig) -> str | None:
-    """``--threads``: PyTorch's and the C++ kernels' thread counts. Returns a warning when
-    ``--threads`` or ``--loader-threads`` exceeds the cores this process may run on (allowed:
-    the threads then take turns)."""
-    warning = None
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-    asked = max(config.threads or 0, config.loader_threads or 0)
-    if cores is not None and asked > cores:
-        warning = (
-            f"distmb.cli.train: warning: {asked} threads (--threads / --loader-threads) exceed the "
-            f"{cores} core(s) this process may use; the threads will take turns"
-        )
-    if config.threads is not None:
-        import torch
+def train(
+    local, config: TrainConfig, *, comm=None, halo=None, log=print, device=None
+) -> list[dict]:
+    """Build the trainer, print what is trained, fit, print the final accuracy.
 
-        from distmb import _C
-
-        torch.set_num_threads(config.threads)
-        _C.set_num_threads(config.threads)
-    return warning
-
-
-def train(local, config: TrainConfig, *, comm=None, halo=None, log=print) -> list[dict]:
-    """Build the trainer, print what is trained, fit, print the final accuracy."""
+    Args:
+        device: the training device when resolved already (multi-rank runs); default: the
+            trainer resolves ``config.device``.
+    """
     import torch
 
     from distmb.engine import Trainer
-    from distmb.engine.adjacency import describe_adjacency
 
-    trainer = Trainer(local, config, comm=comm, halo=halo, log=log)
+    trainer = Trainer(local, config, comm=comm, halo=halo, log=log, device=device)
     params = sum(p.numel() for p in trainer.model.parameters())
     per_rank = " per rank" if trainer.num_ranks > 1 else ""
     halo_text = f"; halo leaves: {trainer.halo.describe()}" if trainer.num_ranks > 1 else ""
@@ -168,10 +126,10 @@ def train(local, config: TrainConfig, *, comm=None, halo=None, log=print) -> lis
         f"{config.batch_size}{per_rank}, lr {config.lr}, {config.epochs} epochs, "
         f"{torch.get_num_threads()} thread(s){per_rank}, {loading}{halo_text}"
     )
-    note = trainer.feature_sources.note + describe_adjacency(trainer.adjacency, config)
-    log(note + (" (rank 0)" if trainer.num_ranks > 1 else ""))
-    if trainer.gpu is not None:
-        log(trainer.gpu.note)
+    data_note, *device_notes = trainer.parts.notes
+    log(data_note + (" (rank 0)" if trainer.num_ranks > 1 else ""))
+    for note in device_notes:
+        log(note)
     history = trainer.fit()
     last = next((r for r in reversed(history) if "test_acc" in r), None)
     if last is not None:
@@ -198,7 +156,8 @@ def final_line(last: dict, best) -> str:
 @exit_on_user_error("distmb.cli.train")
 def main_single(argv: list[str] | None = None) -> int:
     from distmb.cli.launch import check_srun_mpi
-    from distmb.engine.trainer import prepare_outputs
+    from distmb.engine.build.data import load_local
+    from distmb.engine.build.runtime import prepare_outputs, set_threads
 
     config = config_from_args(build_parser().parse_args(argv))
     check_srun_mpi()  # srun --mpi=none: P lone ranks, not one job

@@ -11,7 +11,7 @@ How it works (one :class:`CollectiveWatchdog` per rank, multi-rank runs only):
   how many watched collectives the sender has entered, whether it is waiting in one now, and
   its epoch and iteration.
 - The main thread marks each watched collective (:meth:`CollectiveWatchdog.watch`, used by
-  :class:`distmb.comm.mpi.Communicator` itself, so call sites stay as they are).
+  :class:`distmb.comm.MpiGroup` itself, so call sites stay as they are).
 - When this rank has waited in one collective longer than the **deadline**, the larger of
   ``--collective-timeout`` and :data:`SLOWEST_ITERATION_FACTOR` times the slowest healthy
   iteration seen so far, the watchdog looks at its peers: a peer whose last heartbeat is older
@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 
 #: Seconds a collective of a torchrun job may wait for a peer before it fails the job
-#: (:class:`distmb.comm.mpi.TorchCommunicator`; torch's own default). Long, because every rank
+#: (:class:`distmb.comm.TorchGroup`; torch's own default). Long, because every rank
 #: waits in one while rank 0 partitions ``--dataset``: a rank that *dies* ends the job at
 #: once (torchrun stops the others), this bounds only one that stops without dying.
 TORCHRUN_TIMEOUT_S = 1800.0
@@ -206,7 +206,7 @@ class CollectiveWatchdog:
     exchange, so no heartbeat is left unreceived).
 
     Args:
-        comm: an ``mpi4py`` communicator (``Communicator.comm``).
+        comm: an ``mpi4py`` communicator (``MpiGroup.comm``).
         timeout_s: ``--collective-timeout``, seconds (> 0).
         log: prints one line (stderr by default).
         abort: ends the job (default: ``MPI_Abort`` on ``comm`` with

@@ -2,6 +2,6 @@
 
 import sys
 
-from distmb.config.train import main
+from distmb.config.flags_doc import main
 
 sys.exit(main())

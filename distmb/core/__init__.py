@@ -1,1 +1,6 @@
-"""distmb/core."""
+"""What every package may need and that knows nothing of GNNs: error types
+(:mod:`~distmb.core.errors`), atomic file writes (:mod:`~distmb.core.atomic`), units,
+counter-based random streams (:mod:`~distmb.core.rng`), progress meters
+(:mod:`~distmb.core.progress`), facts about the machine (:mod:`~distmb.core.machine`), the
+allocator's settings (:mod:`~distmb.core.malloc`) and the figures' conventions
+(:mod:`~distmb.core.plotting`). The lowest layer: imports nothing of distmb."""

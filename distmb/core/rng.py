@@ -1,4 +1,4 @@
-"""Counter-based random numbers in Python: the twin of ``csrc/rng.h``.
+"""Counter-based random numbers in Python: the twin of ``csrc/include/rng.h``.
 
 A value is a pure function of its key (splitmix64's finaliser chained over the key's
 parts), so it is the same on every device, thread count and call order. Two forms of the
@@ -13,7 +13,7 @@ same functions:
   is bitwise; its ``>>`` is arithmetic, so every right shift is masked to the logical
   shift.
 
-``hash_key(seed, a, b, c)`` equals ``distmb::hash_key`` in ``csrc/rng.h`` bit for bit (the
+``hash_key(seed, a, b, c)`` equals ``distmb::hash_key`` in ``csrc/include/rng.h`` bit for bit (the
 C++ dropout masks use it; ``tests/test_push_select.py`` checks the tensor form against
 them).
 """
@@ -58,7 +58,7 @@ def hash_chain(seed: int, *parts: int) -> int:
 
 
 def hash_key(seed: int, a: int, b: int = 0, c: int = 0) -> int:
-    """Hash of a key tuple (seed first), as ``csrc/rng.h``: ``hash_chain(seed, a, b, c)``."""
+    """Hash of a key tuple (seed first), as the C++ ``hash_key``: ``hash_chain(seed, a, b, c)``."""
     return hash_chain(seed, a, b, c)
 
 

@@ -1,6 +1,6 @@
 """COO edges -> in-edge CSR in bounded memory: the edges arrive in chunks, twice.
 
-:func:`build_csr` drives the three C++ passes of ``csrc/graph.cpp`` (count, scatter, finish)
+:func:`build_csr` drives the three C++ passes of ``csrc/kernels/graph.cpp`` (count, scatter, finish)
 over a re-iterable source of edge chunks, in arrays it owns: ``indptr`` int64[n + 1] and
 ``indices`` of :func:`~distmb.data.store.format.index_dtype` (int32 when the vertex count allows).
 Besides the result it holds one chunk at a time, so a loader never materialises an int64

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from distmb.core.errors import InputError
-from distmb.data.csr import CsrBuild, EdgeChunks, array_chunks, build_csr
+from distmb.data.csr import CsrBuild, EdgeChunks, array_chunks, build_csr, csr_edge_chunks
 
 #: Label of a vertex without a class (allowed outside the train/val/test splits).
 UNLABELED = -1
@@ -375,6 +375,25 @@ def csr_row_positions(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     lengths = np.asarray(lengths, dtype=np.int64)
     first = np.asarray(starts, dtype=np.int64) - (np.cumsum(lengths) - lengths)
     return np.repeat(first, lengths) + np.arange(int(lengths.sum()), dtype=np.int64)
+
+
+def undirected_csr(graph: Graph) -> tuple[np.ndarray, np.ndarray]:
+    """``(indptr: int64[num_nodes + 1], indices: int32|int64[num_edges'])``: the graph's
+    adjacency with every edge in both directions, as METIS and KaMinPar need it.
+
+    A symmetric graph (``graph.symmetric``) is returned as is, without a copy; a directed one
+    is symmetrised into new arrays (self-loops and duplicates dropped), built chunk by chunk
+    from its CSR (:func:`~distmb.data.csr.build_csr`).
+    """
+    if graph.symmetric:
+        return graph.indptr, graph.indices
+    build = build_csr(
+        csr_edge_chunks(graph.indptr, graph.indices),
+        graph.num_nodes,
+        symmetrize=True,
+        dtype=graph.indices.dtype,
+    )
+    return build.indptr, build.indices
 
 
 def _check(ok: bool, source: str, message: str) -> None:

@@ -1,12 +1,14 @@
-"""``--device`` and ``--sampler``: which device a run trains on and whether it takes the GPU path.
+"""``--device`` and ``--sampler``: which device a run trains on and whether it takes the
+device path.
 
-The *GPU path* is the data path of issue 12 (docs/cuda.md): the PyTorch-ops sampler
-(:class:`~distmb.pipeline.sample.device.DeviceNeighborSampler`), the device feature cache over host
-rows
-(:class:`~distmb.pipeline.features.device.DeviceFeatures`), optionally Match-Reorder, and the model
-in PyTorch ops on the device. It is taken with ``--device cuda`` (``--sampler auto`` or
-``device``), and on the CPU with ``--sampler device``: the same code on CPU tensors, which is
-how CI trains through it without a GPU.
+The *device path* (the "GPU path" of docs/cuda.md and of the messages) is the data path of
+the PyTorch-ops sampler (:class:`~distmb.pipeline.sample.device.DeviceNeighborSampler`), the
+device feature cache over host rows (:class:`~distmb.pipeline.features.device.DeviceFeatures`),
+optionally Match-Reorder, and the model in PyTorch ops on the device. It is taken with
+``--device cuda`` (``--sampler auto`` or ``device``), and on the CPU with ``--sampler
+device``: the same code on CPU tensors, which is how CI trains through it without a GPU.
+
+:func:`training_device` is the one place a run's device is resolved and checked.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ def resolve_device(spec: str, local_rank: int = 0) -> torch.device:
     Args:
         spec: the flag's value.
         local_rank: this rank's index among the ranks on its node
-            (:meth:`distmb.comm.mpi.RankGroup.local_rank`).
+            (:meth:`distmb.comm.RankGroup.local_rank`).
 
     Raises:
         InputError: ``cuda`` where torch sees no GPU (a CPU build, no driver, hidden
@@ -66,29 +68,56 @@ def resolve_device(spec: str, local_rank: int = 0) -> torch.device:
     return torch.device("cuda", index)
 
 
-def uses_gpu_path(config: TrainConfig, device: torch.device) -> bool:
-    """Whether the run takes the GPU path: a CUDA device with ``--sampler`` auto or device,
-    or ``--sampler device`` on the CPU."""
+def training_device(config: TrainConfig, local_rank: int = 0) -> torch.device:
+    """The device a rank trains on (:func:`resolve_device` of ``--device``), checked against
+    the run's other flags (:func:`check_device`).
+
+    Args:
+        local_rank: this rank's index among the ranks on its node
+            (:meth:`distmb.comm.RankGroup.local_rank`).
+
+    Raises:
+        InputError: an unusable ``--device``, or flags that do not fit it.
+    """
+    device = resolve_device(config.device, local_rank)
+    check_device(config, device)
+    return device
+
+
+def check_device(config: TrainConfig, device: torch.device) -> None:
+    """Refuse the flags that do not fit training on ``device``: :func:`check_device_path`
+    and :func:`check_kernels`.
+
+    Raises:
+        InputError: naming the flags.
+    """
+    check_device_path(config, device)
+    check_kernels(config, device)
+
+
+def uses_device_path(config: TrainConfig, device: torch.device) -> bool:
+    """Whether the run takes the device path (the "GPU path"): a CUDA device with
+    ``--sampler`` auto or device, or ``--sampler device`` on the CPU."""
     if config.sampler == "device":
         return True
     return device.type == "cuda" and config.sampler == "auto"
 
 
-def check_gpu_path(config: TrainConfig, device: torch.device) -> None:
-    """Refuse the combinations the GPU path does not support (yet), naming the flags.
+def check_device_path(config: TrainConfig, device: torch.device) -> None:
+    """Refuse the combinations the device path does not support (yet), naming the flags.
 
     Raises:
-        InputError: the GPU options outside the GPU path, ``--sampler cpp`` on a GPU,
-            out-of-core features or graph with the GPU path. Any number of ranks may take
+        InputError: the GPU options outside the device path, ``--sampler cpp`` on a GPU,
+            out-of-core features or graph with the device path. Any number of ranks may take
             the path (one GPU each, or sharing GPUs; docs/cuda.md "Several GPUs").
     """
-    gpu_path = uses_gpu_path(config, device)
+    device_path = uses_device_path(config, device)
     if device.type == "cuda" and config.sampler == "cpp":
         raise InputError(
             f"--device {config.device} --sampler cpp: the C++ sampler's blocks are host "
             "tensors; on a GPU use --sampler auto or device"
         )
-    if not gpu_path:
+    if not device_path:
         given = [
             o.flag
             for o in OPTIONS
@@ -147,7 +176,7 @@ def check_comm_launch(spec: str, launcher: str) -> None:
 
     Args:
         spec: ``--comm``'s value.
-        launcher: :attr:`distmb.comm.mpi.RankGroup.launcher` (``mpi`` or ``torchrun``).
+        launcher: :attr:`distmb.comm.RankGroup.launcher` (``mpi`` or ``torchrun``).
 
     Raises:
         InputError: naming the flag, the launcher and the alternatives.
@@ -169,7 +198,7 @@ def resolve_comm(
 
     Args:
         shared_gpu: whether some GPU trains more than one rank (:func:`shares_gpu`).
-        launcher: what started the ranks (:attr:`distmb.comm.mpi.RankGroup.launcher`).
+        launcher: what started the ranks (:attr:`distmb.comm.RankGroup.launcher`).
 
     Raises:
         InputError: ``--comm mpi`` without MPI (:func:`check_comm_launch`), or
@@ -193,8 +222,8 @@ def resolve_comm(
 
 def torch_backend(device: torch.device) -> str:
     """The ``torch.distributed`` backend for tensors on ``device``: NCCL on a GPU, gloo on the
-    CPU (:data:`~distmb.comm.mpi.TORCH_CPU_BACKEND`)."""
-    from distmb.comm.mpi import TORCH_CPU_BACKEND, TORCH_CUDA_BACKEND
+    CPU (:data:`~distmb.comm.TORCH_CPU_BACKEND`)."""
+    from distmb.comm import TORCH_CPU_BACKEND, TORCH_CUDA_BACKEND
 
     return TORCH_CUDA_BACKEND if device.type == "cuda" else TORCH_CPU_BACKEND
 

@@ -7,11 +7,11 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from distmb.comm.mpi import RankGroup, SingleProcess
+from distmb.comm import RankGroup, SingleProcess
 from distmb.core.progress import ProgressSettings, meter
 from distmb.data.local import LocalGraph
-from distmb.pipeline.features.base import FeatureSource
 from distmb.pipeline.features.memory import ArrayFeatures, PartFeatures
+from distmb.pipeline.features.protocol import FeatureSource
 from distmb.pipeline.sample.host import NeighborSampler
 
 #: Destinations per full-neighbour block during inference.

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from distmb.comm.mpi import RankGroup, SingleProcess
+from distmb.comm import RankGroup, SingleProcess
 from distmb.core.atomic import write_atomic
 from distmb.engine.timers import PHASES
 from distmb.halo.scheme import SECOND_COUNTERS
@@ -33,19 +33,14 @@ def global_stats(
     comm: RankGroup | SingleProcess,
     record: dict[str, Any],
     halo: dict[str, np.ndarray],
-    feature_cache: dict[str, float] | None = None,
-    neighbor_cache: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """Cross-rank view of an epoch: loss and accuracy averaged over ranks, phases (and the
-    loader's wait) at their maximum, load imbalance, halo-scheme counters summed.
+    loader's wait) at their maximum, load imbalance, halo-scheme counters summed. (The
+    caches' records come from their owners: :mod:`distmb.engine.build.counters`.)
 
     Args:
         record: this rank's epoch record (:meth:`Trainer.train_epoch`).
         halo: this rank's halo-scheme counters (:meth:`HaloScheme.stats`).
-        feature_cache: this rank's out-of-core feature cache counters
-            (:meth:`CachedFeatures.stats`), or None on every rank.
-        neighbor_cache: the same for the out-of-core neighbour lists
-            (:func:`distmb.engine.adjacency.neighbor_cache_stats`), or None on every rank.
     """
     total = allreduce_named(
         comm,
@@ -76,10 +71,6 @@ def global_stats(
     }
     for phase in ("epoch_time", *PHASES, "sample", "gather", "load_wait"):
         out[phase] = round(comm.allreduce_max(record[phase]), 4)
-    if feature_cache is not None:
-        out["feature_cache"] = cache_record(comm, feature_cache)
-    if neighbor_cache is not None:
-        out["neighbor_cache"] = cache_record(comm, neighbor_cache)
     return out
 
 

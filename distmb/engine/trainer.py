@@ -25,17 +25,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from distmb.comm.mpi import Communicator, RankGroup, SingleProcess
-from distmb.comm.watchdog import CollectiveWatchdog
-from distmb.config.train import MODELS, RESUME_APPLIED, TrainConfig, flag_of
+from distmb.comm import RankGroup, SingleProcess
+from distmb.config.train import RESUME_APPLIED, TrainConfig, flag_of
 from distmb.core.errors import DistmbError, InputError
-from distmb.core.malloc import configure_malloc
 from distmb.core.progress import ProgressSettings, meter
 from distmb.data.local import LocalGraph
-from distmb.data.store.neighborfile import NeighborFile
-from distmb.engine.adjacency import neighbor_cache_stats, open_adjacency
-from distmb.engine.budget import GraphShape, check_memory
-from distmb.engine.build import model_from_config
+from distmb.engine.build.run import build_run
 from distmb.engine.checkpoint import (
     BEST_FILE,
     load_cache_state,
@@ -44,23 +39,12 @@ from distmb.engine.checkpoint import (
     save_cache_state,
     save_checkpoint,
 )
-from distmb.engine.device import (
-    check_gpu_path,
-    check_kernels,
-    resolve_device,
-    synchronize,
-    uses_gpu_path,
-)
-from distmb.engine.device_stages import GpuData, gpu_data, match_reorder
-from distmb.engine.evaluate import layerwise_inference, part_layer_table, split_accuracies
-from distmb.engine.features import open_features
-from distmb.engine.outputs import prepare_checkpoint_dir, prepare_results_file
-from distmb.engine.precision import MixedPrecision
+from distmb.engine.device import synchronize
+from distmb.engine.evaluate import layerwise_inference, split_accuracies
 from distmb.engine.schedule import SCHEDULER_KEY, build_scheduler, restore_schedule
 from distmb.engine.selection import SELECTION_KEY, ModelSelection
 from distmb.engine.stats import (
     append_jsonl,
-    device_cache_record,
     drop_records_from,
     format_epoch,
     format_feature_cache,
@@ -68,17 +52,12 @@ from distmb.engine.stats import (
     global_stats,
     rank_records,
 )
-from distmb.engine.tensorboard import TensorBoardLog, prepare_tensorboard_dir
+from distmb.engine.tensorboard import TensorBoardLog
 from distmb.engine.timers import PHASES, SECONDS_DIGITS, PhaseTimer
 from distmb.engine.work import BlockWork
 from distmb.halo.scheme import HaloScheme
-from distmb.nn.kernels.dispatch import set_kernels
-from distmb.nn.models import BlockModel
-from distmb.nn.user import check_block_model, model_spec
-from distmb.pipeline.features.normalize import fit_normalization
-from distmb.pipeline.loader import BatchLoader, shuffled, split_batches
 from distmb.pipeline.minibatch import MiniBatch
-from distmb.pipeline.sample.host import NeighborSampler
+from distmb.pipeline.plan import shuffled, split_batches
 
 #: Multiplier and rank stride of :func:`dropout_seed` (two primes: seeds of different runs
 #: and ranks do not collide for any realistic seed or rank count).
@@ -94,25 +73,24 @@ class TrainingDiverged(DistmbError):
     exit_code = 3
 
 
-#: Devices whose parameters the built-in optimizer updates with torch's fused Adam.
-FUSED_ADAM_DEVICES = ("cpu", "cuda")
-
-
 class Trainer:
-    """Trains one model on one rank's :class:`LocalGraph`.
+    """Trains one model on one rank's :class:`LocalGraph`: the loop over the parts
+    :func:`~distmb.engine.build.run.build_run` built.
 
     Args:
         local: the graph this rank samples from (a whole graph, or one part).
         config: the run's configuration (:class:`distmb.config.train.TrainConfig`).
         comm: the ranks (default: :class:`SingleProcess`, one rank without MPI).
         halo: what to do about halo leaves (default: nothing, one rank;
-            :func:`distmb.halo.make_halo_scheme` picks one for P > 1).
+            :func:`distmb.engine.build.make_halo_scheme` picks one for P > 1).
         log: prints one line (rank 0 only in multi-rank runs).
         model: your own model instead of ``config.model``'s (the contract:
             :mod:`distmb.nn.user`, docs/api.md; checked here on a tiny mini-batch). Build
             it identically on every rank (e.g. after ``torch.manual_seed``).
         optimizer: your own optimizer over the model's parameters (default: Adam with
             ``config.lr`` and ``config.weight_decay``).
+        device: the training device, when the caller resolved it already
+            (:func:`distmb.engine.device.training_device`); default: ``config.device``.
     """
 
     def __init__(
@@ -125,111 +103,40 @@ class Trainer:
         log: Callable[[str], None] = print,
         model: torch.nn.Module | None = None,
         optimizer: torch.optim.Optimizer | None = None,
+        device: torch.device | None = None,
     ) -> None:
+        parts = build_run(
+            local,
+            config,
+            comm=comm,
+            halo=halo,
+            log=log,
+            model=model,
+            optimizer=optimizer,
+            device=device,
+        )
+        #: Everything the run is made of (:class:`RunParts`); the most used are below.
+        self.parts = parts
         self.local = local
         self.cfg = config
-        self.comm = comm if comm is not None else SingleProcess()
+        self.log = log
+        self.comm = parts.comm
         self.rank = self.comm.rank
         self.num_ranks = self.comm.size
-        self.log = log
-        prepare_outputs(config, self.rank)
-        # --malloc: from here on, glibc keeps each batch's freed buffers for the next batch
-        # instead of unmapping them (distmb/core/malloc.py); loading and partitioning came before.
-        note = configure_malloc(config.malloc)
-        if note and self.rank == 0:
-            log(f"distmb: {note}")
-        set_kernels(config.kernels)  # the fused kernels run on the CPU; on a GPU, torch ops
-        #: Where the model trains (``--device``); :attr:`gpu_path`: the GPU path's sampler and
-        #: device feature cache (``--device cuda``, or ``--sampler device`` on the CPU).
-        self.device = resolve_device(config.device, self.comm.local_rank())
-        check_gpu_path(config, self.device)
-        check_kernels(config, self.device)
-        self.gpu_path = uses_gpu_path(config, self.device)
-        #: ``--precision``: autocast of the training forward, fp16's gradient scaler.
-        self.precision = MixedPrecision(config.precision, config.kernels, self.device)
-        if self.device.type == "cuda":
-            torch.cuda.set_device(self.device)
-        #: What the model is in checkpoints and records: ``config.model`` (a built-in's name
-        #: or a ``--model package.module:Class``), or ``model=``'s class as such a spec.
-        self.model_spec = config.model if model is None else model_spec(model)
-        shape = GraphShape.of(local)
-        built_in = model is None and config.model in MODELS
-        if built_in:  # estimated before anything is allocated
-            check_memory(config, shape, self.num_ranks)
-        if model is None:
-            torch.manual_seed(config.seed)  # identical model initialisation on every rank
-            model = model_from_config(config, local.feat_dim, local.num_classes)
-        check_block_model(
-            model, local.feat_dim, local.num_classes, len(config.fanout), what="Trainer model"
-        )
-        if not built_in:  # a user's model: its parameters counted once it exists
-            check_memory(
-                config, shape, self.num_ranks, params=sum(p.numel() for p in model.parameters())
-            )
-        self.model = model.to(self.device)
-        if optimizer is None:
-            params = list(model.parameters())
-            # One fused kernel per parameter instead of ~10 elementwise ops, each of which
-            # wakes the thread pool: the step took 2.5 ms of a 150 ms SAGE batch unfused.
-            fused = all(p.device.type in FUSED_ADAM_DEVICES for p in params)
-            optimizer = torch.optim.Adam(
-                params, lr=config.lr, weight_decay=config.weight_decay, fused=fused
-            )
-        check_optimizer(optimizer, model)
-        self.optimizer = optimizer
-        # --comm torch: gradient buckets all-reduced during the backward pass (hooks).
-        self.comm.prepare_gradients(self.model, int(config.grad_bucket_mb * 2**20))
-        self.adjacency = open_adjacency(local, config)
-        # --normalize-features standard: two all-reduces (column sums, squared deviations)
-        # on every rank, here, in this order.
-        self.normalization = fit_normalization(
-            config.normalize_features, local.features, local.train_idx, self.comm
-        )
-        self.feature_sources = open_features(local, config, self.adjacency, self.normalization)
-        self.features = self.feature_sources.train
-        self.gpu: GpuData | None = None
-        if self.gpu_path:
-            self.gpu = gpu_data(local, config, self.device, self.adjacency, self.normalization)
-        # The sampler of training and evaluation: the GPU path's (blocks on the device), or
-        # the C++ one (each validates the CSR once: only the one in use is built).
-        self.sampler = (
-            self.gpu.sampler
-            if self.gpu is not None
-            else NeighborSampler(
-                local.indptr,
-                self.adjacency,
-                local.n_solid,
-                local.n_local,
-                config.fanout,
-                config.seed,
-            )
-        )
-        self.halo = halo if halo is not None else HaloScheme()
-        self.halo.setup(self.model.layer_dims())
-        self.loader = BatchLoader(
-            self.halo.batch_sampler(self.sampler),
-            self.halo.feature_source(self.gpu.features if self.gpu else self.features),
-            local.labels,
-            prefetch=config.prefetch,
-            superbatch=config.superbatch,
-            threads=config.loader_threads or config.threads,
-            reuse_buffers=True,  # the loop holds one batch at a time
-            device=self.device,
-            # A first layer that reads the feature table through row ids needs only its
-            # destinations' rows gathered (--no-gather-in-place: all of block 0's rows).
-            in_place=config.gather_in_place
-            and not self.halo.reads_input_rows
-            and isinstance(self.model, BlockModel)
-            and self.model.reads_input_in_place,
-        )
-        if self.gpu is not None and config.match_reorder:
-            self.loader.reorder = match_reorder(self.loader, self.gpu.features)
-        self.eval_table = part_layer_table(self.comm, local, self.features)
-        # --collective-timeout: a rank that stops mid-run aborts the job instead of hanging it.
-        self.watchdog: CollectiveWatchdog | None = None
-        if isinstance(self.comm, Communicator) and self.num_ranks > 1 and config.collective_timeout:
-            self.watchdog = CollectiveWatchdog(self.comm.comm, config.collective_timeout)  # Dup
-            self.comm.watchdog = self.watchdog
+        self.device = parts.device
+        self.precision = parts.precision
+        self.model = parts.model
+        self.optimizer = parts.optimizer
+        self.model_spec = parts.model_spec
+        self.normalization = parts.normalization
+        self.feature_sources = parts.feature_sources
+        #: The host feature source of training, by ``VID_p``.
+        self.features = parts.feature_sources.train
+        self.sampler = parts.sampler
+        self.halo = parts.halo
+        self.loader = parts.loader
+        self.eval_table = parts.eval_table
+        self.watchdog = parts.watchdog
         torch.manual_seed(dropout_seed(config.seed, self.rank))
         self.timer = PhaseTimer()
         self.work = BlockWork(len(config.fanout))
@@ -398,15 +305,10 @@ class Trainer:
         self.work.reset()
         self.comm.allreduce_stats.reset()
         self.loader.load_wait = 0.0
-        if self.feature_sources.cache is not None:
-            self.feature_sources.cache.reset_counters()
-        if self.gpu is not None:
-            self.gpu.features.reset_counters()
-        if isinstance(self.adjacency, NeighborFile):
-            self.adjacency.reset_counters()  # evaluation's reads are not this epoch's
+        for owner in self.parts.counters:
+            owner.reset_epoch_counters()  # evaluation's reads are not this epoch's
         self.halo.begin_epoch(epoch)
-        if self.watchdog is not None:
-            self.watchdog.at(epoch)
+        self.watchdog.at(epoch)
         plan = self.loader.plan(epoch, self.epoch_batches(epoch))
         # Global batch size of every step (``Allreduce SUM``), in production order.
         sizes = np.array([plan.batches[i].size for i in plan.order], dtype=np.int64)
@@ -427,8 +329,7 @@ class Trainer:
         )
         start = step_start = time.perf_counter()
         for step, batch in enumerate(self.loader(plan)):
-            if self.watchdog is not None:
-                self.watchdog.at(epoch, step)
+            self.watchdog.at(epoch, step)
             sample_s += batch.sample_s
             gather_s += batch.gather_s
             sample_cpu += batch.sample_cpu_s
@@ -471,10 +372,9 @@ class Trainer:
             correct += int((logits.argmax(1) == batch.labels).sum())
             seen += batch.size
             bar.update(1, items=batch.size, loss=f"{loss_value:.4f}")
-            if self.watchdog is not None:
-                now = time.perf_counter()
-                self.watchdog.iteration_done(now - step_start)
-                step_start = now
+            now = time.perf_counter()
+            self.watchdog.iteration_done(now - step_start)
+            step_start = now
         bar.close()
         train_time = time.perf_counter() - start
         self.timer.seconds["mbc"] = sample_s + gather_s  # wherever the loader ran them
@@ -547,13 +447,6 @@ class Trainer:
             enabled=self.cfg.progress and self.rank == 0, every=self.cfg.progress_every
         )
 
-    def cache_stats(self) -> dict[str, float] | None:
-        """This epoch's out-of-core feature cache counters (``--features ooc``), else None.
-        The same on every rank (the partition's layout decides), so the statistics'
-        all-reduce has the same shape everywhere."""
-        cache = self.feature_sources.cache
-        return cache.stats() if cache is not None else None
-
     def forward(self, batch: MiniBatch, step: int, num_steps: int) -> torch.Tensor:
         """Logits of the batch's seeds: the halo scheme fills the halo leaves, then the
         model's layer loop runs with the scheme's per-layer hook."""
@@ -596,8 +489,7 @@ class Trainer:
     def fit(self) -> list[dict[str, Any]]:
         """Train from ``start_epoch`` to ``epochs``; returns the per-epoch records."""
         cfg = self.cfg
-        if self.watchdog is not None:
-            self.watchdog.start()  # heartbeats from here on; stopped (together) below
+        self.watchdog.start()  # heartbeats from here on; stopped (together) below
         if self.start_epoch >= cfg.epochs and self.rank == 0:
             self.log(
                 f"nothing to train: the checkpoint in {cfg.checkpoint_dir} already ran epochs "
@@ -619,27 +511,10 @@ class Trainer:
             record["lr"] = lr
             halo_stats = self.halo.stats()
             own = self.rank_detail(record, halo_stats)  # before the cross-rank view replaces it
-            record.update(
-                global_stats(
-                    self.comm,
-                    record,
-                    halo_stats,
-                    self.cache_stats(),
-                    neighbor_cache_stats(self.adjacency),
-                )
-            )
+            record.update(global_stats(self.comm, record, halo_stats))
+            for owner in self.parts.counters:  # the caches' records (collectives)
+                record.update(owner.epoch_stats(self.comm))
             record.update(rank_records(self.comm, *own))
-            if self.gpu is not None:
-                cache = self.gpu.features
-                record["device_cache"] = device_cache_record(
-                    self.comm,
-                    {**cache.counters(), "memory_bytes": cache.memory_bytes},
-                    self.cfg.device_cache_policy,
-                )
-            if "feature_cache" in record:
-                record["feature_cache"]["policy"] = self.cfg.cache_policy
-            if "neighbor_cache" in record:
-                record["neighbor_cache"]["policy"] = self.cfg.neighbor_cache_order
             improved = False
             if (epoch + 1) % cfg.eval_every == 0 or epoch == cfg.epochs - 1:
                 record.update(self.evaluate())
@@ -675,8 +550,7 @@ class Trainer:
                 break
         if board is not None:
             board.close()
-        if self.watchdog is not None:
-            self.watchdog.stop()  # every rank: goodbyes exchanged, no heartbeat left in flight
+        self.watchdog.stop()  # every rank: goodbyes exchanged, no heartbeat left in flight
         return self.history
 
     def _check_validation_vertices(self) -> None:
@@ -687,35 +561,6 @@ class Trainer:
                 f"--early-stop {self.cfg.early_stop}: {self.local.identity['graph_name']} has no "
                 "validation vertices to select on"
             )
-
-
-def check_optimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> None:
-    """Refuse an optimizer that updates tensors that are not ``model``'s parameters (one
-    built for another model), or none of them.
-
-    Raises:
-        InputError: naming the optimizer's class.
-    """
-    own = {id(p) for p in model.parameters()}
-    held = [p for group in optimizer.param_groups for p in group["params"]]
-    if not held or any(id(p) not in own for p in held):
-        raise InputError(
-            f"Trainer optimizer {type(optimizer).__name__}: it must update the model's "
-            "parameters (build it from model.parameters() of the model passed as model=)"
-        )
-
-
-def prepare_outputs(config: TrainConfig, rank: int) -> None:
-    """Check and create the run's output paths before any work (every rank writes into the
-    checkpoint directory; rank 0 alone writes the results). Idempotent."""
-    if config.checkpoint_dir:
-        prepare_checkpoint_dir(
-            config.checkpoint_dir, resume=config.resume, overwrite=config.overwrite_checkpoint
-        )
-    if config.results and rank == 0:
-        prepare_results_file(config.results)
-    if config.tensorboard and rank == 0:
-        prepare_tensorboard_dir(config.tensorboard)
 
 
 def _now() -> str:

@@ -25,11 +25,11 @@ import numpy as np
 import torch
 
 from distmb.core.units import row_message_bytes
-from distmb.pipeline.features.base import FeatureSource
-from distmb.pipeline.loader import BatchSampler
+from distmb.pipeline.features.protocol import FeatureSource
 from distmb.pipeline.minibatch import MiniBatch
 from distmb.pipeline.sample.blocks import Block
 from distmb.pipeline.sample.host import NeighborSampler
+from distmb.pipeline.sample.protocol import BatchSampler
 
 #: Per-layer counters every scheme reports (summed over ranks): cache lookups and hits, rows
 #: and bytes pushed to peers and received from them, and the bytes an exact pull of the halo
@@ -45,7 +45,7 @@ LAYER_COUNTERS = (
 )
 #: Per-rank seconds every scheme reports (float64[1] each, not summed over ranks): wall
 #: seconds waiting for pushes to arrive, and wall and training-thread CPU seconds inside the
-#: pushes' MPI calls (:class:`~distmb.comm.mpi.PushStats`).
+#: pushes' MPI calls (:class:`~distmb.halo.hec.transport.PushStats`).
 SECOND_COUNTERS = ("comm_wait", "comm_mpi", "comm_mpi_cpu")
 
 

@@ -16,7 +16,7 @@ dense float tensors, returns a new tensor and supports autograd w.r.t. its float
 Two implementations sit behind every function, chosen per call by
 :func:`distmb.nn.kernels.dispatch.get_kernels`:
 
-``"fused"`` (default): the C++ kernels of ``csrc/aggregate.cpp`` through
+``"fused"`` (default): the C++ kernels of ``csrc/kernels/aggregate.cpp`` through
 :mod:`distmb.nn.kernels.cpu_aggregate` (OpenMP over destinations, SIMD over features, the GAT edge
 weight broadcast over the lanes of its head; backward passes gather over the block's cached
 transposed CSR instead of scattering). They compute in float32 only: inputs of any other

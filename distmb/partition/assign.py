@@ -18,8 +18,8 @@ from collections.abc import Callable
 import numpy as np
 
 from distmb.core.errors import InputError
-from distmb.data.csr import build_csr, csr_edge_chunks
-from distmb.data.graph import Graph, csr_row_positions
+from distmb.data.graph import Graph, csr_row_positions, undirected_csr
+from distmb.partition.kaminpar import import_kaminpar, kaminpar_parts
 from distmb.partition.spill import release_pages, resident_nbytes
 
 #: ``parmetis`` is computed by an MPI job (:mod:`distmb.partition.distributed`), then handed
@@ -91,8 +91,6 @@ def assign_parts(
             graph, parts, seed=seed, balance_edges=balance_edges, edge_fraction=metis_edge_fraction
         )
     if method == "kaminpar":
-        from distmb.partition.kaminpar import kaminpar_parts
-
         check_method_options(method, balance_edges=balance_edges)
         return kaminpar_parts(graph, parts, seed=seed)
     if method == "random":
@@ -119,8 +117,6 @@ def check_method_options(method: str, *, balance_edges: bool) -> None:
             "--balance-edges needs --method metis: KaMinPar balances a single vertex weight "
             "(vertices and training vertices), not in-degree as a further constraint"
         )
-    from distmb.partition.kaminpar import import_kaminpar
-
     import_kaminpar()
 
 
@@ -181,25 +177,6 @@ def metis_edge_fraction(graph: Graph, budget_bytes: float, parts: int) -> float:
         else:
             hi = mid
     return lo
-
-
-def undirected_csr(graph: Graph) -> tuple[np.ndarray, np.ndarray]:
-    """``(indptr: int64[num_nodes + 1], indices: int32|int64[num_edges'])``: the graph's
-    adjacency with every edge in both directions, as METIS and KaMinPar need it.
-
-    A symmetric graph (``graph.symmetric``) is returned as is, without a copy; a directed one
-    is symmetrised into new arrays (self-loops and duplicates dropped), built chunk by chunk
-    from its CSR (:func:`~distmb.data.csr.build_csr`).
-    """
-    if graph.symmetric:
-        return graph.indptr, graph.indices
-    build = build_csr(
-        csr_edge_chunks(graph.indptr, graph.indices),
-        graph.num_nodes,
-        symmetrize=True,
-        dtype=graph.indices.dtype,
-    )
-    return build.indptr, build.indices
 
 
 def metis_parts(

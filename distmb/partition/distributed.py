@@ -29,44 +29,19 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 
 from distmb.core.errors import InputError
-from distmb.data.datasets import parse_spec
-from distmb.data.datasets.loader_utils import one_line
 from distmb.partition.assign import METIS_UFACTOR
+from distmb.partition.collective import collective, read_sliced, vertex_ranges
+from distmb.partition.distwrite import partition_distributed
 
-T = TypeVar("T")
-
-#: Dataset kinds whose edges can be read in slices (memory-mapped arrays).
-SLICED_KINDS = ("ogb",)
 #: The assignment file's name beside ``--out``.
 ASSIGNMENT_SUFFIX = ".node_part.npy"
 #: ParMETIS' allowed imbalance per constraint (max/mean), the METIS path's ufactor.
 PARMETIS_IMBALANCE = 1.0 + METIS_UFACTOR / 1000
-
-
-def collective(comm: Any, what: str, fn: Callable[[], T]) -> T:
-    """Run ``fn`` on every rank; when it failed anywhere, raise :class:`InputError` on every
-    rank naming the first failing rank (a collective that only some ranks reach would hang)."""
-    result: Any = None
-    error = None
-    try:
-        result = fn()
-    except Exception as exc:  # noqa: BLE001 - any failure must reach every rank
-        kind = "" if isinstance(exc, InputError | OSError) else f"{type(exc).__name__}: "
-        error = f"rank {comm.rank}: {kind}{one_line(exc)}"
-    errors = [e for e in comm.allgather(error) if e]
-    if errors:
-        raise InputError(f"{what}: {errors[0]}")
-    return result
-
-
-def vertex_ranges(num_nodes: int, ranks: int) -> np.ndarray:
-    """int64[ranks + 1] ``vtxdist``: rank r owns ``[vtxdist[r], vtxdist[r+1])``."""
-    return (np.arange(ranks + 1, dtype=np.int64) * num_nodes) // ranks
 
 
 def edge_slice(src: np.ndarray, dst: np.ndarray, rank: int, ranks: int) -> tuple[np.ndarray, ...]:
@@ -124,29 +99,6 @@ def distributed_csr(
     xadj = np.zeros(hi - lo + 1, dtype=np.int64)
     np.cumsum(np.bincount(local_rows, minlength=hi - lo), out=xadj[1:])
     return xadj, cols
-
-
-def read_sliced(spec: str, comm: Any, what: str) -> tuple[Any, list[str], str, str]:
-    """``(arrays, notes, source, name)`` of ``spec`` on every rank, as
-    :func:`~distmb.data.datasets.ogb.read_ogb_arrays` gives them (edges and features memory-mapped),
-    with the graph's name. Rank 0 reads (and, for ``ogb:DIR``, converts into the cache)
-    first; the others follow, then map the converted arrays. ``what`` names the step that
-    needs sliced edges in the error for another dataset kind."""
-    kind, arg = parse_spec(spec)
-    if kind not in SLICED_KINDS:
-        raise InputError(
-            f"{what} reads the edges in slices from {', '.join(SLICED_KINDS)}:DIR datasets "
-            f"(memory-mapped arrays); got --dataset {spec}"
-        )
-    from distmb.data.datasets.ogb import dataset_name, read_ogb_arrays
-
-    def read() -> tuple[Any, list[str], str, str]:
-        arrays, notes, source = read_ogb_arrays(arg)
-        return arrays, notes, source, dataset_name(Path(arg))
-
-    first = collective(comm, f"--dataset {spec}", read if comm.rank == 0 else lambda: None)
-    rest = collective(comm, f"--dataset {spec}", read if comm.rank != 0 else lambda: None)
-    return first if comm.rank == 0 else rest
 
 
 def sliced_edges(spec: str, comm: Any) -> tuple[np.ndarray, np.ndarray, int, np.ndarray]:
@@ -260,8 +212,6 @@ def partition_parmetis(
         The ``partition.json`` metadata on rank 0; None on the other ranks.
     """
     from mpi4py import MPI
-
-    from distmb.partition.distwrite import partition_distributed
 
     comm = MPI.COMM_WORLD
     out = Path(out)

@@ -2,7 +2,7 @@
 
 Given an assignment (int32[N], the same on every rank: from ParMETIS, ``--method parmetis``,
 or from a file, ``--assignment``) and a dataset whose edges can be read in slices
-(:data:`~distmb.partition.distributed.SLICED_KINDS`), under ``mpiexec -n R``:
+(:data:`~distmb.partition.collective.SLICED_KINDS`), under ``mpiexec -n R``:
 
 1. **Rows by vertex range.** Every rank reads its ``E/R`` slice of the memory-mapped edges in
    chunks of :data:`ROUTE_CHUNK` edges and sends every in-edge entry (``u`` in row ``v`` for
@@ -28,7 +28,7 @@ or from a file, ``--assignment``) and a dataset whose edges can be read in slice
    parts).
 5. **Publishing.** Rank 0 gathers the parts' counts and checksums, writes ``partition.json``
    and renames the directory onto ``--out``. An error on any rank is raised on every rank
-   (:func:`~distmb.partition.distributed.collective`) and the temporary directory is removed:
+   (:func:`~distmb.partition.collective.collective`) and the temporary directory is removed:
    never a partition that looks valid.
 
 Memory per rank (docs/partitioning-at-scale.md): its ``E/R`` rows twice at most (by range,
@@ -53,7 +53,7 @@ from distmb.data.csr import EDGE_CHUNK, CsrBuild, build_csr, build_note, csr_edg
 from distmb.data.graph import Graph, graph_sha256, sparse_class_notes
 from distmb.data.store.format import NODE_PART_FILE, index_dtype
 from distmb.partition.assign import neighbour_part_counts, rebalance_assignment
-from distmb.partition.distributed import collective, read_sliced, vertex_ranges
+from distmb.partition.collective import collective, read_sliced, vertex_ranges
 from distmb.partition.pipeline import (
     check_partition_args,
     check_rebalance_args,

@@ -31,7 +31,8 @@ from types import ModuleType
 import numpy as np
 
 from distmb.core.errors import InputError
-from distmb.data.graph import Graph
+from distmb.data.graph import Graph, undirected_csr
+from distmb.partition.spill import release_pages
 
 #: How to install what ``--method kaminpar`` needs.
 KAMINPAR_INSTALL = "pip install 'distmb[kaminpar]'"
@@ -176,7 +177,7 @@ def kaminpar_parts(
 
     Vertex ``v`` weighs ``1 + train_weight * is_train[v]`` and every part may hold at most
     ``(1 + KAMINPAR_EPSILON)`` times the mean weight. A directed graph is symmetrised for
-    KaMinPar only (:func:`~distmb.partition.assign.undirected_csr`).
+    KaMinPar only (:func:`~distmb.data.graph.undirected_csr`).
 
     Args:
         seed: KaMinPar's random seed (``kaminpar.reseed``).
@@ -189,8 +190,6 @@ def kaminpar_parts(
         InputError: kaminpar missing, or no room in ``TMPDIR`` for the graph file.
     """
     from distmb import _C
-    from distmb.partition.assign import undirected_csr
-    from distmb.partition.spill import release_pages
 
     kaminpar = import_kaminpar()
     threads = int(_C.get_num_threads()) if threads is None else threads

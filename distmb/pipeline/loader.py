@@ -1,9 +1,11 @@
 """The BatchLoader: an epoch's seed order -> MiniBatches, in stages, optionally ahead.
 
-Stages per batch: **plan** (the epoch's batches are known up front; a *superbatch* is the
-next K of them, in production order), **sample** (a batch sampler: the local C++ sampler, or
-the exact baseline's sampler across ranks), **gather** (input features through a
-:class:`~distmb.pipeline.features.FeatureSource`), and later **to device**.
+Stages per batch: **plan** (the epoch's batches are known up front,
+:class:`~distmb.pipeline.plan.EpochPlan`; a *superbatch* is the next K of them, in production
+order), **sample** (a :class:`~distmb.pipeline.sample.protocol.BatchSampler`: the local C++ or
+device sampler, or the exact baseline's sampler across ranks), **gather** (input features
+through a :class:`~distmb.pipeline.features.FeatureSource`, host or device), and later **to
+device**. The loader knows its stages only through those two protocols.
 
 A batch's identity (:attr:`MiniBatch.index`, its position in the epoch's plan) fixes its
 random stream; the production order is separate (:attr:`EpochPlan.order`), so a reordering
@@ -22,17 +24,17 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
-from typing import Protocol
 
 import numpy as np
 import torch
 
 from distmb import _C
-from distmb.pipeline.features.base import FeatureSource
+from distmb.pipeline.features.protocol import FeatureSource
 from distmb.pipeline.minibatch import MiniBatch
+from distmb.pipeline.plan import EpochPlan
 from distmb.pipeline.rows import IndexedRows
 from distmb.pipeline.sample.blocks import Block
+from distmb.pipeline.sample.protocol import BatchSampler
 
 #: Default number of batches prepared ahead by the background thread (``--prefetch``).
 DEFAULT_PREFETCH = 2
@@ -48,72 +50,21 @@ _POLL_S = 0.1
 Reorder = Callable[[int, list[int], Sequence[np.ndarray]], list[int]]
 
 
-class BatchSampler(Protocol):
-    """What the sample stage calls: blocks for one batch's seeds."""
-
-    uses_collectives: bool
-
-    def sample(self, seeds: np.ndarray, epoch: int, iteration: int) -> list[Block]: ...
-
-
-@dataclass
-class EpochPlan:
-    """An epoch's batches, known ahead.
-
-    Attributes:
-        epoch: the epoch.
-        batches: ``batches[i]`` is batch ``i``'s seeds (int64, ``VID_p``).
-        order: the production order, a permutation of ``range(len(batches))`` that only
-            permutes within consecutive superbatches.
-        superbatch: K, batches per superbatch.
-    """
-
-    epoch: int
-    batches: list[np.ndarray]
-    order: list[int]
-    superbatch: int
-
-    def __len__(self) -> int:
-        return len(self.batches)
-
-    def superbatches(self) -> list[list[int]]:
-        """The production order cut into consecutive superbatches of K indices."""
-        k = self.superbatch
-        return [self.order[i : i + k] for i in range(0, len(self.order), k)]
-
-
-def shuffled(ids: np.ndarray, seed: int, epoch: int) -> np.ndarray:
-    """``ids`` in epoch ``epoch``'s random order (a permutation keyed by ``(seed, epoch)``:
-    the same on every call and machine)."""
-    return ids[np.random.default_rng([seed, epoch]).permutation(ids.size)]
-
-
-def split_batches(order: np.ndarray, num_batches: int) -> list[np.ndarray]:
-    """Split ``order`` into ``num_batches`` consecutive batches whose sizes differ by at most
-    one. With fewer vertices than batches, batch ``i`` is ``order[i % n]`` alone, so no batch
-    is ever empty (a rank must not skip an iteration's collectives)."""
-    if order.size == 0:
-        raise ValueError("split_batches: no training vertices")
-    if order.size >= num_batches:
-        return np.array_split(order, num_batches)
-    return [order[i % order.size : i % order.size + 1] for i in range(num_batches)]
-
-
 class BatchLoader:
     """Turns an epoch's batches into :class:`MiniBatch` objects (see the module docstring).
 
     Args:
         sampler: the sample stage.
         features: the gather stage's feature source; ids are ``blocks[0].src_ids``. When it
-            can serve halo ids (:attr:`PartFeatures.has_halo`), block 0's halo rows are
-            gathered too (``MiniBatch.x_halo``).
+            can serve halo ids (:attr:`~distmb.pipeline.features.FeatureSource.has_halo`),
+            block 0's halo rows are gathered too (``MiniBatch.x_halo``).
         labels: int64[n] labels by seed id.
         prefetch: batches prepared ahead on a background thread (0: synchronous).
         superbatch: K, batches per superbatch (the unit a reorder policy permutes).
         reorder: optional production-order policy applied to each superbatch.
         threads: OpenMP threads of the background thread's kernels (``None``: this thread's).
         device: the **to device** stage: where batches are delivered (``None``: where the
-            sampler made them, CPU for the C++ sampler). A source with ``gather_device``
+            sampler made them, CPU for the C++ sampler). A device source
             (:class:`~distmb.pipeline.features.device.DeviceFeatures`) gathers straight onto its
             device; rows gathered on the host are copied there (synchronously, on the thread
             that made the batch, so a recycled host buffer is never refilled while a copy
@@ -159,14 +110,13 @@ class BatchLoader:
         self.superbatch = superbatch
         self.reorder = reorder
         self.threads = threads if threads is not None else int(_C.get_num_threads())
-        self._gather_halo = bool(getattr(features, "has_halo", False))
         self.device = torch.device(device) if device is not None else None
-        self._on_device = callable(getattr(features, "gather_device", None))
         self.reuse_buffers = reuse_buffers
+        # In-place rows are host rows: the batch must stay on the host, from a host source.
         self.in_place = (
             in_place
             and (self.device is None or self.device.type == "cpu")
-            and not self._on_device
+            and features.device.type == "cpu"
         )
         self._free: list[torch.Tensor] = []  # flat float32 buffers ready for reuse
         self._free_lock = threading.Lock()
@@ -203,13 +153,13 @@ class BatchLoader:
     def inspects(self) -> bool:
         """Whether the feature source plans a superbatch's gathers ahead (``belady``): then a
         whole superbatch is sampled before its first batch is gathered."""
-        return bool(getattr(self.features, "wants_trace", False))
+        return self.features.wants_trace
 
     def gather_ids(self, blocks: list[Block]) -> torch.Tensor:
         """int64[n]: the ids the gather stage reads for a batch with these blocks: block 0's
         computed sources, and its halo leaves too when the source holds their rows."""
         first = blocks[0]
-        return first.src_ids if self._gather_halo else first.src_ids[: first.n_computed]
+        return first.src_ids if self.features.has_halo else first.src_ids[: first.n_computed]
 
     def sample_batch(self, epoch: int, index: int, seeds: np.ndarray) -> MiniBatch:
         """The sample stage of batch ``index`` of ``epoch`` (any thread): blocks and labels,
@@ -228,23 +178,18 @@ class BatchLoader:
         )
 
     def gather_batch(self, batch: MiniBatch) -> MiniBatch:
-        """The gather stage (any thread): block 0's input rows in one gather, into a
-        (recycled) buffer; ``x`` and ``x_halo`` are views of it."""
+        """The gather stage (any thread): block 0's input rows in one gather by the source
+        (:meth:`~distmb.pipeline.features.FeatureSource.gather_batch_rows`: into a recycled
+        host buffer, or on the source's device); ``x`` and ``x_halo`` are views of them."""
         start, cpu_start = time.perf_counter(), time.thread_time()
         first = batch.blocks[0]
         ids = self.gather_ids(batch.blocks)
-        if self._on_device:  # rows land on the source's device: no host buffer
-            rows = self.features.gather_device(ids)  # type: ignore[attr-defined]
-            batch.x = rows[: first.n_computed]
-            batch.x_halo = rows[first.n_computed :] if self._gather_halo and first.n_halo else None
-            return self._to_device(batch, start, cpu_start)
-        dim = self.features.dim
         if self.in_place and not first.n_halo:
             in_place = self.features.rows_in_place(ids)
             if in_place is not None:
                 # The destinations' own rows are gathered (read in order by the UPDATE, in
                 # its forward and backward); the neighbours' stay in place.
-                n_dst = first.n_dst
+                n_dst, dim = first.n_dst, self.features.dim
                 buffer = self._take_buffer(n_dst * dim)
                 head = buffer[: n_dst * dim].view(n_dst, dim)
                 torch.index_select(in_place.table, 0, in_place.ids[:n_dst], out=head)
@@ -252,11 +197,10 @@ class BatchLoader:
                 batch.x_halo = None
                 batch.buffer = buffer if self.reuse_buffers else None
                 return self._to_device(batch, start, cpu_start)
-        buffer = self._take_buffer(int(ids.numel()) * dim)
-        rows = buffer[: int(ids.numel()) * dim].view(int(ids.numel()), dim)
-        self.features.gather_into(ids, rows)
+        rows, buffer = self.features.gather_batch_rows(ids, self._take_buffer)
         batch.x = rows[: first.n_computed]
-        batch.x_halo = rows[first.n_computed :] if self._gather_halo and first.n_halo else None
+        has_halo_rows = self.features.has_halo and first.n_halo
+        batch.x_halo = rows[first.n_computed :] if has_halo_rows else None
         batch.buffer = buffer if self.reuse_buffers else None
         return self._to_device(batch, start, cpu_start)
 

@@ -2,8 +2,8 @@
 ``NeighborSampler`` and PyG's ``NeighborLoader`` hand them out.
 
 A thin front of the trainer's own data path: the seeds are shuffled and split into batches
-as the trainer does (:func:`~distmb.pipeline.loader.shuffled`,
-:func:`~distmb.pipeline.loader.split_batches`), a
+as the trainer does (:func:`~distmb.pipeline.plan.shuffled`,
+:func:`~distmb.pipeline.plan.split_batches`), a
 :class:`~distmb.pipeline.sample.NeighborSampler` samples the blocks and a
 :class:`~distmb.pipeline.BatchLoader` gathers the input rows (ahead on a thread with
 ``prefetch``). Each ``for batch in loader`` is one epoch; the next one reshuffles.
@@ -19,10 +19,11 @@ import torch
 from distmb.core.errors import InputError
 from distmb.data.graph import Graph
 from distmb.data.local import LocalGraph
-from distmb.pipeline.features.base import FeatureSource
 from distmb.pipeline.features.memory import ArrayFeatures, PartFeatures
-from distmb.pipeline.loader import DEFAULT_PREFETCH, BatchLoader, shuffled, split_batches
+from distmb.pipeline.features.protocol import FeatureSource
+from distmb.pipeline.loader import DEFAULT_PREFETCH, BatchLoader
 from distmb.pipeline.minibatch import MiniBatch
+from distmb.pipeline.plan import shuffled, split_batches
 from distmb.pipeline.sample.host import NeighborSampler
 
 

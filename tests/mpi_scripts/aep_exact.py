@@ -17,15 +17,15 @@ import sys
 
 import numpy as np
 
-from distmb.cli.launch import open_part
-from distmb.comm.mpi import Communicator
+from distmb.comm import MpiGroup
 from distmb.config.train import TrainConfig
 from distmb.data.local import LocalGraph
 from distmb.engine import Trainer
-from distmb.halo import make_halo_scheme
+from distmb.engine.build import make_halo_scheme
+from distmb.engine.build.data import open_part
 
 part_dir, epochs = sys.argv[1], int(sys.argv[2])
-comm = Communicator()
+comm = MpiGroup()
 store = open_part(comm, part_dir)
 config = TrainConfig(
     layers=3,

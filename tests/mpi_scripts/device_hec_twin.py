@@ -15,18 +15,18 @@ from pathlib import Path
 
 import numpy as np
 
-from distmb.cli.launch import open_part
-from distmb.comm.mpi import Communicator
+from distmb.comm import MpiGroup
 from distmb.config.train import TrainConfig
 from distmb.data.local import LocalGraph
 from distmb.engine import Trainer
-from distmb.halo import HistoricalCache
+from distmb.engine.build.data import open_part
+from distmb.halo import HistoricalEmbeddingScheme
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from conftest import TIMING_KEYS  # noqa: E402  (the tests' list of measured record keys)
 
 part_dir, epochs, device = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-comm = Communicator()
+comm = MpiGroup()
 store = open_part(comm, part_dir)
 config = TrainConfig(
     layers=2,
@@ -45,7 +45,9 @@ config = TrainConfig(
 
 
 def run(cache_device: str | None) -> tuple[list[dict], list[tuple], dict, list[dict]]:
-    halo = HistoricalCache(comm, store, config.hec, config.seed, cache_device=cache_device)
+    halo = HistoricalEmbeddingScheme(
+        comm, store, config.hec, config.seed, cache_device=cache_device
+    )
     trainer = Trainer(
         LocalGraph.from_store(store), config, comm=comm, halo=halo, log=lambda _: None
     )

@@ -11,7 +11,8 @@ import sys
 import numpy as np
 from mpi4py import MPI
 
-from distmb.partition.distributed import distributed_csr, edge_slice, vertex_ranges
+from distmb.partition.collective import vertex_ranges
+from distmb.partition.distributed import distributed_csr, edge_slice
 
 comm = MPI.COMM_WORLD
 n, m = int(sys.argv[1]), int(sys.argv[2])

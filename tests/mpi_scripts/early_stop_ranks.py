@@ -11,16 +11,16 @@ import sys
 
 import torch
 
-from distmb.cli.launch import open_part
-from distmb.comm.mpi import Communicator
+from distmb.comm import MpiGroup
 from distmb.config.train import TrainConfig
 from distmb.data.local import LocalGraph
 from distmb.engine import Trainer
+from distmb.engine.build import make_halo_scheme
+from distmb.engine.build.data import open_part
 from distmb.engine.checkpoint import BEST_FILE
-from distmb.halo import make_halo_scheme
 
 part_dir, ckpt = sys.argv[1], sys.argv[2]
-comm = Communicator()
+comm = MpiGroup()
 store = open_part(comm, part_dir)
 base = dict(layers=2, fanout=(4, 4), hidden=16, batch_size=50, lr=0.2, epochs=12, progress=False)
 

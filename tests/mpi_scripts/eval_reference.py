@@ -13,14 +13,14 @@ import sys
 import numpy as np
 import torch
 
-from distmb.cli.launch import open_part
-from distmb.comm.mpi import launch_communicator
+from distmb.comm import launch_communicator
 from distmb.config.train import TrainConfig
 from distmb.data import load_dataset
 from distmb.data.local import LocalGraph
 from distmb.engine import Trainer
+from distmb.engine.build import make_halo_scheme
+from distmb.engine.build.data import open_part
 from distmb.engine.evaluate import layerwise_inference
-from distmb.halo import make_halo_scheme
 
 part_dir, spec = sys.argv[1], sys.argv[2]
 comm = launch_communicator()

@@ -16,7 +16,7 @@ import os
 
 import torch
 
-from distmb.comm.mpi import launch_communicator
+from distmb.comm import launch_communicator
 from distmb.comm.mpienv import is_torchrun_launch
 
 

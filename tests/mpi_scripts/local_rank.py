@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import os
 
-from distmb.comm.mpi import Communicator
+from distmb.comm import MpiGroup
 from distmb.comm.mpienv import LOCAL_RANK_VARIABLES, local_rank_from_env
 
 from_env = local_rank_from_env()
 assert from_env is not None, f"the launcher set none of {LOCAL_RANK_VARIABLES}"
-assert Communicator().local_rank() == from_env
+assert MpiGroup().local_rank() == from_env
 for name in LOCAL_RANK_VARIABLES:  # no launcher variable: the split decides
     os.environ.pop(name, None)
-comm = Communicator()
+comm = MpiGroup()
 split = comm.local_rank()
 assert split == from_env, (split, from_env)
 ranks = comm.allgather(split)

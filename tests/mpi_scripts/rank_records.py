@@ -26,13 +26,13 @@ from pathlib import Path
 
 import numpy as np
 
-from distmb.cli.launch import open_part
-from distmb.comm.mpi import Communicator
+from distmb.comm import MpiGroup
 from distmb.config.train import TrainConfig
 from distmb.core.units import row_message_bytes
 from distmb.data.local import LocalGraph
 from distmb.engine import Trainer
-from distmb.halo import make_halo_scheme
+from distmb.engine.build import make_halo_scheme
+from distmb.engine.build.data import open_part
 
 #: Slack of comparisons of rounded seconds (records keep 4 digits).
 ROUNDING_S = 2e-4
@@ -40,7 +40,7 @@ ROUNDING_S = 2e-4
 CLOCK_TICK_S = 0.01
 
 part_dir, epochs = sys.argv[1], int(sys.argv[2])
-comm = Communicator()
+comm = MpiGroup()
 store = open_part(comm, part_dir)
 config = TrainConfig(
     layers=3,

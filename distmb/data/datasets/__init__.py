@@ -21,7 +21,7 @@ from distmb.data.graph import Graph
 DATASET_KINDS = ("synthetic", "planetoid", "npz", "ogb", "edgelist")
 
 #: Where the datasets shipped with the package live (``distmb/datasets/``).
-BUILTIN_DATASET_DIR = Path(__file__).resolve().parents[1] / "datasets"
+BUILTIN_DATASET_DIR = Path(__file__).resolve().parents[2] / "datasets"
 #: Named specs of the shipped datasets: name -> (kind, path), as ``KIND:PATH`` would give.
 BUILTIN_DATASETS: dict[str, tuple[str, str]] = {
     "cora": ("planetoid", str(BUILTIN_DATASET_DIR / "cora")),

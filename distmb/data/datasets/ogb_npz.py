@@ -41,21 +41,23 @@ import numpy as np
 from distmb.core.errors import InputError
 from distmb.core.progress import meter
 from distmb.data.datasets.loader_utils import SPLIT_NAMES
-from distmb.data.datasets.ogb import (
+from distmb.data.datasets.ogb_arrays import (
+    OgbArrays,
+    check_split_labelled,
+    class_ids,
+    label_classes,
+)
+from distmb.data.datasets.ogb_cache import (
     CACHE_DIRNAME,
     CACHE_NOT_WRITTEN,
     NPZ_LAYOUT,
-    OgbArrays,
-    _Cached,
-    _read_ids,
-    check_split_labelled,
-    class_ids,
+    CachedArrays,
     fingerprint,
-    label_classes,
     read_cache,
     save_array,
     write_cache,
 )
+from distmb.data.datasets.ogb_csv import read_ids
 from distmb.data.store.npzmember import NpzMember, iter_c_order, memmap, read_members, read_whole
 
 DATA_FILE = "data.npz"
@@ -215,7 +217,7 @@ def _single_count(member: NpzMember, what: str) -> int:
     return count
 
 
-def _consistent(cached: _Cached, m: _Members) -> bool:
+def _consistent(cached: CachedArrays, m: _Members) -> bool:
     """Whether cached arrays have the shapes the archives declare."""
     a = cached.arrays
     ok = a["labels"].shape == (m.num_nodes,) and cached.num_classes >= 1
@@ -238,11 +240,11 @@ def _convert(
     m: _Members,
     splits: dict[str, Path],
     names: tuple[str, ...],
-) -> tuple[_Cached, str]:
+) -> tuple[CachedArrays, str]:
     """Convert what ``names`` lists; returns (the arrays, a note on the cache)."""
     labels = _read_labels(m)
     num_classes = label_classes(labels, m.labels.archive)
-    split = {k: _read_ids(splits[k], m.num_nodes) for k in SPLIT_NAMES}
+    split = {k: read_ids(splits[k], m.num_nodes) for k in SPLIT_NAMES}
     check_split_labelled(labels, split, splits, m.labels.archive)
     small = {"labels": labels} | split
 
@@ -278,7 +280,7 @@ def _convert(
         filler = _Filler(_FEATURE_DTYPE, m.features.shape)
         _stream_features(m, filler, None)
         arrays[_FEATURE_ARRAY] = filler.array
-    return _Cached(arrays, num_classes), f"{note}; converted into memory instead"
+    return CachedArrays(arrays, num_classes), f"{note}; converted into memory instead"
 
 
 def _blocks(member: NpzMember, spill_dir: Path | None) -> Iterator[np.ndarray]:

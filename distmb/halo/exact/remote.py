@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from distmb.comm.mpi import RankGroup
+from distmb.comm import RankGroup
 from distmb.core.units import FLOAT32_BYTES, ID_BYTES
 from distmb.data.owners import VertexOwners
-from distmb.pipeline.features.base import FeatureSource
+from distmb.pipeline.features.protocol import FeatureSource
 
 
 class RemoteFeatures(FeatureSource):

@@ -24,15 +24,16 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from distmb.comm.mpi import RankGroup
+from distmb.comm import RankGroup
 from distmb.core.units import ID_BYTES
 from distmb.data.graph import csr_row_positions
 from distmb.data.owners import VertexOwners
 from distmb.pipeline.sample.blocks import Block
 from distmb.pipeline.sample.host import NeighborSampler
+from distmb.pipeline.sample.protocol import BatchSampler
 
 
-class ExactBatchSampler:
+class ExactBatchSampler(BatchSampler):
     """Builds exact blocks for one rank's seeds by asking the owners of remote vertices.
 
     Args:

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from distmb.comm.mpi import RankGroup
+from distmb.comm import RankGroup
 from distmb.data.owners import VertexOwners
 from distmb.data.store.store import PartitionStore
 from distmb.halo.exact.remote import RemoteFeatures
 from distmb.halo.exact.sampler import ExactBatchSampler
 from distmb.halo.scheme import HaloScheme
-from distmb.pipeline.features.base import FeatureSource
+from distmb.pipeline.features.protocol import FeatureSource
 from distmb.pipeline.sample.host import NeighborSampler
 
 

@@ -1,6 +1,6 @@
-"""Device-resident historical embedding cache: the contract of
-:class:`~distmb.halo.hec.host.HistoricalEmbeddingCache` (module docstring of
-:mod:`distmb.halo.hec.host`) with its tables held as tensors on any torch device, and every
+"""Device-resident historical embedding cache: the
+:class:`~distmb.halo.hec.contract.EmbeddingCache` contract (module docstring of
+:mod:`distmb.halo.hec.contract`) with its tables held as tensors on any torch device, and every
 operation a fixed sequence of vectorised PyTorch ops.
 
 Equal results. For the same sequence of calls, :class:`DeviceHistoricalCache` returns the
@@ -49,38 +49,38 @@ import math
 import numpy as np
 import torch
 
-from distmb.halo.hec.host import (
+from distmb.halo.hec.contract import (
     COUNTER_KEYS,
     HEC_MISS,
     LIFESPAN_UNBOUNDED,
+    EmbeddingCache,
     IndexLike,
     RowsLike,
-    _check_int,
-    _index_array,
-    replay_state,
+    check_cache_shape,
+    check_index_tensor,
+    check_out,
+    checked_rows,
+    index_array,
 )
 
 #: Largest int64: the key of an empty entry of the ``tag -> slot`` index and the write
 #: sequence number of a line that holds no tag.
 INT64_MAX: int = torch.iinfo(torch.int64).max
-#: Bytes of one float32 value.
-_FLOAT_BYTES = 4
-#: ``capacity * dim`` above this is refused, as by the C++ cache (``INT64_MAX / 4 / 4``).
-_MAX_FLOATS = INT64_MAX // _FLOAT_BYTES // 4
 #: Position of each counter in the device tensor of counters.
 _LOOKUPS, _HITS, _STORES, _EVICTIONS, _EXPIRED = range(len(COUNTER_KEYS))
 
 
-class DeviceHistoricalCache:
+class DeviceHistoricalCache(EmbeddingCache):
     """A fixed-size cache of float32 rows tagged by ``VID_o`` with its tables on ``device``;
-    the contract and the results of :class:`~distmb.halo.hec.host.HistoricalEmbeddingCache`
-    (see the module docstring).
+    the contract of :class:`~distmb.halo.hec.contract.EmbeddingCache` and the results of
+    :class:`~distmb.halo.hec.host.HistoricalEmbeddingCache` (see the module docstring). Slots,
+    hit masks and rows come back as tensors on ``device``.
 
     Args:
         capacity: number of lines, ``>= 1``.
         dim: width of a line, ``>= 1``.
         lifespan: largest age (in iterations) at which a line still hits, ``>= 0``, or
-            :data:`~distmb.halo.hec.host.LIFESPAN_UNBOUNDED`.
+            :data:`~distmb.halo.hec.contract.LIFESPAN_UNBOUNDED`.
         device: where the tables live (``"cpu"``, ``"cuda"``, ``"cuda:1"``, ...).
         checked: validate tags and slots as the C++ cache does (one device synchronisation
             per call on a GPU); ``False`` trusts the caller (tags ``>= 0``, loads of hits only).
@@ -97,19 +97,15 @@ class DeviceHistoricalCache:
         device: torch.device | str = "cpu",
         checked: bool = True,
     ) -> None:
-        capacity = _check_int(capacity, "capacity", 1)
-        dim = _check_int(dim, "dim", 1)
-        lifespan = _check_int(lifespan, "lifespan", 0, allow=LIFESPAN_UNBOUNDED)
-        if capacity > _MAX_FLOATS // dim:
-            raise ValueError("capacity * dim is too large")
+        capacity, dim, lifespan = check_cache_shape(capacity, dim, lifespan)
         self._capacity, self._dim, self._lifespan = capacity, dim, lifespan
-        self.device = torch.device(device)
         self.checked = bool(checked)
-        dev = self.device
         # Tables of capacity + 1 entries: the last one (index capacity) is a scratch line
         # that masked writes are sent to, so that every scatter has a fixed size.
         #: float32[capacity + 1, dim]: the lines (not zero-filled, as in C++).
-        self._data = torch.empty((capacity + 1, dim), dtype=torch.float32, device=dev)
+        self._data = torch.empty((capacity + 1, dim), dtype=torch.float32, device=device)
+        #: The tables' device, with its index (``cuda:0`` where ``cuda`` was given).
+        self._device = dev = self._data.device
         #: int64[capacity + 1]: the tag of each line, -1 where none.
         self._tag = torch.full((capacity + 1,), -1, dtype=torch.int64, device=dev)
         #: int64[capacity + 1]: the clock when each line was last written.
@@ -131,22 +127,23 @@ class DeviceHistoricalCache:
     # -- properties ------------------------------------------------------------------------
     @property
     def capacity(self) -> int:
-        """Number of lines."""
         return self._capacity
 
     @property
     def dim(self) -> int:
-        """Width of a line (float32 values)."""
         return self._dim
 
     @property
     def lifespan(self) -> int:
-        """Largest age that still hits, or :data:`~distmb.halo.hec.host.LIFESPAN_UNBOUNDED`."""
         return self._lifespan
 
     @property
+    def device(self) -> torch.device:
+        """Where the tables live, with the index (``cuda:0`` for a cache given ``cuda``)."""
+        return self._device
+
+    @property
     def clock(self) -> int:
-        """Number of :meth:`advance` calls so far (not reset by :meth:`clear`)."""
         return self._clock
 
     @property
@@ -159,31 +156,13 @@ class DeviceHistoricalCache:
         used = self.occupied
         return int(self._live(torch.arange(used, device=self.device)).sum().item())
 
-    def __bool__(self) -> bool:
-        """Always True (see :meth:`HistoricalEmbeddingCache.__bool__`)."""
-        return True
-
-    def __repr__(self) -> str:
-        ls = "unbounded" if self.lifespan == LIFESPAN_UNBOUNDED else str(self.lifespan)
-        return (
-            f"DeviceHistoricalCache(capacity={self.capacity}, dim={self.dim}, lifespan={ls}, "
-            f"device={self.device}, occupied={self.occupied}, clock={self.clock})"
-        )
-
     # -- input conversion --------------------------------------------------------------------
     def _index(self, values: IndexLike, name: str) -> torch.Tensor:
         """``values`` as int64[n] on the device (tensors of any device are copied there)."""
         if isinstance(values, torch.Tensor):
-            if values.dim() != 1:
-                raise ValueError(f"{name} must be 1-D (got shape {list(values.shape)})")
-            if (
-                values.dtype.is_floating_point
-                or values.dtype.is_complex
-                or (values.dtype == torch.bool)
-            ):
-                raise ValueError(f"{name} must hold integers (got dtype {values.dtype})")
+            check_index_tensor(values, name)
             return values.detach().to(self.device, torch.int64)
-        return torch.from_numpy(_index_array(values, name)).to(self.device)
+        return torch.from_numpy(index_array(values, name)).to(self.device)
 
     def _check_tags(self, tags: torch.Tensor) -> None:
         if not self.checked or tags.numel() == 0:
@@ -196,29 +175,11 @@ class DeviceHistoricalCache:
             )
 
     def _rows(self, rows: RowsLike, m: int) -> torch.Tensor:
-        if isinstance(rows, torch.Tensor):
-            rows = rows.detach()
-            dtype = rows.dtype
-        else:
-            rows = np.asarray(rows)
-            dtype = rows.dtype
-        if dtype not in (torch.float32, np.float32):
-            raise ValueError(f"rows must be float32 (got {dtype})")
-        if rows.ndim != 2 or rows.shape[1] != self.dim:
-            raise ValueError(f"rows must have shape [m, {self.dim}] (got {list(rows.shape)})")
-        if rows.shape[0] != m:
-            raise ValueError(f"{m} tags but {rows.shape[0]} rows: they must match")
+        """``rows`` validated as float32[m, dim] and moved to the device."""
+        rows = checked_rows(rows, m, self.dim)
         if isinstance(rows, np.ndarray):
             rows = torch.from_numpy(np.ascontiguousarray(rows))
         return rows.to(self.device)
-
-    def _check_out(self, out: torch.Tensor, n: int) -> None:
-        if not isinstance(out, torch.Tensor) or out.device != self._data.device:
-            raise ValueError(f"out must be a torch tensor on {self._data.device}")
-        if out.dtype != torch.float32 or not out.is_contiguous():
-            raise ValueError(f"out must be contiguous float32 (got {out.dtype})")
-        if tuple(out.shape) != (n, self.dim):
-            raise ValueError(f"out has shape {list(out.shape)}, expected [{n}, {self.dim}]")
 
     # -- lines -------------------------------------------------------------------------------
     def _live(self, slots: torch.Tensor) -> torch.Tensor:
@@ -245,7 +206,8 @@ class DeviceHistoricalCache:
     # -- operations --------------------------------------------------------------------------
     def search(self, tags: IndexLike) -> torch.Tensor:
         """HECSearch: int64[n] on the device, the slot of each tag or
-        :data:`~distmb.halo.hec.host.HEC_MISS` (absent or expired). Counts lookups and hits."""
+        :data:`~distmb.halo.hec.contract.HEC_MISS` (absent or expired). Counts lookups and
+        hits."""
         tag_t = self._index(tags, "tags")
         self._check_tags(tag_t)
         return self._search(tag_t)[0]
@@ -262,7 +224,7 @@ class DeviceHistoricalCache:
         if out is None:
             out = torch.empty((n, self.dim), dtype=torch.float32, device=self.device)
         else:
-            self._check_out(out, n)
+            check_out(out, n, self.dim, self.device)
         if self.checked and n:
             bad = (slot_t < 0) | (slot_t >= self._used)
             if bool(bad.any()):
@@ -293,7 +255,7 @@ class DeviceHistoricalCache:
         """
         tag_t = self._index(tags, "tags")
         self._check_tags(tag_t)
-        self._check_out(out, tag_t.numel())
+        check_out(out, tag_t.numel(), self.dim, self.device)
         slot, hit = self._search(tag_t)
         torch.index_select(self._data, 0, slot.clamp(min=0), out=out)
         out.masked_fill_(~hit.unsqueeze(1), 0.0)
@@ -510,7 +472,7 @@ class DeviceHistoricalCache:
     # -- checkpointing ----------------------------------------------------------------------
     def snapshot(self) -> tuple[np.ndarray, np.ndarray]:
         """``(tags, ages)``, int64[occupied] numpy arrays indexed by slot (expired lines
-        included), as :meth:`HistoricalEmbeddingCache.snapshot`."""
+        included); synchronises."""
         used = self.occupied
         tags = self._tag[:used].cpu().numpy()
         ages = (self._clock - self._written_at[:used]).cpu().numpy()
@@ -518,9 +480,7 @@ class DeviceHistoricalCache:
 
     def state(self) -> dict[str, np.ndarray]:
         """The valid lines in slot order as numpy arrays ``tags`` int64[v], ``ages`` int64[v],
-        ``rows`` float32[v, dim] (the checkpoint format of
-        :meth:`HistoricalEmbeddingCache.state`, interchangeable with it). Counts ``v``
-        lookups and hits, as the C++ cache's state does."""
+        ``rows`` float32[v, dim], copied to the host; counts ``v`` lookups and hits."""
         tags, ages = self.snapshot()
         slots = np.arange(tags.size)
         if self.lifespan != LIFESPAN_UNBOUNDED:
@@ -531,26 +491,14 @@ class DeviceHistoricalCache:
         rows = self._data[torch.from_numpy(slots).to(self.device)].cpu().numpy()
         return {"tags": tags, "ages": ages, "rows": rows}
 
-    def restore(self, state: dict[str, np.ndarray]) -> None:
-        """Replace the contents by ``state`` (from this cache's or a C++ cache's
-        :meth:`state`) with :func:`~distmb.halo.hec.host.replay_state`: the same calls as the C++
-        restore, so both leave the same tags in the same slots."""
-        replay_state(self, state)
-
     # -- statistics --------------------------------------------------------------------------
     def counters(self) -> dict[str, int]:
-        """The counts of :meth:`HistoricalEmbeddingCache.counters` (synchronises)."""
+        """The counts, copied from the device (synchronises)."""
         values = self._counters.cpu().tolist()
         return dict(zip(COUNTER_KEYS, (int(v) for v in values), strict=True))
 
     def reset_counters(self) -> None:
-        """Set every counter to zero."""
         self._counters.zero_()
-
-    def hit_rate(self) -> float:
-        """``hits / lookups`` since the last reset; 0.0 when nothing was looked up."""
-        c = self.counters()
-        return float(c["hits"]) / c["lookups"] if c["lookups"] else 0.0
 
 
 def _first_reaching(prev: torch.Tensor, target: torch.Tensor, never: int) -> torch.Tensor:

@@ -3,48 +3,42 @@ DistGNN-MB) over per-layer HECs.
 
 Per iteration (step) ``k`` of ``M`` (all ranks run the same ``M``), for every layer ``l``:
 
-1. :meth:`HistoricalCache.after_sample` (before the forward pass): if ``k >= d``, finish the
-   exchange started at ``k - d`` and store what arrived in ``HEC[l]``; then look up this
-   batch's halo leaves of block ``l``. Misses lose their edges (``Block.drop_sources``).
-   Layer 0 reads replicated halo features instead when the partition has them.
-2. :meth:`HistoricalCache.layer_input` (during the forward pass, once layer ``l``'s input is
-   known): if ``k < M - d``, take block ``l``'s solid sources that some peer holds as halo
-   (``send_lists``), keep at most ``nc`` per peer (sampled without replacement with
-   probability proportional to in-degree, counter-based keys: :mod:`distmb.halo.hec.push_select`;
-   on the block's device), and start the non-blocking all-to-all-v of their ``VID_o`` and
-   detached layer-``l`` inputs.
-3. :meth:`HistoricalCache.end_iteration`: every cache's ages advance by one.
+1. :meth:`HistoricalEmbeddingScheme.after_sample` (before the forward pass): if ``k >= d``,
+   finish the exchange started at ``k - d`` and store what arrived in ``HEC[l]``; then look
+   up this batch's halo leaves of block ``l``. Misses lose their edges
+   (``Block.drop_sources``). Layer 0 reads replicated halo features instead when the
+   partition has them.
+2. :meth:`HistoricalEmbeddingScheme.layer_input` (during the forward pass, once layer ``l``'s
+   input is known): if ``k < M - d``, take block ``l``'s solid sources that some peer holds
+   as halo (``send_lists``), keep at most ``nc`` per peer (sampled without replacement with
+   probability proportional to in-degree, counter-based keys:
+   :mod:`distmb.halo.hec.push_select`; on the block's device), and start the non-blocking
+   all-to-all-v of their ``VID_o`` and detached layer-``l`` inputs.
+3. :meth:`HistoricalEmbeddingScheme.end_iteration`: every cache's ages advance by one.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from distmb.comm.mpi import EmbeddingPush, RankGroup, TorchEmbeddingPush, make_push
+from distmb.comm import RankGroup
 from distmb.data.store.store import PartitionStore
-from distmb.halo.hec.host import LIFESPAN_UNBOUNDED, HistoricalEmbeddingCache
+from distmb.halo.hec.contract import CACHE_STATE_KEYS, LIFESPAN_UNBOUNDED, EmbeddingCache
+from distmb.halo.hec.device import DeviceHistoricalCache
+from distmb.halo.hec.host import HistoricalEmbeddingCache
 from distmb.halo.hec.push_select import (
     PushTables,
     push_call_key,
     select_push_device,
     select_push_host,
 )
+from distmb.halo.hec.transport import EmbeddingTransport, make_push
 from distmb.halo.scheme import HaloScheme
 from distmb.pipeline.minibatch import MiniBatch
 from distmb.pipeline.sample.blocks import Block
-
-#: The arrays of one cache's checkpoint (:meth:`HistoricalEmbeddingCache.state`).
-CACHE_STATE_KEYS = ("tags", "ages", "rows")
-if TYPE_CHECKING:  # distmb.halo.hec.device imports distmb.halo.hec.host: imported where used
-    from distmb.halo.hec.device import DeviceHistoricalCache
-
-    #: Either cache: the C++ one (host memory) or the device-resident one; same contract,
-    #: same results, interchangeable checkpoints.
-    AnyCache = HistoricalEmbeddingCache | DeviceHistoricalCache
 
 
 @dataclass(frozen=True)
@@ -66,8 +60,9 @@ class HecSettings:
     delay: int
 
 
-class HistoricalCache(HaloScheme):
-    """The AEP state of one rank: one cache and one push queue per layer that needs them.
+class HistoricalEmbeddingScheme(HaloScheme):
+    """The AEP state of one rank: one cache (:class:`~distmb.halo.hec.contract.EmbeddingCache`)
+    and one push queue per layer that needs them.
 
     Args:
         comm: the ranks.
@@ -76,10 +71,9 @@ class HistoricalCache(HaloScheme):
         seed: seed of the degree-weighted push sampling.
         cache_device: ``None`` (the default) keeps the caches in the C++
             :class:`HistoricalEmbeddingCache`; a device puts them in
-            :class:`~distmb.halo.hec.device.DeviceHistoricalCache` tables there (same lines, hits
-            and
-            counters). Halo rows then come back as tensors on that device; the tags pushed
-            by peers are validated once by the partition loader, so a GPU cache runs
+            :class:`~distmb.halo.hec.device.DeviceHistoricalCache` tables there (same lines,
+            hits and counters). Halo rows then come back as tensors on that device; the tags
+            pushed by peers are validated once by the partition loader, so a GPU cache runs
             unchecked (no synchronisation per call).
     """
 
@@ -110,8 +104,8 @@ class HistoricalCache(HaloScheme):
         #: Lines per cache: only this part's halo vertices are ever pushed here, so more than
         #: ``n_halo`` lines would never be used (``--hec-size`` is an upper bound).
         self.capacity = max(1, min(config.size, store.n_halo))
-        self.caches: list[AnyCache | None] = []
-        self.pushes: list[EmbeddingPush | TorchEmbeddingPush | None] = []
+        self.caches: list[EmbeddingCache | None] = []
+        self.pushes: list[EmbeddingTransport | None] = []
         #: ``orig_ids`` on :attr:`cache_device` (int64[n_local]) when the caches live there:
         #: halo tags are looked up without leaving the device.
         self._orig_ids_device: torch.Tensor | None = None
@@ -137,11 +131,9 @@ class HistoricalCache(HaloScheme):
             for layer, dim in enumerate(layer_dims)
         ]
 
-    def _new_cache(self, dim: int, lifespan: int) -> AnyCache:
+    def _new_cache(self, dim: int, lifespan: int) -> EmbeddingCache:
         if self.cache_device is None:
             return HistoricalEmbeddingCache(self.capacity, dim, lifespan)
-        from distmb.halo.hec.device import DeviceHistoricalCache
-
         return DeviceHistoricalCache(
             self.capacity,
             dim,
@@ -269,8 +261,9 @@ class HistoricalCache(HaloScheme):
     # -- checkpointing ----------------------------------------------------------------------
     def state(self) -> dict[str, np.ndarray]:
         """The valid lines of every cache, as ``layer{l}_tags`` / ``_ages`` / ``_rows`` arrays
-        (see :meth:`HistoricalEmbeddingCache.state`). Taken between epochs, when no push is
-        in flight (pushes stop ``d`` iterations before the end of an epoch)."""
+        (see :meth:`~distmb.halo.hec.contract.EmbeddingCache.state`). Taken between epochs,
+        when no push is in flight (pushes stop ``d`` iterations before the end of an
+        epoch)."""
         out: dict[str, np.ndarray] = {}
         for layer, cache in enumerate(self.caches):
             if cache is not None:
@@ -291,7 +284,8 @@ class HistoricalCache(HaloScheme):
 
         Raises:
             ValueError: the arrays do not hold exactly this rank's caches (other layers, or
-                rows of another width or dtype: :meth:`HistoricalEmbeddingCache.store`).
+                rows of another width or dtype:
+                :meth:`~distmb.halo.hec.contract.EmbeddingCache.store`).
         """
         expected = self.state_keys()
         if set(arrays) != expected:

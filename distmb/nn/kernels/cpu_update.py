@@ -1,4 +1,4 @@
-"""Fused UPDATE kernels (``csrc/update.cpp``) as autograd functions.
+"""Fused UPDATE kernels (``csrc/kernels/update/``) as autograd functions.
 
 The dense part of a layer runs as one C++ pass over its output (DistGNN-MB section 3.3,
 "Operator Fusion"): register tiles of a blocked GEMM get bias, ReLU, dropout and the packed

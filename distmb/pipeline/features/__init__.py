@@ -13,11 +13,11 @@
   :mod:`distmb.pipeline.features.normalize`).
 """
 
-from distmb.pipeline.features.base import FeatureSource
 from distmb.pipeline.features.cached import CachedFeatures
 from distmb.pipeline.features.memory import ArrayFeatures, ConcatFeatures, PartFeatures
 from distmb.pipeline.features.normalize import FeatureNormalization, NormalizedFeatures
 from distmb.pipeline.features.policy import NO_SLOT, BeladyPlanner, CachePlan, LruPlanner
+from distmb.pipeline.features.protocol import FeatureSource
 
 __all__ = [
     "ArrayFeatures",

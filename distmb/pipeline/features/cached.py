@@ -39,8 +39,8 @@ import torch
 
 from distmb.core.units import FLOAT32_BYTES
 from distmb.data.store.rowfile import RowFile
-from distmb.pipeline.features.base import FeatureSource
 from distmb.pipeline.features.policy import NO_SLOT, BeladyPlanner, LruPlanner
+from distmb.pipeline.features.protocol import FeatureSource
 
 #: Replacement policies of the out-of-core feature cache (``--cache-policy``).
 CACHE_POLICIES: tuple[str, ...] = ("belady", "presc", "degree", "lru", "none")

@@ -39,9 +39,9 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from distmb.pipeline.features.base import FeatureSource
 from distmb.pipeline.features.cached import cache_rows
 from distmb.pipeline.features.presample import static_hot_ids
+from distmb.pipeline.features.protocol import FeatureSource, TakeBuffer
 from distmb.pipeline.features.zero_copy import HostRows
 from distmb.pipeline.sample.host import NeighborSampler
 
@@ -182,9 +182,20 @@ class DeviceFeatures(FeatureSource):
         self.rows_served += int(ids_t.numel())
         return out
 
+    def gather_batch_rows(
+        self, ids: torch.Tensor, take_buffer: TakeBuffer
+    ) -> tuple[torch.Tensor, None]:
+        """The BatchLoader's gather: :meth:`gather_device`'s rows, on :attr:`device`, in
+        memory of their own (no host buffer is taken)."""
+        return self.gather_device(ids), None
+
+    def rows_in_place(self, ids: np.ndarray | torch.Tensor) -> None:
+        """Never: the rows are gathered on the device (see :meth:`gather_batch_rows`)."""
+        return None
+
     def _read_into(self, ids: np.ndarray, out: torch.Tensor) -> None:
         # The FeatureSource protocol's CPU output: gathered on the device, then copied back
-        # (the training path uses gather_device and keeps the rows there).
+        # (the training path uses gather_batch_rows and keeps the rows there).
         out.copy_(self._gather(torch.from_numpy(ids).to(self.device)))
 
     def _device_ids(self, ids: np.ndarray | torch.Tensor) -> torch.Tensor:

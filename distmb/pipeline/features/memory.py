@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from distmb.core.units import FLOAT32_BYTES
-from distmb.pipeline.features.base import FeatureSource, as_row_table, take_rows
+from distmb.pipeline.features.protocol import FeatureSource, as_row_table, take_rows
 
 
 class ArrayFeatures(FeatureSource):

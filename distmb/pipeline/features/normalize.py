@@ -7,9 +7,9 @@
   over the training vertices of *all* ranks (gathered sums), so one rank and P ranks
   normalise alike; columns whose ``std`` is 0 are only centred.
 
-:class:`NormalizedFeatures` wraps a :class:`~distmb.pipeline.features.base.FeatureSource` and
+:class:`NormalizedFeatures` wraps a :class:`~distmb.pipeline.features.protocol.FeatureSource` and
 applies
-the transform to the rows it reads; :func:`distmb.engine.features.open_features` puts it
+the transform to the rows it reads; :func:`distmb.engine.build.features.open_features` puts it
 under the training and the evaluation sources (so halo rows, the exact baseline's remote
 rows and layer-wise evaluation all see it). The partition's files are never written. The
 transform and its statistics travel in checkpoints (:meth:`FeatureNormalization.state`).
@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from distmb.comm.mpi import RankGroup, SingleProcess
+from distmb.comm import RankGroup, SingleProcess
 from distmb.core.errors import InputError
-from distmb.pipeline.features.base import FeatureSource
+from distmb.pipeline.features.protocol import FeatureSource
 
 #: Input feature normalisations of ``--normalize-features``.
 NORMALIZATIONS: tuple[str, ...] = ("none", "row", "standard")
@@ -167,6 +167,10 @@ class NormalizedFeatures(FeatureSource):
         self.normalization = normalization
         self.wants_trace = source.wants_trace
         self.uses_collectives = source.uses_collectives
+
+    @property
+    def has_halo(self) -> bool:
+        return self.source.has_halo
 
     def inspect(self, traces: list[np.ndarray]) -> None:
         self.source.inspect(traces)

@@ -41,6 +41,7 @@ from distmb.pipeline.sample.host import (
 )
 from distmb.pipeline.sample.idmap import Backend, RepeatedDestinationError, fused_map
 from distmb.pipeline.sample.placement import Placement, place
+from distmb.pipeline.sample.protocol import PartSampler
 
 
 def batch_seed(seed: int, epoch: int, iteration: int) -> int:
@@ -52,7 +53,7 @@ def batch_seed(seed: int, epoch: int, iteration: int) -> int:
     return h >> 1
 
 
-class DeviceNeighborSampler:
+class DeviceNeighborSampler(PartSampler):
     """Uniform neighbour sampler over one part's local in-edge CSR, on a torch device.
 
     Args:
@@ -70,9 +71,6 @@ class DeviceNeighborSampler:
         ValueError: the C++ sampler's checks of the CSR and fan-outs (same messages), a bad
             placement or back end.
     """
-
-    #: Sampling reads this rank's part only (safe on a background thread).
-    uses_collectives = False
 
     def __init__(
         self,
@@ -103,10 +101,6 @@ class DeviceNeighborSampler:
         self.backend: Backend = backend
         self.indptr = place(np.ascontiguousarray(indptr), self.device, placement)
         self.indices = place(np.ascontiguousarray(indices), self.device, placement)
-
-    @property
-    def num_layers(self) -> int:
-        return len(self.fanouts)
 
     def sample(self, seeds: torch.Tensor | np.ndarray, epoch: int, iteration: int) -> list[Block]:
         """The blocks of one mini-batch, on :attr:`device` (contract as

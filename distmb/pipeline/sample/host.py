@@ -26,6 +26,7 @@ from distmb import _C
 from distmb.core.errors import PartitionError
 from distmb.data.store.neighborfile import NeighborFile
 from distmb.pipeline.sample.blocks import Block
+from distmb.pipeline.sample.protocol import PartSampler
 
 #: Fan-out meaning "every in-neighbour" (exact, full-neighbour blocks for evaluation).
 FANOUT_ALL = -1
@@ -56,7 +57,7 @@ def _check_counter(value: int, name: str) -> int:
     return int(value)
 
 
-class NeighborSampler:
+class NeighborSampler(PartSampler):
     """Thread-parallel uniform neighbour sampler over one part's local in-edge CSR.
 
     The graph arrays are borrowed, not copied (memory-mapped arrays of a
@@ -87,9 +88,6 @@ class NeighborSampler:
             outside ``[0, n_local)``), a neighbour file of another CSR, empty fan-out list,
             fan-out 0 or below -1.
     """
-
-    #: Sampling reads this rank's part only (safe on a background thread).
-    uses_collectives = False
 
     def __init__(
         self,
@@ -141,10 +139,6 @@ class NeighborSampler:
     @property
     def n_local(self) -> int:
         return int(self._core.n_local)
-
-    @property
-    def num_layers(self) -> int:
-        return len(self.fanouts)
 
     def sample(self, seeds: torch.Tensor | np.ndarray, epoch: int, iteration: int) -> list[Block]:
         """Sample the blocks of one mini-batch.

@@ -1,0 +1,154 @@
+"""``--features``: the feature source a rank trains and evaluates with."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from distmb.config.train import TrainConfig
+from distmb.core.errors import InputError
+from distmb.core.machine import check_fits
+from distmb.core.units import FLOAT32_BYTES
+from distmb.data.local import LocalGraph
+from distmb.data.store.neighborfile import NeighborFile
+from distmb.pipeline.features.cached import STATIC_POLICIES, CachedFeatures, cache_rows
+from distmb.pipeline.features.memory import PartFeatures
+from distmb.pipeline.features.normalize import FeatureNormalization, NormalizedFeatures
+from distmb.pipeline.features.presample import static_hot_ids
+from distmb.pipeline.features.protocol import FeatureSource
+from distmb.pipeline.sample.host import NeighborSampler
+
+
+@dataclass
+class FeatureSources:
+    """What :func:`open_features` returns.
+
+    Attributes:
+        train: the gather stage's source, by ``VID_p`` (halo rows when the partition holds
+            them).
+        cache: the out-of-core cache (``--features ooc``), else None.
+        kind: ``memory``, ``mmap`` or ``ooc``.
+        note: one line describing the choice, for the run's header.
+        normalization: ``--normalize-features``, applied under both sources (None: none).
+    """
+
+    train: PartFeatures
+    cache: CachedFeatures | None
+    kind: str
+    note: str
+    normalization: FeatureNormalization | None = None
+
+    def evaluation(self) -> PartFeatures:
+        """The source of layer-wise evaluation, for the cache as it stands now: the training
+        source, or (``ooc``) the cache read without changing it."""
+        if self.cache is None:
+            return self.train
+        return part_rows(self.cache.lookup_only(), self.train.n_solid, self.normalization)
+
+
+def part_rows(
+    rows: FeatureSource, n_solid: int, normalization: FeatureNormalization | None
+) -> PartFeatures:
+    """A part's features by ``VID_p`` from a source of all its rows (solid, then halo),
+    normalised as read when ``normalization`` is given: the one place where
+    ``--normalize-features`` enters the data path."""
+    if normalization is not None:
+        rows = NormalizedFeatures(rows, normalization)
+    return PartFeatures(rows, n_solid=n_solid)
+
+
+def feature_kind(config: TrainConfig, local: LocalGraph) -> str:
+    """``--features``, or its default: ``ooc`` for a partition in the ``ooc`` layout, else
+    ``mmap``."""
+    layout = local.store.feature_layout if local.store is not None else "npy"
+    if config.features is None:
+        return "ooc" if layout == "ooc" else "mmap"
+    if config.features == "ooc" and layout != "ooc":
+        where = local.store.directory if local.store is not None else "an in-memory dataset"
+        raise InputError(
+            f"--features ooc needs a partition whose features are in the ooc layout ({where} "
+            "is not): make one with `distmb-partition --features-layout ooc`, or convert this "
+            "one with `distmb-partition --convert DIR --features-layout ooc`"
+        )
+    return config.features
+
+
+def open_features(
+    local: LocalGraph,
+    config: TrainConfig,
+    adjacency: np.ndarray | NeighborFile | None = None,
+    normalization: FeatureNormalization | None = None,
+) -> FeatureSources:
+    """The rank's feature sources for ``config.features`` (see :func:`feature_kind`).
+
+    Args:
+        adjacency: what the rank's sampler reads in-neighbour lists from
+            (:func:`distmb.engine.build.adjacency.open_adjacency`), for pre-sampling; default:
+            ``local.indices``.
+        normalization: ``--normalize-features``
+            (:func:`distmb.pipeline.features.normalize.fit_normalization`), applied to every row the
+            sources return; None: rows as stored.
+    """
+    kind = feature_kind(config, local)
+    note_norm = f", normalised: {normalization.kind}" if normalization is not None else ""
+    if kind != "ooc":
+        solid, halo = local.features, local.halo_features
+        if kind == "memory":  # read into RAM once (from .npy or the ooc row file)
+            solid = np.ascontiguousarray(solid)
+            halo = np.ascontiguousarray(halo) if halo is not None else None
+        train = PartFeatures(solid, halo)
+        if normalization is not None:
+            train = part_rows(train, local.n_solid, normalization)
+        return FeatureSources(train, None, kind, f"features: {kind}{note_norm}", normalization)
+    assert local.store is not None and local.store.feature_file is not None
+    rows = local.store.feature_file
+    capacity = cache_rows(config.feature_cache_mb, rows.dim, rows.num_rows)
+    if config.cache_policy == "none":
+        capacity = 0
+    cache_bytes = capacity * rows.dim * FLOAT32_BYTES
+    check_fits("--feature-cache-mb", config.feature_cache_mb, cache_bytes)
+    hot = None
+    if config.cache_policy in STATIC_POLICIES and capacity:
+        hot = _hot_ids(local, config, rows.num_rows, adjacency)
+    cache = CachedFeatures(rows, config.cache_policy, capacity, hot_ids=hot)
+    table_mb = rows.num_rows * rows.dim * FLOAT32_BYTES / 2**20
+    note = (
+        f"features: ooc {rows.path} ({table_mb:.1f} MiB, "
+        f"{'O_DIRECT' if rows.direct else 'buffered: ' + str(rows.fallback_reason)}), "
+        f"cache {config.cache_policy} {cache.capacity} rows "
+        f"({100 * cache.capacity / max(rows.num_rows, 1):.1f} % of the table)"
+    )
+    if config.feature_cache_mb * 2**20 > rows.num_rows * rows.dim * FLOAT32_BYTES and capacity:
+        note += f"; --feature-cache-mb {config.feature_cache_mb:g} exceeds the table: all of it"
+    train = part_rows(cache, local.n_solid, normalization)
+    return FeatureSources(train, cache, "ooc", note + note_norm, normalization)
+
+
+def _hot_ids(
+    local: LocalGraph,
+    config: TrainConfig,
+    num_rows: int,
+    adjacency: np.ndarray | NeighborFile | None,
+) -> np.ndarray:
+    """The static cache's rows by priority: pre-sampling counts (``presc``; ties by
+    in-degree) or in-degree (``degree``)."""
+    store = local.store
+    assert store is not None
+    degree = np.asarray(store.in_degree[:num_rows])
+    indices = adjacency if adjacency is not None else local.indices
+
+    def make_sampler(seed: int) -> NeighborSampler:
+        return NeighborSampler(
+            local.indptr, indices, local.n_solid, local.n_local, config.fanout, seed
+        )
+
+    return static_hot_ids(
+        config.cache_policy,
+        degree,
+        make_sampler,
+        local.train_idx,
+        config.batch_size,
+        config.presample_epochs,
+        config.seed,
+    )
