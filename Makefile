@@ -5,7 +5,8 @@
 # torch build), EXTRAS (drop `mpich` on a cluster that brings its own MPI: EXTRAS=test,kaminpar;
 # drop `kaminpar`, the second partitioner, where no wheel exists, e.g. aarch64 Linux; `triton`
 # runs the CUDA path's kernel tests on CPU under its interpreter),
-# MPIEXEC and DEMO_RANKS (the demo's launcher and rank count).
+# MPIEXEC and DEMO_RANKS (the demo's launcher and rank count), GPU_CHECK_ARGS (`make gpu-check`'s
+# flags).
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -18,7 +19,7 @@ DEMO_DIR ?= demo
 MPIEXEC ?= $(if $(wildcard $(BIN)/mpiexec),$(BIN)/mpiexec,mpiexec)
 DEMO_RANKS ?= 2
 
-.PHONY: demo test lint bench-partition clean
+.PHONY: demo test lint bench-partition gpu-check clean
 
 $(STAMP): setup.cfg setup.py pyproject.toml $(wildcard csrc/*/*.cpp csrc/*/*.h csrc/*/*/*.cpp csrc/*/*/*.h)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -46,6 +47,16 @@ lint: $(STAMP)
 
 bench-partition: $(STAMP)
 	$(BIN)/python benchmarks/partition.py
+
+# Check a GPU node (docs/cuda.md, "Checking a GPU node"): build, versions, the cuda tests, the
+# GPU benchmark, 2 ranks on one GPU, out-of-core, NCCL at world size 1; logs and a summary in
+# one folder. No venv step: a GPU node's image may have no registry to install from, so this
+# uses the venv's Python where there is one, else $(PYTHON). GPU_CHECK_ARGS: e.g.
+# "--out DIR --quick".
+GPU_CHECK_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
+GPU_CHECK_ARGS ?=
+gpu-check:
+	$(GPU_CHECK_PYTHON) benchmarks/gpu_check.py $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf build *.egg-info distmb/_C*.so $(DEMO_DIR)

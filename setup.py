@@ -7,8 +7,12 @@ zero-copy through ``Tensor.numpy()``), so it builds without torch and survives t
 import os
 from glob import glob
 
-from pybind11.setup_helpers import Pybind11Extension, build_ext
+from pybind11.setup_helpers import ParallelCompile, Pybind11Extension, build_ext
 from setuptools import setup
+
+# The sources compile one at a time unless MAX_JOBS says how many at once (0: one per core):
+# `MAX_JOBS=16 python setup.py build_ext --inplace` (benchmarks/gpu_check.py does that).
+ParallelCompile("MAX_JOBS", default=1).install()
 
 # Clusters build from source on the nodes they run on, so tune for the build host by default;
 # set DISTMB_MARCH (e.g. x86-64-v3) for a portable build.

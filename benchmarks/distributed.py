@@ -39,7 +39,7 @@ def train(ranks: int, args: list[str], workdir: Path, tag: str) -> list[dict]:
         str(ranks),
         sys.executable,
         "-m",
-        "distmb.cli.train",
+        "distmb.train",
         *args,
         "--no-progress",
         "--results",

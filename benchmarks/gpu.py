@@ -14,7 +14,10 @@ batch 1000):
 3. **Host->device bytes per epoch** with and without Match-Reorder and **device-cache hit
    rate** per policy at 5, 10 and 20 % of the features (``benchmarks/gpu_features.py``'s
    cache part; device-independent counts).
-4. **Zero-copy gather bandwidth** against the pinned host->device copy bandwidth (CUDA only;
+4. **Launches and host syncs per iteration** (``"launches_per_iteration"``): the CPU
+   proxies of :mod:`distmb.engine.op_census` (ATen ops by stage, sync-prone ops, host reads,
+   device waits; docs/cuda.md), also in the CPU smoke test.
+5. **Zero-copy gather bandwidth** against the pinned host->device copy bandwidth (CUDA only;
    ``benchmarks/gpu_features.py``'s bandwidth part).
 
 ``--device cuda`` (default where torch sees a GPU) is the benchmark. ``--device cpu`` runs the
@@ -50,15 +53,18 @@ from record import command_line  # noqa: E402
 from distmb import _C  # noqa: E402
 from distmb.cli.report import save_figure, write_json  # noqa: E402
 from distmb.config.train import DEFAULT_FANOUT, DEFAULT_SUPERBATCH, TrainConfig  # noqa: E402
-from distmb.core.plotting import panels  # noqa: E402
+from distmb.core.plotting import bar_axis, panels  # noqa: E402
 from distmb.data.datasets.synthetic import SyntheticConfig, generate  # noqa: E402
 from distmb.data.local import LocalGraph  # noqa: E402
 from distmb.engine import Trainer  # noqa: E402
+from distmb.engine.op_census import census_epoch  # noqa: E402
 
 RESULTS = HERE.parent / "results"
 #: ``--quick``: a graph and a run small enough for a CPU smoke test of every part.
 QUICK = {"nodes": 10_000, "avg_degree": 10.0, "feat_dim": 16, "hidden": 32, "epochs": 1,
          "batches": 3, "warmup": 1, "repeats": 3, "superbatch": 4, "batch_size": 500}  # fmt: skip
+#: The bar panels' axis ends, as a multiple of the longest bar: room for legends and labels.
+HEADROOM = 1.35
 #: The issue's goals, checked in the record.
 EPOCH_GOAL_S = 1.0
 SAMPLING_GOAL = 10.0
@@ -170,6 +176,25 @@ def training_part(args: argparse.Namespace, graph, kernels: str) -> dict[str, An
     return record
 
 
+def launches_part(args: argparse.Namespace, graph) -> dict[str, Any]:
+    """The CPU proxies of launches and syncs (:mod:`distmb.engine.op_census`): ATen ops,
+    sync-prone ops, host reads and device waits per iteration of one epoch after a warm-up
+    one, on the loader's synchronous path (``--prefetch 0``). On CPU tensors the layers run
+    ``--kernels torch``, the PyTorch ops a GPU's ``fused`` runs."""
+    config = TrainConfig(
+        layers=len(args.fanouts), fanout=tuple(args.fanouts), hidden=args.hidden,
+        batch_size=args.batch_size, epochs=2, seed=args.seed, progress=False,
+        device=args.device, sampler="device", prefetch=0, threads=args.threads,
+        kernels="fused" if args.device == "cuda" else "torch", precision=args.precision,
+    )  # fmt: skip
+    trainer = Trainer(LocalGraph.from_graph(graph), config, log=lambda _: None)
+    trainer.train_epoch(0)
+    census = census_epoch(trainer, 1)
+    record = {**census.per_iteration(), "top_ops_per_epoch": census.top_ops}
+    print(f"launches: {census.per_iteration()}", flush=True)
+    return record
+
+
 def sampling_part(args: argparse.Namespace, graph) -> list[dict[str, Any]]:
     """gpu_sampling's interleaved timing of every sampler configuration this device runs."""
     samplers = {
@@ -207,7 +232,9 @@ def goals(result: dict[str, Any]) -> dict[str, str]:
 
 def plot(result: dict[str, Any], path: Path) -> None:
     """Four panels: epoch split per kernels, sampling edges/s, h2d bytes (plain, Match,
-    Match-Reorder) and hit rate per policy and cache size."""
+    Match-Reorder) and hit rate per policy and cache size. Bars are linear from zero
+    (:func:`~distmb.core.plotting.bar_axis`); the epoch panel says when its stacked phases
+    overlap (their sum exceeds the epoch)."""
     fig, (ax_epoch, ax_sample, ax_bytes, ax_hit) = panels(4, max_columns=2)
     label = "" if result["figures"] == "gpu" else " (CPU smoke test, not a GPU figure)"
     training = result["training"]
@@ -218,12 +245,22 @@ def plot(result: dict[str, Any], path: Path) -> None:
         values = np.array([r[key] for r in training])
         ax_epoch.bar(names, values, bottom=bottom, label=name)
         bottom += values
-    ax_epoch.scatter(names, [r["epoch_s"] for r in training], color="k", label="epoch", zorder=3)
-    ax_epoch.set(title=f"epoch split{label}", ylabel="seconds")
-    ax_epoch.legend(fontsize="small")
+    epochs = np.array([r["epoch_s"] for r in training])
+    ax_epoch.scatter(names, epochs, color="k", label="epoch", zorder=3)
+    title = f"epoch split{label}"
+    if (bottom > epochs).any():  # with --prefetch, sampling and features run beside compute
+        title += "\nphases overlap (prefetch): their sum exceeds the epoch (dot)"
+    ax_epoch.set_title(title, fontsize="medium")
+    ax_epoch.set(ylabel="seconds")
+    bar_axis(ax_epoch, end=HEADROOM * max(bottom.max(), epochs.max()))
+    ax_epoch.legend(fontsize="small", ncols=2)
     sampling = result["sampling"]
-    ax_sample.barh([r["sampler"] for r in sampling], [r["edges_per_s"] for r in sampling])
-    ax_sample.set(title="sampled edges / s", xscale="log")
+    rates = [r["edges_per_s"] for r in sampling]
+    bars = ax_sample.barh([r["sampler"] for r in sampling], rates)
+    ax_sample.bar_label(bars, [f"{r['speedup_vs_cpp']:.1f}x C++" for r in sampling],
+                        padding=3, fontsize="small")  # fmt: skip
+    ax_sample.set(title="sampled edges / s", xlabel="edges / s")
+    bar_axis(ax_sample, axis="x", end=HEADROOM * max(rates))
     runs = result["cache"]["runs"]
     presc = [r for r in runs if r["policy"] == "presc"]
     x = np.arange(len(presc))
@@ -232,7 +269,8 @@ def plot(result: dict[str, Any], path: Path) -> None:
         ax_bytes.bar(x + (i - 1) * 0.27, [r[key] / 1e9 for r in presc], 0.27, label=name)
     ax_bytes.set(title="host->device GB / epoch (presc)", xticks=x,
                  xticklabels=[f"{r['cache_percent']} %" for r in presc])  # fmt: skip
-    ax_bytes.legend(fontsize="small")
+    bar_axis(ax_bytes, end=HEADROOM * max(r["h2d_bytes_plain"] / 1e9 for r in presc))
+    ax_bytes.legend(fontsize="small", ncols=3)
     for policy in gpu_features.POLICIES:
         mine = [r for r in runs if r["policy"] == policy]
         ax_hit.plot([r["cache_percent"] for r in mine], [r["hit_rate"] for r in mine],
@@ -268,6 +306,7 @@ def main(argv: list[str] | None = None) -> int:
                   "fanout": args.fanouts, "batch_size": args.batch_size},  # fmt: skip
     }
     result["training"] = [training_part(args, graph, k) for k in args.kernels.split(",")]
+    result["launches_per_iteration"] = launches_part(args, graph)
     result["sampling"] = sampling_part(args, graph)
     result["cache"] = gpu_features.cache_part(args, graph)
     if on_gpu:

@@ -610,3 +610,80 @@ def test_options_of_refuses_what_it_cannot_parse():
     ]:
         with pytest.raises(TypeError, match=re.escape(message)):
             options_of(cls)
+
+
+#: Every float flag, written out independently of the declarations: none gives infinity a
+#: meaning, so each refuses inf and nan.
+FLOAT_FLAGS = (
+    "--gin-eps", "--lr", "--weight-decay", "--dropout", "--progress-every", "--lr-gamma",
+    "--lr-min", "--feature-cache-mb", "--neighbor-cache-mb", "--device-cache-mb",
+    "--grad-bucket-mb", "--collective-timeout",
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("flag", FLOAT_FLAGS)
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan"])
+def test_float_flags_must_be_finite(flag, value):
+    assert {o.flag for o in OPTIONS if o.type is float} == set(FLOAT_FLAGS)
+    with pytest.raises(InputError, match=f"^{re.escape(flag)} must be ") as exc:
+        parse_config([f"{flag}={value}"])
+    assert str(float(value)) in str(exc.value)
+    name = FLAG_FIELDS[flag]
+    with pytest.raises(InputError, match=f"^{re.escape(flag)} must be "):
+        TrainConfig(**{name: float(value)})  # built in Python too
+
+
+def test_lr_inf_names_finiteness():
+    with pytest.raises(InputError, match=r"^--lr must be a finite number, got inf$"):
+        parse_config(["--lr", "inf"])
+    with pytest.raises(InputError, match=r"^--weight-decay must be a finite number, got inf$"):
+        parse_config(["--weight-decay", "inf"])
+
+
+def test_infinity_is_accepted_only_where_declared():
+    @option_group()
+    class Limits:
+        timeout: float = option(0.0, "seconds (inf = no limit)", min=0, infinite_means="no limit")
+        ratio: float = option(0.5, "a ratio", min=0)
+
+    timeout, ratio = options_of(Limits)
+    timeout.check(math.inf)
+    with pytest.raises(InputError, match=r"^--timeout must be >= 0, got nan$"):
+        timeout.check(math.nan)
+    with pytest.raises(InputError, match=r"^--ratio must be a finite number, got inf$"):
+        ratio.check(math.inf)
+
+
+#: Every flag that takes a path or a spec (a string without fixed choices), written out.
+STRING_FLAGS = (
+    "--dataset", "--part-dir", "--model", "--device", "--checkpoint-dir", "--results",
+    "--tensorboard", "--partition-cache",
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("flag", STRING_FLAGS)
+def test_empty_strings_are_refused(flag):
+    free = {o.flag for o in OPTIONS if o.type is str and o.allowed_values() is None}
+    assert free == set(STRING_FLAGS)
+    with pytest.raises(InputError, match=f"^{re.escape(flag)} must "):
+        parse_config([flag, ""])
+    with pytest.raises(InputError, match=f"^{re.escape(flag)} must "):
+        TrainConfig(**{FLAG_FIELDS[flag]: ""})
+
+
+@pytest.mark.parametrize("flag", ["--dataset", "--results", "--checkpoint-dir", "--part-dir"])
+def test_empty_path_message_names_the_flag(flag):
+    with pytest.raises(InputError) as exc:
+        parse_config([flag, ""])
+    assert str(exc.value) == f"{flag} must not be empty (give a value, or leave the flag out)"
+
+
+def test_predict_refuses_empty_paths(capsys):
+    from distmb.cli.predict import main as predict_main
+
+    for argv in (["--checkpoint", "", "--out", "o"], ["--checkpoint", "c", "--out", ""]):
+        with pytest.raises(SystemExit) as exc:
+            predict_main(argv)
+        assert exc.value.code == 2
+        flag = argv[0] if argv[1] == "" else argv[2]
+        assert f"{flag} must not be empty" in capsys.readouterr().err

@@ -10,6 +10,7 @@ import pytest
 import torch
 from conftest import SMALL
 from test_distributed import SCRIPTS, mpirun
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from distmb.data import load_dataset
 from distmb.halo.hec.device import DeviceHistoricalCache, _first_reaching
@@ -56,6 +57,61 @@ def test_hot_path_never_synchronises_on_cuda() -> None:
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert dev.counters()["lookups"] == 3 * 2 * 2000
+
+
+#: ATen ops that wait for the device on CUDA: a value read back (``.item()``, ``bool()``,
+#: ``int()``), a result whose size depends on the data, a comparison returning a Python bool.
+SYNCING_OPS = {
+    "aten._local_scalar_dense.default",
+    "aten.is_nonzero.default",
+    "aten.equal.default",
+    "aten.nonzero.default",
+    "aten.masked_select.default",
+    "aten._unique2.default",
+    "aten.unique_dim.default",
+    "aten.unique_consecutive.default",
+}
+
+
+class SyncProneOps(TorchDispatchMode):
+    """Records the ops of a block of code that synchronise on CUDA, seen on CPU tensors: those
+    of :data:`SYNCING_OPS`, boolean-mask indexing (its size is the mask's count), and tensors
+    made from a Python value (``lift_fresh``: ``t[idx] = True`` on a CUDA ``t`` copies a CPU
+    scalar to the device, which waits for it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.found: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        name = str(func)
+        indices = args[1] if name.startswith(("aten.index.", "aten.index_put")) else []
+        bool_index = any(
+            isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in indices or []
+        )
+        if name in SYNCING_OPS or name.startswith("aten.lift_fresh") or bool_index:
+            self.found.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+def test_hot_path_has_no_op_that_synchronises_on_cuda() -> None:
+    """The CPU twin of the cuda test above: with checked=False, search, lookup_into, store
+    (with evictions and repeated tags) and advance run no op that would make a GPU wait."""
+    dev = DeviceHistoricalCache(100, 8, 2, device="cpu", checked=False)
+    gen = torch.Generator().manual_seed(0)
+    with SyncProneOps() as ops:
+        for _ in range(3):
+            tags = torch.randint(0, 300, (200,), generator=gen)
+            dev.store(tags, torch.randn(200, 8, generator=gen))
+            dev.search(tags)
+            dev.lookup_into(tags, torch.empty(200, 8))
+            dev.advance()
+    assert ops.found == []
+    with SyncProneOps() as ops:  # the probe sees what it must
+        torch.zeros(3, dtype=torch.bool)[torch.tensor([1])] = True
+        int(torch.ones(2).sum())
+    assert "aten._local_scalar_dense.default" in ops.found
+    assert any(op.startswith("aten.lift_fresh") for op in ops.found)
 
 
 @pytest.mark.cuda

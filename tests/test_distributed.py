@@ -81,7 +81,7 @@ def test_parts_must_match_ranks(small_parts):
 def _rank1_opens(part_dir: Path, other: Path) -> subprocess.CompletedProcess:
     """2 ranks where rank 1 opens ``other`` instead of ``part_dir`` (node-local copies)."""
     script = (
-        "import os, sys; from distmb.cli.train import main; from mpi4py import MPI; "
+        "import os, sys; from distmb.train import main; from mpi4py import MPI; "
         "d = sys.argv[1] if MPI.COMM_WORLD.rank == 0 else sys.argv[2]; "
         "sys.exit(main(['--part-dir', d, '--epochs', '1', '--no-progress']))"
     )
@@ -395,7 +395,7 @@ def test_killed_job_resumes_to_the_same_accuracy(small_parts, tmp_path):
             "2",
             sys.executable,
             "-m",
-            "distmb.cli.train",
+            "distmb.train",
             *argv,
             "--checkpoint-dir",
             str(ckpt),
@@ -443,7 +443,7 @@ def test_resume_refuses_other_rank_count(small_parts, tmp_path):
         3,
         [
             "-m",
-            "distmb.cli.train",
+            "distmb.train",
             "--part-dir",
             str(small_parts[3]),
             *FAST,

@@ -7,9 +7,10 @@ source's device; planned gathers (``inspect`` first) as exact as unplanned ones.
 
 Sources: in-memory and memory-mapped tables, stacked sources, a part's rows with its halo
 rows, the out-of-core cache under every policy (and its lookup-only view), normalised rows,
-the device cache on CPU tensors under every policy (on CUDA with ``pytest -m cuda``), and the
-exact baseline's remote rows on one rank (a one-rank stand-in for the communicator whose
-all-to-all hands the rows back: no MPI).
+the device cache on CPU tensors under every policy (on CUDA with ``pytest -m cuda``), the
+out-of-core host cache behind the device cache (``--features ooc`` on the device path) under
+every host policy, and the exact baseline's remote rows on one rank (a one-rank stand-in for
+the communicator whose all-to-all hands the rows back: no MPI).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from distmb.pipeline.features import (
 from distmb.pipeline.features.cached import CACHE_POLICIES, STATIC_POLICIES
 from distmb.pipeline.features.device import DEVICE_CACHE_POLICIES, DeviceFeatures
 from distmb.pipeline.features.presample import hot_rows
+from distmb.pipeline.features.tiered import build_tiered_features
 
 NUM_ROWS, DIM = 60, 5
 #: Rows of the caches that hold part of the table.
@@ -111,6 +113,28 @@ def device_case(policy: str, dtype: type, reuse: bool, device: str) -> Case:
     return Case(source, table.astype(np.float32))
 
 
+def tiered_case(
+    host_policy: str, device_policy: str, reuse: bool, device: str, tmp_path: Path
+) -> Case:
+    """The out-of-core host cache (``host_policy``) behind a device cache of fewer rows."""
+    host = cached_case(host_policy, CAPACITY, tmp_path)
+    assert isinstance(host.source, CachedFeatures)
+    source = build_tiered_features(
+        host.source,
+        device,
+        cache_mb=8 * DIM * 4 / 2**20,  # 8 rows
+        policy=device_policy,
+        degree=np.random.default_rng(2).integers(0, 9, NUM_ROWS),
+        make_sampler=None,  # the degree and none policies pre-sample nothing
+        train_idx=np.zeros(0, dtype=np.int64),
+        batch_size=1,
+        presample_epochs=1,
+        seed=0,
+        reuse_previous=reuse,
+    )
+    return Case(source, host.expected)
+
+
 def normalized_case() -> Case:
     table = base_table()
     mean, std = table[:40].mean(axis=0), table[:40].std(axis=0)
@@ -142,6 +166,11 @@ CASES: dict[str, Callable[[Path], Case]] = {
     "part-one-table": lambda _: Case(
         PartFeatures(ArrayFeatures(base_table()), n_solid=45), base_table()
     ),
+    # The device path's source of a part with replicated halo rows (after its solid rows).
+    "part-device": lambda _: Case(
+        DeviceFeatures(base_table(), "cpu", CAPACITY, hot_ids=hot_ids(), n_solid=45),
+        base_table(),
+    ),
     "normalized": lambda _: normalized_case(),
     **{
         f"cached-{policy}-{capacity}": (lambda tmp, p=policy, c=capacity: cached_case(p, c, tmp))
@@ -157,12 +186,22 @@ CASES: dict[str, Callable[[Path], Case]] = {
         for dtype in (np.float32, np.float16)
         for reuse in (False, True)
     },
+    **{
+        f"tiered-{policy}-{device_policy}{'-reuse' if reuse else ''}": (
+            lambda tmp, p=policy, d=device_policy, r=reuse: tiered_case(p, d, r, "cpu", tmp)
+        )
+        for policy in CACHE_POLICIES
+        for device_policy, reuse in (("degree", True), ("none", False))
+    },
     "remote-one-rank": remote_case,
 }
 CUDA_CASES: dict[str, Callable[[Path], Case]] = {
     f"device-{policy}-cuda": (lambda _, p=policy: device_case(p, np.float32, True, "cuda"))
     for policy in DEVICE_CACHE_POLICIES
 }
+CUDA_CASES["tiered-belady-degree-reuse-cuda"] = lambda tmp: tiered_case(
+    "belady", "degree", True, "cuda", tmp
+)
 
 
 @pytest.fixture(
@@ -200,7 +239,7 @@ def test_declared_members(case: Case, request: pytest.FixtureRequest) -> None:
     source, name = case.source, request.node.callspec.params["case"]
     assert (source.num_rows, source.dim) == case.expected.shape
     assert source.has_halo == name.startswith("part-")
-    assert source.wants_trace == name.startswith("cached-belady")
+    assert source.wants_trace == name.startswith(("cached-belady", "tiered-belady"))
     assert source.uses_collectives == name.startswith("remote")
     where = "cuda" if name.endswith("-cuda") else "cpu"  # a device source's own device
     assert isinstance(source.device, torch.device) and source.device.type == where

@@ -14,6 +14,54 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 
 
+def fake_result(epoch_s: float) -> dict:
+    """A hand-built record of one training run whose phases add up to 1.5 s, and a device
+    sampler 2.1x as fast as the C++ one (65M against 137M edges/s)."""
+    cache = [
+        {"policy": policy, "cache_percent": pct, "hit_rate": 0.1 * pct / 5,
+         "h2d_bytes_plain": 3e9, "h2d_bytes_match": 2e9, "h2d_bytes_match_reorder": 1e9}
+        for policy in ("presc", "degree", "none", "oracle")
+        for pct in (5, 10, 20)
+    ]  # fmt: skip
+    return {
+        "figures": "gpu",
+        "training": [{"kernels": "fused", "sample_s": 0.5, "feature_movement_s": 0.25,
+                      "compute_s": 0.75, "epoch_s": epoch_s}],  # fmt: skip
+        "sampling": [
+            {"sampler": "cpp", "edges_per_s": 6.5e7, "speedup_vs_cpp": 1.0},
+            {"sampler": "device/cuda/triton/device", "edges_per_s": 1.37e8,
+             "speedup_vs_cpp": 2.1},
+        ],  # fmt: skip
+        "cache": {"runs": cache},
+    }
+
+
+@pytest.mark.parametrize("epoch_s", [1.0, 2.0], ids=["overlapped", "serial"])
+def test_figure_draws_bars_from_zero_and_names_the_overlap(monkeypatch, tmp_path, epoch_s):
+    """Bars on linear axes from zero (a 2.1x gap drawn 2.1x long, not on a cut log axis); the
+    epoch panel says that overlapped phases add up to more than the epoch, only when they do."""
+    import matplotlib.pyplot as plt
+
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import gpu
+
+    figures = []
+    monkeypatch.setattr(gpu, "save_figure", lambda fig, path: figures.append(fig))
+    gpu.plot(fake_result(epoch_s), tmp_path / "gpu.png")
+    (fig,) = figures
+    try:
+        ax_epoch, ax_sample, ax_bytes, _ = fig.axes
+        assert ax_sample.get_xscale() == "linear" and ax_sample.get_xlim()[0] == 0
+        lengths = sorted(bar.get_width() for bar in ax_sample.patches)
+        assert lengths == [6.5e7, 1.37e8]
+        assert [t.get_text() for t in ax_sample.texts] == ["1.0x C++", "2.1x C++"]
+        for ax in (ax_epoch, ax_bytes):
+            assert ax.get_yscale() == "linear" and ax.get_ylim()[0] == 0
+        assert ("their sum exceeds the epoch" in ax_epoch.get_title()) == (epoch_s < 1.5)
+    finally:
+        plt.close(fig)
+
+
 def test_quick_cpu_run_writes_a_consistent_record(tmp_path):
     out = tmp_path / "gpu.json"
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "2"}
@@ -31,6 +79,11 @@ def test_quick_cpu_run_writes_a_consistent_record(tmp_path):
     assert train["iterations"] > 0 and train["epoch_s"] > 0
     assert min(train["sample_s"], train["feature_movement_s"], train["compute_s"]) > 0
     assert 0 <= train["device_cache_hit_rate"] <= 1 and train["h2d_bytes"] > 0
+    launches = result["launches_per_iteration"]
+    # The sampler reads the host once per layer (3); every stage dispatched ops.
+    assert launches["iterations"] > 0 and launches["host_reads"] >= 3
+    assert launches["device_waits"] == 3 and launches["non_view_ops"] < launches["aten_ops"]
+    assert all(launches["aten_ops_by_stage"][s] > 0 for s in ("sample", "forward", "backward"))
     by_name = {r["sampler"]: r for r in result["sampling"]}
     assert set(by_name) == {"cpp", "device/cpu/torch/device"}
     assert by_name["cpp"]["speedup_vs_cpp"] == 1.0

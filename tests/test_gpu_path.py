@@ -129,7 +129,6 @@ def test_the_run_counts_per_epoch_what_its_data_path_has(sampler):
 @pytest.mark.parametrize(
     ("config", "message"),
     [
-        (TrainConfig(sampler="device", features="ooc"), "--features ooc with the GPU path"),
         (TrainConfig(sampler="device", graph_layout="ooc"), "--graph-layout ooc"),
         (TrainConfig(device="cuda", sampler="cpp"), "--sampler cpp: the C\\+\\+ sampler"),
     ],

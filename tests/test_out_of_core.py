@@ -1,7 +1,8 @@
 """Out-of-core features: the ``ooc`` partition layout, its converter, the cached feature
 sources (belady, presc, degree, lru, none) against the in-memory table, the superbatch
 inspector in the BatchLoader, and training that is bit-identical to ``--features memory``
-on 1 and 2 ranks."""
+on 1 and 2 ranks; on the device path (``--sampler device``) too, where the host cache sits
+behind the device cache."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from distmb.partition.convert import convert_features
 from distmb.pipeline.features.cached import CachedFeatures, cache_rows
 from distmb.pipeline.features.memory import ArrayFeatures, PartFeatures
 from distmb.pipeline.features.presample import hot_rows, presample_counts, presample_seed
+from distmb.pipeline.features.tiered import build_tiered_features
 from distmb.pipeline.loader import BatchLoader
 from distmb.pipeline.sample.host import NeighborSampler
 
@@ -438,6 +440,146 @@ def test_two_rank_training_is_identical_to_memory(parts, tmp_path, policy, extra
     )
     assert _strip(ooc) == _strip(memory)
     assert all(r["feature_cache"]["lookups"] > 0 for r in ooc)
+
+
+# ---- the device path: the host cache behind the device cache ---------------------------------
+
+
+def _device_misses(
+    traces: list[np.ndarray], cached: set[int], reuse: bool, previous: set[int]
+) -> list[np.ndarray]:
+    """Brute force: per gather, the distinct ids outside the device cache (ascending), less
+    those of the last gather that missed any (Match, ``reuse``; ``previous``: its misses,
+    updated in place); empty reads dropped."""
+    loads = []
+    for ids in traces:
+        missed = sorted(set(ids.tolist()) - cached)
+        if not missed:
+            continue
+        load = [i for i in missed if not (reuse and i in previous)]
+        if reuse:
+            previous.clear()
+            previous.update(missed)
+        if load:
+            loads.append(np.array(load, dtype=np.int64))
+    return loads
+
+
+@pytest.mark.parametrize("policy", ["belady", "lru", "presc", "none"])
+@pytest.mark.parametrize("reuse", [False, True])
+def test_host_cache_behind_the_device_cache_counts_like_the_host_path(table_file, policy, reuse):
+    """The host cache of the device path serves the device cache's misses: its counters equal
+    those of the host path's cache (same policy and capacity) asked for those misses, with
+    the same superbatch plans; the rows are the table's."""
+    table, rows = table_file
+    hot = hot_rows(np.random.default_rng(1).random(500)) if policy == "presc" else None
+    host = CachedFeatures(rows, policy, 60, hot_ids=hot)
+    tiered = build_tiered_features(
+        host, "cpu", cache_mb=40 * 7 * 4 / 2**20, policy="degree",  # 40 rows
+        degree=np.random.default_rng(2).integers(0, 50, 500), make_sampler=None,
+        train_idx=np.zeros(0, dtype=np.int64), batch_size=1, presample_epochs=1, seed=0,
+        reuse_previous=reuse,
+    )  # fmt: skip
+    assert tiered.wants_trace == (policy == "belady")
+    reference = CachedFeatures(
+        RowFile(rows.path, 500, 7, rows.row_stride, align=rows.align), policy, 60, hot_ids=hot
+    )
+    cached = set(tiered.device_cache.cached_ids().tolist())
+    assert len(cached) == 40
+    rng = np.random.default_rng(4)
+    weights = 1.0 / np.arange(1, 501) ** 1.1  # skewed: some rows are hot
+    requested, previous = 0, set()
+    for _ in range(6):  # superbatches of 3 gathers
+        traces = [rng.choice(500, rng.integers(20, 120), p=weights / weights.sum())
+                  for _ in range(3)]  # fmt: skip
+        loads = _device_misses(traces, cached, reuse, previous)
+        tiered.inspect(traces)
+        reference.inspect(loads)
+        for ids in traces:
+            np.testing.assert_array_equal(tiered.gather(ids).numpy(), table[ids])
+            requested += ids.size
+        for ids in loads:
+            reference.gather(ids)
+        # The device cache's misses are read from the host cache once per gather.
+        assert reference.counters() == tiered.host_cache.counters()
+        assert reference.stats()["bytes_read"] == tiered.host_cache.stats()["bytes_read"]
+    device = tiered.device_cache.counters()
+    assert device["lookups"] == requested and device["rows_loaded"] == reference.lookups
+    assert (device["rows_reused"] > 0) == reuse
+    assert tiered.counters()["bytes_read"] == reference.counters()["bytes_read"] > 0
+
+
+def _device_cfg(**extra) -> TrainConfig:
+    return TrainConfig(
+        **_fast_cfg(
+            sampler="device",
+            device_cache_mb=0.02,
+            superbatch=3,
+            match_reorder=True,
+            normalize_features="standard",
+            **extra,
+        )
+    )
+
+
+def test_device_path_training_with_ooc_features_is_identical_to_memory(parts):
+    """``--sampler device --features ooc``: the same losses, accuracies and device cache
+    counters (Match-Reorder and normalised features included) as ``--features memory`` (the
+    same rows, from the disk through the host cache); the host cache reads what the device
+    cache misses."""
+    runs = {}
+    for name, part, extra in [
+        ("memory", "p1-npy", {"features": "memory"}),
+        ("belady", "p1-ooc", {"feature_cache_mb": 0.05}),
+        ("presc", "p1-ooc", {"feature_cache_mb": 0.05, "cache_policy": "presc"}),
+    ]:
+        local = LocalGraph.from_store(PartitionStore(parts[part], 0))
+        runs[name] = Trainer(local, _device_cfg(**extra), log=lambda _line: None).fit()
+    assert "feature_cache" not in runs["memory"][-1]
+    for name in ("belady", "presc"):
+        records = runs[name]
+        assert _strip(records) == _strip(runs["memory"]), name
+        for r in records:
+            host, device = r["feature_cache"], r["device_cache"]
+            assert host["lookups"] == device["rows_loaded"] > 0 and device["hits"] > 0
+            assert host["lookups"] == host["hits"] + host["rows_read"]
+            assert host["bytes_read"] > 0 and host["policy"] == name
+    assert runs["belady"][-1]["feature_cache"]["hits"] > 0
+    assert runs["belady"][-1]["device_cache"]["rows_reused"] > 0  # Match
+
+
+@pytest.mark.cuda
+def test_cuda_training_with_ooc_features_counts_both_caches(parts):
+    """On a GPU: the device cache's misses come from the out-of-core host cache through a
+    pinned buffer; the losses are the in-memory run's (up to the GPU's summation order)."""
+    runs = {}
+    for name, part, extra in [
+        ("memory", "p1-npy", {"features": "memory"}),
+        ("ooc", "p1-ooc", {"feature_cache_mb": 0.05}),
+    ]:
+        local = LocalGraph.from_store(PartitionStore(parts[part], 0))
+        runs[name] = Trainer(local, _device_cfg(device="cuda", **extra), log=lambda _: None).fit()
+    for ooc, memory in zip(runs["ooc"], runs["memory"], strict=True):
+        assert ooc["loss"] == pytest.approx(memory["loss"], rel=1e-4)
+        host, device = ooc["feature_cache"], ooc["device_cache"]
+        assert host["lookups"] == device["rows_loaded"] > 0
+        assert device["bytes_h2d"] == device["rows_loaded"] * 16 * 4 and host["bytes_read"] > 0
+
+
+def test_two_rank_device_path_with_ooc_features_is_identical_to_memory(parts, tmp_path):
+    argv = [*FAST_FLAGS, "--threads", "1", "--epochs", "2", "--sampler", "device",
+            "--device-cache-mb", "0.02", "--superbatch", "4"]  # fmt: skip
+    memory = train_results(
+        2, ["--part-dir", str(parts["p2-npy-rep"]), *argv, "--features", "memory"],
+        tmp_path / "m.jsonl",
+    )  # fmt: skip
+    ooc = train_results(
+        2, ["--part-dir", str(parts["p2-ooc-rep"]), *argv, "--feature-cache-mb", "0.05"],
+        tmp_path / "o.jsonl",
+    )  # fmt: skip
+    assert _strip(ooc) == _strip(memory)
+    for r in ooc:
+        assert r["feature_cache"]["lookups"] == r["device_cache"]["rows_loaded"] > 0
 
 
 def test_feature_flags_are_checked(parts):

@@ -232,6 +232,27 @@ def test_overwrite_replaces_only_when_asked(tmp_path):
     assert PartitionStore(out, 1).num_parts == 2
 
 
+def test_the_next_write_removes_the_temporaries_of_killed_writers(tmp_path):
+    """A writer killed during --overwrite leaves ``.OUT.tmp-HOST-PID`` (and perhaps
+    ``.OUT.old-HOST-PID``); the next write to OUT removes those of dead processes of this
+    host (older versions' host-less ``.OUT.tmp-PID`` too), never a live writer's or another
+    host's."""
+    import socket
+
+    graph = random_graph()
+    out = tmp_path / "p"
+    partition_graph(graph, 2, out)
+    dead, alive, host = 999_999_999, os.getppid(), socket.gethostname()  # no pid is that high
+    stale = [f".p.tmp-{host}-{dead}", f".p.tmp-{dead}", f".p.old-{host}-{dead}"]
+    kept = [f".p.tmp-{host}-{alive}", f".p.tmp-elsewhere-{dead}", f".q.tmp-{host}-{dead}"]
+    for name in stale + kept:
+        (tmp_path / name / "part-0").mkdir(parents=True)
+        (tmp_path / name / "part-0" / "features.npy").write_bytes(b"\0" * 1024)
+    partition_graph(graph, 2, out, overwrite=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["p", *kept])
+    assert PartitionStore(out, 1).num_parts == 2
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

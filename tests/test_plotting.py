@@ -7,7 +7,14 @@ import math
 
 import pytest
 
-from distmb.core.plotting import axis_scale, grid_shape, panels, reference_line, set_scale
+from distmb.core.plotting import (
+    axis_scale,
+    bar_axis,
+    grid_shape,
+    panels,
+    reference_line,
+    set_scale,
+)
 
 
 @pytest.mark.parametrize(
@@ -58,8 +65,30 @@ def test_panels_removes_unused_cells_and_sets_scales():
         plt.close(fig)
 
 
+def test_bar_axis_is_linear_from_zero_whatever_the_span():
+    """Bars 65M and 137M long (2.1x) on an axis set to log first: bar_axis makes it linear
+    from 0, so the drawn lengths keep the values' ratio."""
+    import matplotlib.pyplot as plt
+
+    fig, (vertical, horizontal) = panels(2)
+    try:
+        vertical.bar(["a", "b"], [6.5e7, 1.37e8])
+        vertical.set_yscale("log")
+        bar_axis(vertical)
+        assert vertical.get_yscale() == "linear" and vertical.get_ylim()[0] == 0
+        assert vertical.get_ylim()[1] >= 1.37e8
+        horizontal.barh(["a", "b"], [1.0, 1000.0])  # a span the line rule would draw on log
+        horizontal.set_xscale("log")
+        bar_axis(horizontal, axis="x")
+        assert horizontal.get_xscale() == "linear" and horizontal.get_xlim()[0] == 0
+        with pytest.raises(ValueError, match="axis must be 'x' or 'y'"):
+            bar_axis(vertical, axis="z")
+    finally:
+        plt.close(fig)
+
+
 def test_report_wraps_panels_and_labels_every_line(tmp_path, monkeypatch):
-    """distmb.cli.report's figure of a multi-rank, out-of-core run: 5 panels in 2 rows, every
+    """distmb.report's figure of a multi-rank, out-of-core run: 5 panels in 2 rows, every
     drawn line in a legend, the loss axis linear (its values span < 10x)."""
     import matplotlib.pyplot as plt
 

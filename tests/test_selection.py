@@ -186,11 +186,10 @@ def test_a_stale_best_pt_of_another_run_is_removed(tmp_path):
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
     (ckpt / BEST_FILE).write_bytes(b"an older run's best.pt")
-    trainer = Trainer(
-        _local(),
-        TrainConfig(**QUICK, epochs=3, eval_every=3, checkpoint_dir=str(ckpt)),
-        log=lambda _: None,
-    )
+    config = TrainConfig(
+        **QUICK, epochs=3, eval_every=3, checkpoint_dir=str(ckpt), overwrite_checkpoint=True
+    )  # best.pt alone counts as a checkpoint: replacing it must be asked for
+    trainer = Trainer(_local(), config, log=lambda _: None)
     trainer._save(0)  # no evaluation yet: no best of this run
     assert not (ckpt / BEST_FILE).exists()
 

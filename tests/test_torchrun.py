@@ -119,7 +119,7 @@ def test_failing_rank_ends_the_torchrun_job(small_parts):  # noqa: F811
     proc = torchrun(2, [str(SCRIPTS / "fail_rank.py"), str(small_parts[2])], 90)
     elapsed = time.monotonic() - start
     assert proc.returncode != 0
-    assert "distmb.cli.train: [rank 1] failed: RuntimeError: injected failure on rank 1" in (
+    assert "distmb.train: [rank 1] failed: RuntimeError: injected failure on rank 1" in (
         proc.stderr
     )
     assert elapsed < 60, f"the job took {elapsed:.0f}s to die"
@@ -177,7 +177,7 @@ def test_exact_evaluation_over_torch_equals_the_full_graph_reference(small_parts
         assert "evaluation equals the full-graph reference on 2 rank(s)" in proc.stdout
 
 
-# ---- distmb.cli.predict ------------------------------------------------------------------------
+# ---- distmb.predict ------------------------------------------------------------------------
 
 
 def test_predict_under_torchrun_writes_what_mpiexec_writes(small_parts, tmp_path):  # noqa: F811

@@ -1,8 +1,15 @@
-"""The collective watchdog's decisions (pure: no MPI, no clock). Its behaviour in a real job,
-a rank stopped by SIGSTOP and a slow but live rank, is tested under mpiexec in
+"""The collective watchdog's decisions (pure: no MPI, no clock), and that its heartbeats
+tell the peers where a rank is as soon as it moves (under mpiexec). Its behaviour in a real
+job, a rank stopped by SIGSTOP and a slow but live rank, is tested under mpiexec in
 test_distributed.py."""
 
 from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -96,6 +103,34 @@ def test_heartbeat_period_is_clamped():
     assert heartbeat_period(1e-3) == MIN_HEARTBEAT_S
     assert heartbeat_period(1e6) == MAX_HEARTBEAT_S
     assert heartbeat_period(20.0) == pytest.approx(2.0)
+
+
+def test_the_message_names_where_the_quiet_rank_was_last_heard():
+    """A rank stopped by SIGSTOP at epoch 5, iteration 12: the line names that place."""
+    verdict = decide(0, {1: PeerState(NOW - DEADLINE - 2, 90, False, 5, 12)}, DEADLINE + 1)
+    assert verdict.abort and "(last heard at epoch 5, iteration 12)" in verdict.message
+
+
+def test_a_move_is_heard_before_the_next_heartbeat_period():
+    """Heartbeats go out when the training loop moves on (CollectiveWatchdog.at), not only
+    every period: with epochs shorter than the period, the peers used to know a rank only
+    "before training". Two ranks, a 2 s period; rank 1 moves to epoch 5, iteration 3, and
+    rank 0 hears it within 1 s."""
+    local = Path(sys.executable).parent / "mpiexec"
+    mpiexec = str(local) if local.exists() else shutil.which("mpiexec")
+    if mpiexec is None:
+        pytest.fail("mpiexec not found: install the mpich extra (pip install -e '.[mpich]')")
+    script = Path(__file__).parent / "mpi_scripts" / "watchdog_position.py"
+    proc = subprocess.run(
+        [mpiexec, "-n", "2", sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "rank 1 last heard at epoch 5, iteration 3"
 
 
 def test_where_before_training_and_between_epochs():

@@ -17,9 +17,11 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
+from distmb.cli.usage import UsageExit
 from distmb.comm import RankGroup, launch_communicator
 from distmb.comm.mpienv import is_mpi_launch, is_torchrun_launch
-from distmb.core.errors import DistmbError, InputError
+from distmb.core.errors import DistmbError, InputError, OutputError
+from distmb.core.signals import end_job_on_stop_signal, wait_if_stopping
 
 #: Part of the ``--partition-cache`` key: bump it when a loader's output or the partition
 #: format changes, so that no run reuses a partition of the old data (the key is computed
@@ -86,10 +88,14 @@ def ensure_partition(comm: RankGroup, spec: str, cache_root: str, seed: int, log
                     graph, comm.size, out, seed=seed, replicate_halo_features=True, overwrite=True
                 )
         except Exception as exc:  # noqa: BLE001 - forwarded to every rank below
-            error = f"{type(exc).__name__}: {exc}"
+            kind = "" if isinstance(exc, DistmbError) else f"{type(exc).__name__}: "
+            error = (isinstance(exc, OSError), f"{kind}{exc}")  # OSError: a full disk, ...
     error, out = comm.bcast((error, out), root=0)
     if error is not None:
-        raise InputError(f"--dataset {spec}: partitioning on rank 0 failed: {error}")
+        failed_writing, message = error
+        raise (OutputError if failed_writing else InputError)(
+            f"--dataset {spec}: partitioning on rank 0 failed: {message}"
+        )
     return str(out)
 
 
@@ -112,25 +118,33 @@ def run_on_ranks(prog: str, body: Callable[[RankGroup], None]) -> int:
     Any error on any rank aborts the whole job (``MPI_Abort``; under torchrun the rank exits
     and torchrun stops the others), so a dead rank never leaves the others waiting: a
     :class:`DistmbError` as one line ``PROG: error: [rank i] ...`` with its exit code,
-    anything else with its traceback (exit 1). argparse's ``--help`` and flag errors exit
-    every rank alike (they all parse the same flags). The torch.distributed group, if any,
-    is torn down when ``body`` returns.
+    anything else with its traceback (exit 1). Ctrl-C and SIGTERM end the job with one line,
+    ``PROG: interrupted`` (exit 130) or ``PROG: terminated`` (exit 143), and no traceback
+    (:func:`~distmb.core.signals.end_job_on_stop_signal`). argparse's ``--help`` and flag
+    errors exit every rank alike (they all parse the same flags); parsed through
+    :func:`~distmb.cli.usage.parse_on_ranks`, they are printed once and need no abort. The
+    torch.distributed group, if any, is torn down when ``body`` returns.
 
     Returns:
         0 when ``body`` returned on this rank.
     """
     comm = launch_communicator()
+    # Ctrl-C, SIGTERM: one line, no tracebacks (torchrun signals every worker itself).
+    end_job_on_stop_signal(prog, comm.rank, lone_line=comm.launcher == "mpi")
     try:
         body(comm)
         comm.close_torch_distributed()
     except SystemExit as exc:  # argparse --help / bad flags: every rank exits alike
-        if exc.code not in (0, None):
+        # A usage error reported once (parse_on_ranks): every rank leaves, no abort needed.
+        if exc.code not in (0, None) and not isinstance(exc, UsageExit):
             comm.abort(int(exc.code) if isinstance(exc.code, int) else 2)
         comm.close_torch_distributed()
         raise
     except DistmbError as exc:
+        wait_if_stopping()  # a stop signal's exit, not this error, ends the job
         _report_and_abort(comm, f"{prog}: error: [rank {comm.rank}] {exc}\n", exc.exit_code)
     except BaseException as exc:
+        wait_if_stopping()
         _report_and_abort(
             comm,
             f"{prog}: [rank {comm.rank}] failed: {type(exc).__name__}: {exc}\n"

@@ -6,8 +6,10 @@ import argparse
 import sys
 from typing import Any
 
+from distmb.config.constants import MAX_SEED
+from distmb.config.options import refuse_empty
 from distmb.core import progress
-from distmb.core.errors import InputError, exit_on_user_error
+from distmb.core.errors import InputError, exit_on_user_error, output_error
 from distmb.core.machine import MAX_THREADS
 from distmb.core.progress import Progress
 from distmb.data.store.format import FEATURE_LAYOUTS
@@ -17,16 +19,21 @@ from distmb.partition.pipeline import (
     DEFAULT_VERTEX_TOLERANCE,
     assignment_record,
     check_partition_args,
+    check_rebalance_args,
     default_memory_budget_gib,
     format_report,
     load_assignment,
+    open_assignment,
     partition_graph,
 )
+
+#: The command (error lines, ``--help``).
+PROG = "distmb-partition"
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="distmb-partition",
+        prog=PROG,
         description="Partition a graph with METIS (balanced vertices and training vertices) "
         "into P parts: solid and halo vertices, ID maps, send lists (docs/partition-format.md).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
@@ -128,16 +135,32 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-@exit_on_user_error("distmb-partition")
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    progress.configure(enabled=not args.quiet)  # the loaders' and the writer's progress
-    if args.convert is not None:
-        from distmb.partition.convert import convert_features
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The parsed flags, checked as far as that needs no data (:func:`check_args`).
 
-        convert_features(args.convert, args.features_layout, Progress(quiet=args.quiet))
-        print(f"{args.convert}: features in the {args.features_layout} layout")
-        return 0
+    Raises:
+        SystemExit: argparse's usage errors and ``--help``.
+        InputError: a flag's value, naming the flag.
+    """
+    args = build_parser().parse_args(argv)
+    check_args(args)
+    return args
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Check every flag that can be checked without loading the dataset: required and
+    excluding flags, empty paths, ``--parts``, ``--out``, ``--method``'s options, ``--threads``,
+    the seeds, the tolerances, ``--memory-budget`` and the ``--assignment`` file (readable,
+    its dtype and its parts; its length needs the graph). Sets ``args.method`` (the default,
+    or :data:`ASSIGNMENT_METHOD` with ``--assignment``).
+
+    Raises:
+        InputError: naming the flag and what was expected.
+    """
+    for flag in ("--dataset", "--out", "--assignment", "--convert"):
+        refuse_empty(flag, getattr(args, flag[2:]))
+    if args.convert is not None:
+        return
     for flag, value in (("--parts", args.parts), ("--out", args.out)):
         if value is None:
             raise InputError(f"{flag} is required (or --convert DIR to convert a partition)")
@@ -150,9 +173,39 @@ def main(argv: list[str] | None = None) -> int:
     args.method = args.method or "metis"
     check_partition_args(None, args.parts, args.out, method=args.method, overwrite=args.overwrite)
     check_method_options(args.method, balance_edges=args.balance_edges)
+    if args.threads is not None and not 1 <= args.threads <= MAX_THREADS:
+        raise InputError(f"--threads must be in [1, {MAX_THREADS}], got {args.threads}")
+    for flag, seed in (("--seed", args.seed), ("--split-seed", args.split_seed)):
+        if not 0 <= seed <= MAX_SEED:
+            raise InputError(f"{flag} must be in [0, {MAX_SEED}], got {seed}")
+    check_rebalance_args(args.train_tolerance, args.vertex_tolerance, args.memory_budget)
+    if args.assignment is not None:
+        open_assignment(args.assignment, args.parts)
+
+
+@exit_on_user_error(PROG)
+def main(argv: list[str] | None = None) -> int:
+    from distmb.comm.mpienv import is_mpi_launch
+
+    if is_mpi_launch():  # every rank parses the same flags: a bad one is reported once
+        from mpi4py import MPI
+
+        from distmb.cli.usage import parse_on_ranks
+
+        args = parse_on_ranks(MPI.COMM_WORLD, PROG, lambda: parse_args(argv))
+    else:
+        args = parse_args(argv)
+    progress.configure(enabled=not args.quiet)  # the loaders' and the writer's progress
+    if args.convert is not None:
+        from distmb.partition.convert import convert_features
+
+        try:
+            convert_features(args.convert, args.features_layout, Progress(quiet=args.quiet))
+        except OSError as exc:  # a full disk while rewriting the rows: one line
+            raise output_error("partition", args.convert, exc) from exc
+        print(f"{args.convert}: features in the {args.features_layout} layout")
+        return 0
     if args.threads is not None:
-        if not 1 <= args.threads <= MAX_THREADS:
-            raise InputError(f"--threads must be in [1, {MAX_THREADS}], got {args.threads}")
         from distmb import _C
 
         _C.set_num_threads(args.threads)
@@ -212,6 +265,7 @@ def _main_parmetis(args: argparse.Namespace, log: Progress) -> int:
     ``mpiexec``); rank 0 prints the report."""
     from distmb.partition.distributed import partition_parmetis
 
+    _end_job_on_stop_signal()
     meta = partition_parmetis(
         args.dataset,
         args.parts,
@@ -229,6 +283,7 @@ def _main_distributed(args: argparse.Namespace, log: Progress) -> int:
     (:mod:`distmb.partition.distwrite`); rank 0 prints the report."""
     from distmb.partition.distwrite import partition_distributed
 
+    _end_job_on_stop_signal()
     path = args.assignment
     meta = partition_distributed(
         args.dataset,
@@ -251,6 +306,17 @@ def _report(args: argparse.Namespace, meta: dict[str, Any] | None) -> int:
         print(format_report(meta))
         print(f"partition written to {args.out}")
     return 0
+
+
+def _end_job_on_stop_signal() -> None:
+    """Under ``mpiexec -n P`` (P > 1), Ctrl-C and SIGTERM end the job with one line and
+    exit 130 or 143 (:func:`~distmb.core.signals.end_job_on_stop_signal`)."""
+    if mpi_world_size() > 1:
+        from mpi4py import MPI
+
+        from distmb.core.signals import end_job_on_stop_signal
+
+        end_job_on_stop_signal("distmb-partition", MPI.COMM_WORLD.rank)
 
 
 def mpi_world_size() -> int:

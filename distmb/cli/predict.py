@@ -11,6 +11,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
+from distmb.config.options import refuse_empty
 from distmb.core.errors import exit_on_user_error
 from distmb.core.malloc import DEFAULT_MALLOC_POLICY, MALLOC_POLICIES
 
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
     Ranks = RankGroup | SingleProcess
 
 #: The command (messages, ``--help``).
-PROG = "distmb.cli.predict"
+PROG = "distmb.predict"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,12 +39,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--checkpoint",
         required=True,
-        help="a checkpoint file, or a --checkpoint-dir of distmb.cli.train (its checkpoint.pt)",
+        help="a checkpoint file, or a --checkpoint-dir of distmb.train (its checkpoint.pt)",
     )
     data = parser.add_mutually_exclusive_group()
     data.add_argument(
         "--dataset",
-        help="dataset spec (as distmb.cli.train's); one rank, the whole graph "
+        help="dataset spec (as distmb.train's); one rank, the whole graph "
         "(default: the checkpoint's own --dataset or --part-dir)",
     )
     data.add_argument(
@@ -83,13 +84,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--malloc",
         choices=MALLOC_POLICIES,
         default=DEFAULT_MALLOC_POLICY,
-        help="C allocator policy (as distmb.cli.train's --malloc): retain keeps each batch's freed "
+        help="C allocator policy (as distmb.train's --malloc): retain keeps each batch's freed "
         "buffers for the next instead of page-faulting them afresh; system: glibc's defaults",
     )
     parser.add_argument(
         "--no-verify",
         action="store_true",
-        help="do not check the partition's files when opening them",
+        help="do not hash the partition's files nor scan their features when opening them "
+        "(the ids' ranges are still checked)",
     )
     return parser
 
@@ -104,10 +106,28 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The parsed flags, with every path flag checked non-empty.
+
+    Raises:
+        SystemExit: argparse's usage errors and ``--help``.
+        InputError: an empty path (``--out ''``), naming the flag.
+    """
+    args = build_parser().parse_args(argv)
+    for flag in ("--checkpoint", "--dataset", "--part-dir", "--out"):
+        refuse_empty(flag, getattr(args, flag[2:].replace("-", "_")))
+    return args
+
+
 def _run_cli(argv: list[str] | None, comm: Ranks | None) -> None:
     from distmb.engine.predict import predict
 
-    args = build_parser().parse_args(argv)
+    if comm is None:
+        args = parse_args(argv)
+    else:
+        from distmb.cli.usage import parse_on_ranks
+
+        args = parse_on_ranks(comm, PROG, lambda: parse_args(argv))
     predict(
         args.checkpoint,
         dataset=args.dataset,

@@ -22,12 +22,26 @@ from distmb.engine.timers import PHASE_LABELS, PHASES
 REQUIRED_KEYS = ("epoch", "loss")
 
 
+#: What a file given to the report must be, as its errors say.
+EXPECTED = "expected a --results file of python -m distmb.train: one JSON object per line"
+
+
 def read_records(path: Path) -> list[dict[str, Any]]:
-    """The per-epoch records of a JSONL results file (lines without ``epoch`` skipped)."""
+    """The per-epoch records of a JSONL results file (objects without ``epoch`` skipped).
+
+    Raises:
+        InputError: one line naming the file (and line) and what was expected: not a
+            regular file, unreadable, not UTF-8 text (a checkpoint, an image), a line that
+            is not a JSON object, an epoch record without its keys, or no epoch record.
+    """
+    if path.exists() and not path.is_file():  # a directory, a device: never read to its end
+        raise InputError(f"{path}: not a regular file ({EXPECTED})")
     try:
-        lines = path.read_text().splitlines()
+        lines = path.read_text(encoding="utf-8").splitlines()
     except OSError as exc:
         raise InputError(f"{path}: cannot read ({exc.strerror})") from None
+    except UnicodeDecodeError:
+        raise InputError(f"{path}: not a text file ({EXPECTED})") from None
     records = []
     for number, line in enumerate(lines, 1):
         if not line.strip():
@@ -35,8 +49,14 @@ def read_records(path: Path) -> list[dict[str, Any]]:
         try:
             record = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise InputError(f"{path}:{number}: not a JSON object ({exc.msg})") from None
-        if isinstance(record, dict) and "epoch" in record:
+            raise InputError(
+                f"{path}:{number}: not a JSON object ({exc.msg}; {EXPECTED})"
+            ) from None
+        if not isinstance(record, dict):
+            raise InputError(
+                f"{path}:{number}: a JSON {type(record).__name__}, not an object ({EXPECTED})"
+            )
+        if "epoch" in record:
             missing = [k for k in REQUIRED_KEYS if k not in record]
             if missing:
                 raise InputError(
@@ -138,7 +158,7 @@ def save_figure(fig, path: Path, dpi: int = 100) -> None:
     import matplotlib.pyplot as plt
 
     try:
-        write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=dpi))
+        write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=dpi), "plot")
     finally:
         plt.close(fig)
 
@@ -146,10 +166,10 @@ def save_figure(fig, path: Path, dpi: int = 100) -> None:
 def write_json(path: Path, obj: Any, indent: int = 1) -> None:
     """Write ``obj`` as JSON via a temporary file and a rename, creating parent directories."""
     text = json.dumps(obj, indent=indent) + "\n"
-    write_atomic(path, lambda f: f.write(text.encode()))
+    write_atomic(path, lambda f: f.write(text.encode()), "JSON")
 
 
-@exit_on_user_error("distmb.cli.report")
+@exit_on_user_error("distmb.report")
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m distmb.report",

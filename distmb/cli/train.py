@@ -13,6 +13,9 @@ from distmb.config.train import TrainConfig, build_parser, config_from_args
 from distmb.core import progress
 from distmb.core.errors import exit_on_user_error
 
+#: The command (error lines, ``--help``).
+PROG = "distmb.train"
+
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: multi-rank when started by an MPI launcher or torchrun, else single
@@ -26,13 +29,18 @@ def main(argv: list[str] | None = None) -> int:
 
 def main_distributed(argv: list[str] | None) -> int:
     """One rank of ``mpirun -np P python -m distmb.train`` (or ``torchrun --nproc_per_node
-    P -m distmb.train``). Any error on any rank aborts the whole job, so a dead rank never
-    leaves the others waiting."""
+    P -m distmb.train``). A bad flag is reported once, by rank 0
+    (:func:`~distmb.cli.usage.parse_on_ranks`); any later error on any rank aborts the whole
+    job, so a dead rank never leaves the others waiting."""
     from distmb.cli.launch import run_on_ranks
+    from distmb.cli.usage import parse_on_ranks
 
-    return run_on_ranks(
-        "distmb.cli.train", lambda comm: run_distributed(build_parser().parse_args(argv), comm)
-    )
+    def parse() -> argparse.Namespace:
+        args = build_parser().parse_args(argv)
+        config_from_args(args)  # validated here, so that a bad value is reported once
+        return args
+
+    return run_on_ranks(PROG, lambda comm: run_distributed(parse_on_ranks(comm, PROG, parse), comm))
 
 
 def run_distributed(args: argparse.Namespace, comm) -> None:
@@ -153,24 +161,29 @@ def final_line(last: dict, best) -> str:
     return line
 
 
-@exit_on_user_error("distmb.cli.train")
+@exit_on_user_error(PROG)
 def main_single(argv: list[str] | None = None) -> int:
     from distmb.cli.launch import check_srun_mpi
+    from distmb.core.dirlock import release_directory
     from distmb.engine.build.data import load_local
     from distmb.engine.build.runtime import prepare_outputs, set_threads
 
     config = config_from_args(build_parser().parse_args(argv))
     check_srun_mpi()  # srun --mpi=none: P lone ranks, not one job
-    prepare_outputs(config, rank=0)  # before loading anything
-    progress.configure(config.progress, config.progress_every)  # the loaders' progress
-    warning = set_threads(config)
-    if warning:
-        print(warning, file=sys.stderr, flush=True)
+    prepare_outputs(config, rank=0)  # before loading anything; holds --checkpoint-dir
+    try:
+        progress.configure(config.progress, config.progress_every)  # the loaders' progress
+        warning = set_threads(config)
+        if warning:
+            print(warning, file=sys.stderr, flush=True)
 
-    def log(line: str) -> None:
-        print(line, flush=True)
+        def log(line: str) -> None:
+            print(line, flush=True)
 
-    train(load_local(config, log), config, log=log)
+        train(load_local(config, log), config, log=log)
+    finally:
+        if config.checkpoint_dir:
+            release_directory(config.checkpoint_dir)  # also after an error (in-process use)
     return 0
 
 

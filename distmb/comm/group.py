@@ -16,7 +16,7 @@ The operations that run over ``torch.distributed`` once :attr:`RankGroup.torch_g
 live here, shared by both multi-rank groups: the gradient all-reduce (flat, or in buckets
 during the backward pass, :mod:`distmb.comm.buckets`), :meth:`RankGroup.alltoallv` of
 ``--exact-remote``, :meth:`RankGroup.halo_exchange` of exact evaluation, and the teardown.
-:meth:`RankGroup.gather_rows` (the outputs of ``distmb.cli.predict``) runs over each group's
+:meth:`RankGroup.gather_rows` (the outputs of ``distmb.predict``) runs over each group's
 point-to-point messages.
 """
 
@@ -107,7 +107,7 @@ def exchange_counts(
 
 
 class RankGroup(ABC):
-    """The ranks of a run: what the trainer, the halo schemes and ``distmb.cli.predict``
+    """The ranks of a run: what the trainer, the halo schemes and ``distmb.predict``
     call, and the operations that run over ``torch.distributed`` once :attr:`torch_group`
     is set (the gradient all-reduce, the all-to-all-v and halo exchange, the teardown). The
     subclasses say how the ranks were started and run the small collectives and the

@@ -9,7 +9,9 @@ How it works (one :class:`CollectiveWatchdog` per rank, multi-rank runs only):
   ``heartbeat_s`` seconds on its own duplicated communicator (a side channel that works while
   the main thread sits in a collective; it needs ``MPI_THREAD_MULTIPLE``). A heartbeat carries
   how many watched collectives the sender has entered, whether it is waiting in one now, and
-  its epoch and iteration.
+  its epoch and iteration. When the training loop moves on (:meth:`CollectiveWatchdog.at`),
+  a heartbeat goes out at once (at most one per :data:`MIN_HEARTBEAT_S`), so the peers know
+  where a rank was when it went quiet even when epochs are shorter than the period.
 - The main thread marks each watched collective (:meth:`CollectiveWatchdog.watch`, used by
   :class:`distmb.comm.MpiGroup` itself, so call sites stay as they are).
 - When this rank has waited in one collective longer than the **deadline**, the larger of
@@ -246,6 +248,8 @@ class CollectiveWatchdog:
         self._warned_at = 0.0
         self._pending: dict[int, list] = {p: [] for p in self.peers}
         self._stop = threading.Event()
+        #: Set by :meth:`at` (and to stop): wakes the thread for a heartbeat.
+        self._moved = threading.Event()
         self._thread: threading.Thread | None = None
 
     # -- main thread ---------------------------------------------------------------------------
@@ -279,8 +283,10 @@ class CollectiveWatchdog:
                 self._waiting = None
 
     def at(self, epoch: int, iteration: int = UNKNOWN) -> None:
-        """Where the main thread is, for the messages (ours and our heartbeats')."""
+        """Where the main thread is, for the messages (ours and our heartbeats'): a
+        heartbeat carrying it leaves within :data:`MIN_HEARTBEAT_S`."""
         self.epoch, self.iteration = epoch, iteration
+        self._moved.set()
 
     def iteration_done(self, seconds: float) -> None:
         """A healthy iteration took ``seconds``: the deadline is at least
@@ -296,6 +302,7 @@ class CollectiveWatchdog:
         if self._thread is None:
             return
         self._stop.set()
+        self._moved.set()
         self._thread.join()
         self._thread = None
         MPI = self._MPI
@@ -316,6 +323,7 @@ class CollectiveWatchdog:
         """Stop the thread without the goodbye exchange (this rank is leaving on an error;
         the peers' watchdogs will notice)."""
         self._stop.set()
+        self._moved.set()
         if self._thread is not None:
             self._thread.join()
             self._thread = None
@@ -385,9 +393,15 @@ class CollectiveWatchdog:
         return False
 
     def _run(self) -> None:
+        """Heartbeat, listen and check every ``heartbeat_s`` seconds, and at once when the
+        main thread moves on (:meth:`at`), but never twice within :data:`MIN_HEARTBEAT_S`."""
         while True:
+            self._moved.clear()  # a move from here on is in this heartbeat or wakes the next
             if self.can_hear:
                 self._beat()
                 self._listen()
-            if self._check() or self._stop.wait(self.heartbeat_s):
+            if self._check() or self._stop.wait(MIN_HEARTBEAT_S):
+                return
+            self._moved.wait(max(0.0, self.heartbeat_s - MIN_HEARTBEAT_S))
+            if self._stop.is_set():
                 return

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import numbers
 import types
 import typing
@@ -43,6 +44,7 @@ __all__ = [
     "option_group",
     "options_of",
     "plain_value",
+    "refuse_empty",
     "refuse_outside",
     "values_from_args",
 ]
@@ -73,6 +75,9 @@ class OptionSpec:
         min_open: the lower bound itself is excluded (``> min`` instead of ``>= min``).
         max: upper bound.
         max_open: the upper bound itself is excluded.
+        infinite_means: a ``float`` option accepts ``inf`` (``--x inf``), which means this
+            (e.g. ``"no limit"``; say it in ``help`` too, as ``0 = none`` is said); by
+            default a float must be finite (NaN never passes).
         inverted: a ``bool`` option whose flag turns it off (``--no-progress``).
         resume_must_match: a checkpoint can only be resumed with the same value (it shapes
             the model, the sampled batches or the cache's contents).
@@ -91,6 +96,7 @@ class OptionSpec:
     min_open: bool = False
     max: float | None = None
     max_open: bool = False
+    infinite_means: str | None = None
     inverted: bool = False
     resume_must_match: bool = False
     resume_applied: bool = False
@@ -219,6 +225,14 @@ class Option:
         bound = self.bound_text()
         if bound and not self._within_bounds(value):
             raise InputError(f"{self.flag} must be {bound}, got {value}")
+        if self.type is float and not math.isfinite(value) and not self._infinity_allowed(value):
+            raise InputError(f"{self.flag} must be a finite number, got {value}")
+        if self.type is str:
+            refuse_empty(self.flag, value)
+
+    def _infinity_allowed(self, value: float) -> bool:
+        """``value`` is ``inf`` and the option gives it a meaning (never NaN)."""
+        return self.spec.infinite_means is not None and math.isinf(value)
 
     def bound_text(self) -> str:
         """``">= 1"``, ``"> 0"``, ``"in [0, 1)"``, or ``""`` without bounds."""
@@ -247,6 +261,17 @@ TYPE_NAMES: dict[type, str] = {
     str: "a string",
     tuple: "a tuple of integers",
 }
+
+
+def refuse_empty(flag: str, value: str | None) -> None:
+    """Refuse an empty string for ``flag``: a path or a spec that names nothing (``--results
+    ''`` would otherwise mean "no results file", silently). ``None`` (not given) passes.
+
+    Raises:
+        InputError: ``"--results must not be empty (a path, or leave the flag out)"``.
+    """
+    if value is not None and value == "":
+        raise InputError(f"{flag} must not be empty (give a value, or leave the flag out)")
 
 
 def plain_value(value: Any) -> Any:

@@ -81,8 +81,9 @@ class DataOptions:
     )
     verify: bool = option(
         True,
-        "do not check the partition's files when opening them (by default each part's "
-        "sha256 and value ranges are checked once per version of its files)",
+        "do not hash the partition's files nor scan their features when opening them (the "
+        "ids' ranges are still checked; by default each part's sha256 and value ranges are "
+        "checked once per version of its files)",
         flag="--no-verify",
         inverted=True,
     )
@@ -196,8 +197,8 @@ class RunOptions:
     kernels: str = option(
         "fused",
         "UPDATE/AGG implementation: fused (C++ kernels on the CPU, float32; PyTorch ops on a "
-        "GPU), torch (PyTorch ops) or triton (the Triton CSR aggregation on CUDA tensors, "
-        "PyTorch ops for the rest; needs Triton)",
+        "GPU), torch (PyTorch ops) or triton (the Triton CSR aggregation and GAT attention "
+        "aggregation on CUDA tensors, PyTorch ops for the rest; needs Triton)",
         choices=KERNELS,
         resume_applied=True,
     )

@@ -2,5 +2,6 @@
 (:mod:`~distmb.core.errors`), atomic file writes (:mod:`~distmb.core.atomic`), units,
 counter-based random streams (:mod:`~distmb.core.rng`), progress meters
 (:mod:`~distmb.core.progress`), facts about the machine (:mod:`~distmb.core.machine`), the
-allocator's settings (:mod:`~distmb.core.malloc`) and the figures' conventions
-(:mod:`~distmb.core.plotting`). The lowest layer: imports nothing of distmb."""
+allocator's settings (:mod:`~distmb.core.malloc`), the figures' conventions
+(:mod:`~distmb.core.plotting`) and the counted device-to-host reads
+(:mod:`~distmb.core.host_reads`). The lowest layer: imports nothing of distmb."""

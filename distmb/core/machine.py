@@ -46,3 +46,15 @@ def check_fits(flag: str, value_mb: float, need: int) -> None:
             f"{flag} {value_mb:g}: the cache would hold {need / 2**30:.1f} GiB and this "
             f"machine has {have / 2**30:.1f} GiB of memory; give a smaller {flag}"
         )
+
+
+def process_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists on this machine (``kill(pid, 0)``; one owned by
+    another user counts). For the temporaries a killed writer left: named after its pid."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    return True

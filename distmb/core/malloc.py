@@ -37,7 +37,7 @@ import platform
 #: ``--malloc`` choices.
 MALLOC_POLICIES: tuple[str, ...] = ("retain", "system")
 
-#: ``--malloc``'s default (distmb.cli.train, distmb.cli.predict).
+#: ``--malloc``'s default (distmb.train, distmb.predict).
 DEFAULT_MALLOC_POLICY = "retain"
 
 #: glibc's ``mallopt`` parameter numbers (``<malloc.h>``).

@@ -1,10 +1,13 @@
-"""The figures' shared rules (``distmb.cli.report`` and ``benchmarks/*.py``):
+"""The figures' shared rules (``distmb.report`` and ``benchmarks/*.py``):
 
 - panels wrap into rows of at most :data:`MAX_COLUMNS` (:func:`grid_shape`, :func:`panels`),
   laid out by matplotlib's constrained layout, so titles, tick labels and legends do not
   overlap;
 - an axis is logarithmic only when its positive values span at least :data:`LOG_SPAN`
   (10x), else linear (:func:`axis_scale`, :func:`set_scale`);
+- bars are read by their lengths, so a bar's value axis is linear and starts at zero
+  whatever its values span (:func:`bar_axis`): on a log or cut axis a 2x difference can be
+  drawn as any ratio of lengths;
 - every reference line has a legend label (:func:`reference_line`);
 - long category labels are rotated (:func:`rotate_labels`).
 
@@ -42,6 +45,27 @@ def set_scale(ax: Any, values: Iterable[float | None], axis: str = "y") -> Scale
     scale = axis_scale(values)
     (ax.set_yscale if axis == "y" else ax.set_xscale)(scale)
     return scale
+
+
+def bar_axis(ax: Any, axis: str = "y", end: float | None = None) -> None:
+    """Make ``ax``'s value axis of bars (``"y"`` for vertical bars, ``"x"`` for horizontal
+    ones) linear from zero; call it after drawing the bars.
+
+    Args:
+        end: the axis's far end, in data units (e.g. room above the bars for a legend or
+            labels); default: matplotlib's.
+
+    Raises:
+        ValueError: ``axis`` is neither ``"x"`` nor ``"y"``.
+    """
+    if axis == "y":
+        ax.set_yscale("linear")
+        ax.set_ylim(bottom=0, top=end)
+    elif axis == "x":
+        ax.set_xscale("linear")
+        ax.set_xlim(left=0, right=end)
+    else:
+        raise ValueError(f"bar_axis: axis must be 'x' or 'y', got {axis!r}")
 
 
 def grid_shape(count: int, max_columns: int = MAX_COLUMNS) -> tuple[int, int]:

@@ -90,9 +90,10 @@ def format_duration(seconds: float) -> str:
 class Meter(Protocol):
     """The progress of one loop of known length (what :func:`meter` returns)."""
 
-    def update(self, steps: float = 1, items: float | None = None, **extra: str) -> None:
+    def update(self, steps: float = 1, items: float | None = None, **extra: object) -> None:
         """``steps`` more of the total done, ``items`` more of what the rate counts (default:
-        ``steps``); ``extra`` values are shown after the rate (``loss="0.1234"``)."""
+        ``steps``); ``extra`` values are shown after the rate (``loss="0.1234"``), formatted
+        with ``str()`` only when a line prints."""
 
     def close(self) -> None:
         """The loop ended (a terminal bar disappears; a plain meter prints nothing more)."""
@@ -137,7 +138,7 @@ class RateMeter:
         self.last_line = self.start
         self.done = 0.0
         self.items = 0.0
-        self.extra: dict[str, str] = {}
+        self.extra: dict[str, object] = {}
 
     def elapsed(self) -> float:
         """Seconds since the meter started."""
@@ -167,7 +168,7 @@ class RateMeter:
             f"ETA {'?' if eta is None else format_duration(eta)}{extra}"
         )
 
-    def update(self, steps: float = 1, items: float | None = None, **extra: str) -> None:
+    def update(self, steps: float = 1, items: float | None = None, **extra: object) -> None:
         self.done += steps
         self.items += steps if items is None else items
         self.extra.update(extra)
@@ -188,7 +189,7 @@ class _BarMeter:
 
         self.bar = tqdm(total=total, desc=label, unit=unit, leave=False, file=stream)
 
-    def update(self, steps: float = 1, items: float | None = None, **extra: str) -> None:
+    def update(self, steps: float = 1, items: float | None = None, **extra: object) -> None:
         self.bar.update(steps)
         if extra:
             self.bar.set_postfix(extra, refresh=False)
@@ -198,7 +199,7 @@ class _BarMeter:
 
 
 class _NoMeter:
-    def update(self, steps: float = 1, items: float | None = None, **extra: str) -> None:
+    def update(self, steps: float = 1, items: float | None = None, **extra: object) -> None:
         pass
 
     def close(self) -> None:

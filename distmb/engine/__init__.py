@@ -14,14 +14,15 @@ from typing import TYPE_CHECKING, Any
 #: Each public name and the module that defines it.
 _EXPORTS: dict[str, str] = {
     "Trainer": "distmb.engine.trainer",
-    "TrainingDiverged": "distmb.engine.trainer",
+    "TrainingDiverged": "distmb.engine.epoch_loss",
     "split_batches": "distmb.pipeline.plan",
 }
 
 __all__ = ["Trainer", "TrainingDiverged", "split_batches"]
 
 if TYPE_CHECKING:
-    from distmb.engine.trainer import Trainer, TrainingDiverged
+    from distmb.engine.epoch_loss import TrainingDiverged
+    from distmb.engine.trainer import Trainer
     from distmb.pipeline.plan import split_batches
 
 

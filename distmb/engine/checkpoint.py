@@ -37,7 +37,7 @@ def save_checkpoint(
     path = Path(directory) / name
     full = {"version": CHECKPOINT_VERSION, **state}
     full[CHECKSUM_KEY] = state_digest(full)
-    write_atomic(path, lambda f: torch.save(full, f))
+    write_atomic(path, lambda f: torch.save(full, f), "checkpoint")
     return path
 
 
@@ -173,7 +173,11 @@ def save_cache_state(
     """Write one rank's cache lines (``np.savez``, no pickle) via a temporary file and a
     rename; the file also records ``epoch`` and ``rank``. Returns the path."""
     path = cache_state_file(directory, epoch, rank)
-    write_atomic(path, lambda f: np.savez(f, epoch=np.int64(epoch), rank=np.int64(rank), **arrays))
+    write_atomic(
+        path,
+        lambda f: np.savez(f, epoch=np.int64(epoch), rank=np.int64(rank), **arrays),
+        "cache state",
+    )
     return path
 
 

@@ -3,10 +3,12 @@ device path.
 
 The *device path* (the "GPU path" of docs/cuda.md and of the messages) is the data path of
 the PyTorch-ops sampler (:class:`~distmb.pipeline.sample.device.DeviceNeighborSampler`), the
-device feature cache over host rows (:class:`~distmb.pipeline.features.device.DeviceFeatures`),
-optionally Match-Reorder, and the model in PyTorch ops on the device. It is taken with
-``--device cuda`` (``--sampler auto`` or ``device``), and on the CPU with ``--sampler
-device``: the same code on CPU tensors, which is how CI trains through it without a GPU.
+device feature cache over host rows (:class:`~distmb.pipeline.features.device.DeviceFeatures`;
+with ``--features ooc`` over the out-of-core host cache,
+:class:`~distmb.pipeline.features.tiered.TieredFeatures`), optionally Match-Reorder, and the
+model in PyTorch ops on the device. It is taken with ``--device cuda`` (``--sampler auto`` or
+``device``), and on the CPU with ``--sampler device``: the same code on CPU tensors, which is
+how CI trains through it without a GPU.
 
 :func:`training_device` is the one place a run's device is resolved and checked.
 """
@@ -19,6 +21,7 @@ import torch
 
 from distmb.config.train import GROUP_CUDA, OPTIONS, TrainConfig
 from distmb.core.errors import InputError
+from distmb.core.host_reads import count_device_wait
 
 #: How to get a CUDA build of torch (the README's "GPU nodes" section).
 CUDA_BUILD_HINT = (
@@ -108,8 +111,10 @@ def check_device_path(config: TrainConfig, device: torch.device) -> None:
 
     Raises:
         InputError: the GPU options outside the device path, ``--sampler cpp`` on a GPU,
-            out-of-core features or graph with the device path. Any number of ranks may take
-            the path (one GPU each, or sharing GPUs; docs/cuda.md "Several GPUs").
+            an out-of-core graph with the device path (out-of-core features are served:
+            :class:`~distmb.pipeline.features.tiered.TieredFeatures`), ``--match-reorder``
+            with ``--exact-remote``. Any number of ranks
+            may take the path (one GPU each, or sharing GPUs; docs/cuda.md "Several GPUs").
     """
     device_path = uses_device_path(config, device)
     if device.type == "cuda" and config.sampler == "cpp":
@@ -129,15 +134,16 @@ def check_device_path(config: TrainConfig, device: torch.device) -> None:
                 f"device); this run uses --device {device} with the C++ sampler"
             )
         return
-    if config.features == "ooc":
-        raise InputError(
-            "--features ooc with the GPU path: the device cache reads its misses from an "
-            "in-memory host table; use --features memory or mmap"
-        )
     if config.graph_layout == "ooc":
         raise InputError(
             "--graph-layout ooc with the GPU path: the GPU sampler reads the CSR from device "
             "or pinned host memory (--graph-placement); use --graph-layout mmap"
+        )
+    if config.match_reorder and config.exact_remote:
+        raise InputError(
+            "--match-reorder with --exact-remote: the exact baseline fetches block 0's rows "
+            "from their owners by VID_o, not through this rank's device cache, so there is "
+            "nothing to reorder for; drop one of the two flags"
         )
 
 
@@ -230,6 +236,8 @@ def torch_backend(device: torch.device) -> str:
 
 def synchronize(device: torch.device) -> None:
     """Wait for the device's queued work (CUDA), so that a phase timer measures it; nothing
-    on the CPU."""
+    on the CPU. Every call is counted (:func:`~distmb.core.host_reads.count_device_wait`),
+    on the CPU too: the count is the proxy of a GPU run's waits."""
+    count_device_wait()
     if device.type == "cuda":
         torch.cuda.synchronize(device)

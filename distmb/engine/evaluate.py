@@ -46,7 +46,7 @@ def layerwise_inference(
         sampler: this part's sampler (its ``full_block``).
         layer_table: supplies each layer's halo input rows when the part has halo vertices.
         on_layer: sees each layer's output as soon as it is complete (hidden embeddings for
-            ``distmb.cli.predict --embeddings``); it may use collectives, every rank calls it for
+            ``distmb.predict --embeddings``); it may use collectives, every rank calls it for
             the same layers in the same order.
         progress: how to report each layer's progress (this part's vertices done; default
             :func:`distmb.core.progress.settings`).
@@ -133,7 +133,7 @@ def part_layer_table(
 ) -> HaloExchange | None:
     """The :data:`LayerTable` of exact inference on ``local``: ``None`` on one rank (a whole
     graph, or the only part: no halo vertices), else a :class:`HaloExchange` over the part's
-    send lists (training's evaluation and ``distmb.cli.predict`` both use it).
+    send lists (training's evaluation and ``distmb.predict`` both use it).
 
     Args:
         comm: the ranks.

@@ -1,31 +1,46 @@
 """Output paths, checked and created before any work: a run never dies after an epoch (or,
 under mpirun, takes the job down) because ``--results``, ``--checkpoint-dir`` or
-``distmb.cli.predict``'s ``--out`` cannot be written, and never replaces a checkpoint it was not
+``distmb.predict``'s ``--out`` cannot be written, and never replaces a checkpoint it was not
 asked to."""
 
 from __future__ import annotations
 
 import os
 import socket
+import sys
 from pathlib import Path
 
 from distmb.core.atomic import remove_stale_temporaries
+from distmb.core.dirlock import hold_directory
 from distmb.core.errors import InputError
-from distmb.engine.checkpoint import CHECKPOINT_FILE
+from distmb.engine.checkpoint import BEST_FILE, CHECKPOINT_FILE
 
 
-def prepare_checkpoint_dir(directory: str, *, resume: bool, overwrite: bool) -> Path:
-    """Create ``--checkpoint-dir`` (and its parents) and check that it can be written.
+def prepare_checkpoint_dir(
+    directory: str, *, resume: bool, overwrite: bool, hold: bool = True
+) -> Path:
+    """Create ``--checkpoint-dir`` (and its parents), check that it can be written and, with
+    ``hold``, take it for this run (:func:`~distmb.core.dirlock.hold_directory`: a lock held
+    until the run ends; rank 0 of a multi-rank run holds it for the job).
 
     Raises:
-        InputError: it is not a directory, cannot be created or written, or it holds a
-            checkpoint and the run neither resumes it nor was told to replace it.
+        InputError: it is not a directory, cannot be created or written, another run holds
+            it (:class:`~distmb.core.dirlock.DirectoryInUse`), or it holds a checkpoint
+            (``checkpoint.pt``, or ``best.pt`` alone: a run killed in its first checkpoint)
+            and the run neither resumes it nor was told to replace it.
     """
     path = prepare_output_dir(directory, "--checkpoint-dir")
-    if (path / CHECKPOINT_FILE).exists() and not (resume or overwrite):
+    if hold and not hold_directory(path, "--checkpoint-dir"):
+        print(
+            f"warning: --checkpoint-dir {directory}: its filesystem cannot lock files (flock), "
+            "so a second run on it would not be refused",
+            file=sys.stderr,
+        )
+    held = [name for name in (CHECKPOINT_FILE, BEST_FILE) if (path / name).exists()]
+    if held and not (resume or overwrite):
         raise InputError(
-            f"--checkpoint-dir {directory} already holds a checkpoint; continue it with "
-            "--resume, or replace it with --overwrite-checkpoint"
+            f"--checkpoint-dir {directory} already holds a checkpoint ({held[0]}); continue it "
+            "with --resume, or replace it with --overwrite-checkpoint"
         )
     return path
 

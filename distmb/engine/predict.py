@@ -321,7 +321,7 @@ def _run(
     # and the data were loaded before, with glibc's defaults).
     note = configure_malloc(config.malloc)
     if note:
-        say(f"distmb.cli.predict: {note}")
+        say(f"distmb.predict: {note}")
     set_kernels(config.kernels)
     with torch.random.fork_rng(devices=[]):  # the initial weights are replaced below
         model = model_from_config(config, local.feat_dim, local.num_classes)

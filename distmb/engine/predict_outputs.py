@@ -25,6 +25,8 @@ LOGITS_FILE = "logits.npy"
 ORIG_IDS_FILE = "orig_ids.npy"
 #: The manifest, in ``--out``.
 MANIFEST_FILE = "predict.json"
+#: What these files are called in a write error (``cannot write prediction PATH: ...``).
+PREDICTION_OUTPUT = "prediction"
 
 
 def embeddings_file(layer: int) -> str:
@@ -164,10 +166,12 @@ class GatherWriter:
     ) -> np.ndarray:
         if self.out is None:
             return np.empty(shape, dtype=dtype)
-        from distmb.core.atomic import atomic_path
+        from distmb.core.atomic import allocate, atomic_path
 
-        tmp = stack.enter_context(atomic_path(self.out / name))
-        return np.lib.format.open_memmap(tmp, mode="w+", dtype=dtype, shape=shape)
+        tmp = stack.enter_context(atomic_path(self.out / name, PREDICTION_OUTPUT))
+        table = np.lib.format.open_memmap(tmp, mode="w+", dtype=dtype, shape=shape)
+        allocate(tmp)  # a full disk fails here, not as a SIGBUS in the first store to the map
+        return table
 
 
 class PerPartWriter:
@@ -202,7 +206,11 @@ class PerPartWriter:
     def _save(self, name: str, array: np.ndarray) -> None:
         from distmb.core.atomic import write_atomic
 
-        write_atomic(self.directory / name, lambda f: np.save(f, array, allow_pickle=False))
+        write_atomic(
+            self.directory / name,
+            lambda f: np.save(f, array, allow_pickle=False),
+            PREDICTION_OUTPUT,
+        )
         self.names.append(name)
 
 
@@ -229,4 +237,4 @@ def write_manifest(out: Path, manifest: dict[str, Any]) -> None:
     from distmb.core.atomic import write_atomic
 
     text = json.dumps(manifest, indent=2) + "\n"
-    write_atomic(out / MANIFEST_FILE, lambda f: f.write(text.encode()))
+    write_atomic(out / MANIFEST_FILE, lambda f: f.write(text.encode()), PREDICTION_OUTPUT)

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from distmb.comm import RankGroup, SingleProcess
-from distmb.core.atomic import write_atomic
+from distmb.core.atomic import append_whole, write_atomic
 from distmb.engine.timers import PHASES
 from distmb.halo.scheme import SECOND_COUNTERS
 
@@ -200,13 +200,16 @@ def drop_records_from(path: str | Path, first_epoch: int) -> int:
     if keep == len(lines):
         return 0
     text = "".join(lines[:keep])
-    write_atomic(path, lambda f: f.write(text.encode()))
+    write_atomic(path, lambda f: f.write(text.encode()), "results")
     return len(lines) - keep
 
 
 def append_jsonl(path: str | Path, record: dict[str, Any]) -> None:
-    """Append one JSON object as one line (a single write, flushed)."""
+    """Append one JSON object as one line, whole or not at all
+    (:func:`~distmb.core.atomic.append_whole`).
+
+    Raises:
+        OutputError: ``cannot write results PATH: REASON`` (a full disk, a quota, ...).
+    """
     line = json.dumps(record, allow_nan=True) + "\n"
-    with open(path, "a") as f:
-        f.write(line)
-        f.flush()
+    append_whole(path, line.encode(), "results")

@@ -14,7 +14,6 @@ collective is the identity and the halo scheme has nothing to do.
 
 from __future__ import annotations
 
-import math
 import time
 import uuid
 from collections.abc import Callable
@@ -27,7 +26,8 @@ import torch.nn.functional as F
 
 from distmb.comm import RankGroup, SingleProcess
 from distmb.config.train import RESUME_APPLIED, TrainConfig, flag_of
-from distmb.core.errors import DistmbError, InputError
+from distmb.core.dirlock import release_directory
+from distmb.core.errors import InputError
 from distmb.core.progress import ProgressSettings, meter
 from distmb.data.local import LocalGraph
 from distmb.engine.build.run import build_run
@@ -40,6 +40,7 @@ from distmb.engine.checkpoint import (
     save_checkpoint,
 )
 from distmb.engine.device import synchronize
+from distmb.engine.epoch_loss import EpochLoss
 from distmb.engine.evaluate import layerwise_inference, split_accuracies
 from distmb.engine.schedule import SCHEDULER_KEY, build_scheduler, restore_schedule
 from distmb.engine.selection import SELECTION_KEY, ModelSelection
@@ -65,12 +66,6 @@ DROPOUT_SEED_MULTIPLIER = 1_000_003
 DROPOUT_SEED_RANK_STRIDE = 7_919
 #: Dropout seeds stay in the non-negative int64 range ``torch.manual_seed`` accepts.
 SEED_MODULUS = 2**63
-
-
-class TrainingDiverged(DistmbError):
-    """The loss became NaN or infinite; the last good checkpoint is kept."""
-
-    exit_code = 3
 
 
 class Trainer:
@@ -318,7 +313,7 @@ class Trainer:
         if warning and self.rank == 0 and warning not in self._warned:
             self._warned.add(warning)
             self.log(f"warning: {warning}")
-        total_loss, correct, seen = 0.0, 0, 0
+        losses = EpochLoss(num_steps, self.device)  # read once, at the end of the epoch
         sample_s = gather_s = sample_cpu = gather_cpu = 0.0
         bar = meter(
             f"epoch {epoch}",
@@ -343,17 +338,7 @@ class Trainer:
                 loss_sum = F.cross_entropy(logits, batch.labels, reduction="sum")
                 loss = loss_sum * self.loss_weight(step)
                 synchronize(self.device)
-            loss_value = loss_sum.item() / max(batch.size, 1)
-            if not math.isfinite(loss_value):
-                kept = (
-                    f"; the last good checkpoint is kept in {self.cfg.checkpoint_dir}"
-                    if self.cfg.checkpoint_dir
-                    else ""
-                )
-                raise TrainingDiverged(
-                    f"loss is {loss_value} at epoch {epoch}, iteration {step}{kept}; "
-                    "try a lower --lr"
-                )
+            losses.add(step, loss_sum, logits, batch.labels)
             with self.timer("bwd"):
                 self.optimizer.zero_grad(set_to_none=True)
                 self.precision.backward(loss)
@@ -368,15 +353,18 @@ class Trainer:
                 self.precision.step(self.optimizer)
                 synchronize(self.device)
             self.halo.end_iteration()
-            total_loss += loss_value * batch.size
-            correct += int((logits.argmax(1) == batch.labels).sum())
-            seen += batch.size
-            bar.update(1, items=batch.size, loss=f"{loss_value:.4f}")
+            bar.update(1, items=batch.size, loss=losses.latest())
             now = time.perf_counter()
             self.watchdog.iteration_done(now - step_start)
             step_start = now
         bar.close()
         train_time = time.perf_counter() - start
+        kept = (
+            f"; the last good checkpoint is kept in {self.cfg.checkpoint_dir}"
+            if self.cfg.checkpoint_dir
+            else ""
+        )
+        total_loss, correct, seen = losses.finish(epoch, kept)
         self.timer.seconds["mbc"] = sample_s + gather_s  # wherever the loader ran them
         self._loader_cpu = {"sample_cpu": sample_cpu, "gather_cpu": gather_cpu}
         return {
@@ -551,6 +539,8 @@ class Trainer:
         if board is not None:
             board.close()
         self.watchdog.stop()  # every rank: goodbyes exchanged, no heartbeat left in flight
+        if cfg.checkpoint_dir:
+            release_directory(cfg.checkpoint_dir)  # the run is over (held by rank 0)
         return self.history
 
     def _check_validation_vertices(self) -> None:

@@ -11,6 +11,8 @@ dense float tensors, returns a new tensor and supports autograd w.r.t. its float
   edges.
 - :func:`attention_softmax`: GAT's ``edge_softmax(LeakyReLU(el[src] + er[dst]))`` in one
   step.
+- :func:`attention_aggregate`: :func:`attention_softmax` then :func:`weighted_aggregate`
+  (GAT's aggregation without attention dropout).
 - :func:`add_self_loops`: the block with one extra ``(v, v)`` edge per destination.
 
 Two implementations sit behind every function, chosen per call by
@@ -25,9 +27,10 @@ dtype (e.g. the float64 of ``gradcheck``) take the ``"torch"`` path.
 ``"triton"``: :func:`aggregate` on CUDA tensors (float32, bf16, fp16) through the Triton
 kernel of :mod:`distmb.nn.kernels.triton_aggregate` (FastGL's Memory-Aware aggregation: a tile of
 destination rows keeps its partial sums in registers while it walks the rows' edges; the
-backward is the same kernel over the block's transposed CSR). The other functions, and
-tensors the kernel cannot take (float64, CPU without the interpreter), use the ``"torch"``
-path.
+backward is the same kernel over the block's transposed CSR), and :func:`attention_aggregate`
+through those of :mod:`distmb.nn.kernels.triton_gat` (the softmax and the weighted sum in
+registers per tile of rows and head). The other functions, and tensors the kernels cannot
+take (float64, CPU without the interpreter), use the ``"torch"`` path.
 
 ``"torch"`` (any device, PyTorch ops): :func:`aggregate` multiplies a CSR sparse matrix (values
 ``1``, ``1/deg`` or ``1/(deg+1)``) with the dense sources, and its backward multiplies the
@@ -49,6 +52,7 @@ from torch import Tensor
 
 from distmb.nn.kernels import cpu_aggregate as fused_aggregate
 from distmb.nn.kernels import triton_aggregate as aggregate_triton
+from distmb.nn.kernels import triton_gat as gat_triton
 from distmb.nn.kernels.dispatch import get_kernels
 from distmb.pipeline.sample import Block
 
@@ -275,12 +279,7 @@ def attention_softmax(block: Block, el: Tensor, er: Tensor, negative_slope: floa
     Raises:
         ValueError: ``el`` / ``er`` not of shapes [n_src, H] / [n_dst, H].
     """
-    _check_sources(block, el, "el")
-    if el.dim() != 2 or tuple(er.shape) != (block.n_dst, el.shape[1]):
-        raise ValueError(
-            f"expected el [n_src, H] and er [n_dst={block.n_dst}, H]; got {tuple(el.shape)} "
-            f"and {tuple(er.shape)}"
-        )
+    _check_scores(block, el, er)
     if _use_fused(el, er):
         return fused_aggregate.gat_attention(block, el, er, negative_slope)
     scores = F.leaky_relu(
@@ -288,6 +287,47 @@ def attention_softmax(block: Block, el: Tensor, er: Tensor, negative_slope: floa
         negative_slope=negative_slope,
     )
     return _torch_edge_softmax(block, scores)
+
+
+def _check_scores(block: Block, el: Tensor, er: Tensor) -> None:
+    _check_sources(block, el, "el")
+    if el.dim() != 2 or tuple(er.shape) != (block.n_dst, el.shape[1]):
+        raise ValueError(
+            f"expected el [n_src, H] and er [n_dst={block.n_dst}, H]; got {tuple(el.shape)} "
+            f"and {tuple(er.shape)}"
+        )
+
+
+def attention_aggregate(
+    block: Block, el: Tensor, er: Tensor, z: Tensor, negative_slope: float
+) -> Tensor:
+    """GAT's aggregation: ``weighted_aggregate(block, attention_softmax(block, el, er,
+    negative_slope), z)``, i.e. ``out[v, h] = sum_u alpha_uv[h] z[u, h]`` of equation 2.
+
+    With ``"triton"`` kernels (and tensors they take) one Triton kernel computes the softmax
+    and the weighted sum without materialising the attention coefficients
+    (:mod:`distmb.nn.kernels.triton_gat`); otherwise the two functions are called.
+
+    Args:
+        block: the message-flow graph.
+        el: float[n_src, H], the source term ``<a_l, z_u>`` of every source.
+        er: float[n_dst, H], the destination term ``<a_r, z_v>`` of every destination.
+        z: float[n_src, H, D], the source rows per head.
+        negative_slope: slope of the LeakyReLU on the logits.
+
+    Returns:
+        float[n_dst, H, D]; 0 for a destination without edges.
+
+    Raises:
+        ValueError: ``el`` / ``er`` / ``z`` not of shapes [n_src, H] / [n_dst, H] /
+            [n_src, H, D].
+    """
+    _check_scores(block, el, er)
+    if z.dim() != 3 or tuple(z.shape[:2]) != tuple(el.shape):
+        raise ValueError(f"expected z [n_src, H={el.shape[1]}, D]; got {tuple(z.shape)}")
+    if _use_triton(el, er, z):
+        return gat_triton.attention_aggregate(block, el, er, z, negative_slope)
+    return weighted_aggregate(block, attention_softmax(block, el, er, negative_slope), z)
 
 
 def add_self_loops(block: Block) -> Block:

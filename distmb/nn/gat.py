@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from distmb.nn.aggregate import (
     add_self_loops,
+    attention_aggregate,
     attention_softmax,
     check_layer_input,
     weighted_aggregate,
@@ -62,7 +63,9 @@ class GATConv(nn.Module):
     tensors
     ``z``, ``el`` and ``er`` come from one pass of
     :func:`distmb.nn.kernels.cpu_update.gat_projection`; with ``"torch"`` (or another dtype) from
-    ``nn.Linear``, ReLU and two reductions. Same parameters either way.
+    ``nn.Linear``, ReLU and two reductions. Same parameters either way. With ``"triton"``
+    (CUDA tensors), the softmax and the weighted sum are one Triton kernel
+    (:func:`distmb.nn.aggregate.attention_aggregate`) unless attention dropout is active.
 
     Args:
         in_dim: input width.
@@ -146,9 +149,11 @@ class GATConv(nn.Module):
             z = z.view(block.n_src, self.heads, self.out_dim)
             el = (z * self.attn_l).sum(-1)  # [n_src, H]
             er = (z[: block.n_dst] * self.attn_r).sum(-1)  # [n_dst, H]
-        alpha = attention_softmax(block, el, er, self.negative_slope)  # [E, H]
-        alpha = self.attn_dropout(alpha)
-        out = weighted_aggregate(block, alpha, z)  # [n_dst, H, D]
+        if self.training and self.attn_dropout.p > 0:
+            alpha = attention_softmax(block, el, er, self.negative_slope)  # [E, H]
+            out = weighted_aggregate(block, self.attn_dropout(alpha), z)  # [n_dst, H, D]
+        else:  # no dropout between the softmax and the sum: one kernel may do both
+            out = attention_aggregate(block, el, er, z, self.negative_slope)
         out = out.reshape(block.n_dst, -1) if self.concat else out.mean(1)
         if self.activation:
             out = fused_update.output_dropout(out, self.dropout)

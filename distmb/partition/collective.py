@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from distmb.core.errors import InputError
+from distmb.core.errors import InputError, OutputError
 from distmb.data.datasets import parse_spec
 from distmb.data.datasets.loader_utils import one_line
 from distmb.data.datasets.ogb import dataset_name, read_ogb_arrays
@@ -28,17 +28,19 @@ SLICED_KINDS = ("ogb",)
 
 def collective(comm: Any, what: str, fn: Callable[[], T]) -> T:
     """Run ``fn`` on every rank; when it failed anywhere, raise :class:`InputError` on every
-    rank naming the first failing rank (a collective that only some ranks reach would hang)."""
+    rank naming the first failing rank (a collective that only some ranks reach would hang);
+    :class:`OutputError` when that rank's error was an :class:`OSError` (a full disk)."""
     result: Any = None
     error = None
     try:
         result = fn()
     except Exception as exc:  # noqa: BLE001 - any failure must reach every rank
         kind = "" if isinstance(exc, InputError | OSError) else f"{type(exc).__name__}: "
-        error = f"rank {comm.rank}: {kind}{one_line(exc)}"
+        error = (isinstance(exc, OSError), f"rank {comm.rank}: {kind}{one_line(exc)}")
     errors = [e for e in comm.allgather(error) if e]
     if errors:
-        raise InputError(f"{what}: {errors[0]}")
+        failed_writing, message = errors[0]
+        raise (OutputError if failed_writing else InputError)(f"{what}: {message}")
     return result
 
 

@@ -98,7 +98,7 @@ def convert_features(
         new_meta["feature_file"] = feature_file
     new_meta["files"] = dict(sorted(files.items()))
     text = json.dumps(new_meta, indent=1) + "\n"
-    write_atomic(root / META_FILE, lambda f: f.write(text.encode()))  # the switch
+    write_atomic(root / META_FILE, lambda f: f.write(text.encode()), "partition")  # the switch
     _remove_leftovers(root, new_meta, replicated)
     log(f"{root}: converted from the {current} to the {layout} layout")
     return new_meta

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 from contextlib import nullcontext
 from pathlib import Path
@@ -171,8 +172,8 @@ def check_rebalance_args(
         if not 0.0 <= value < 1.0:
             raise InputError(f"{flag} must be in [0, 1), got {value}")
     budget = default_memory_budget_gib() if memory_budget_gib is None else memory_budget_gib
-    if budget <= 0:
-        raise InputError(f"--memory-budget must be > 0 GiB, got {budget}")
+    if not 0 < budget < math.inf:  # NaN fails too
+        raise InputError(f"--memory-budget must be a finite number > 0 (GiB), got {budget}")
     return budget
 
 
@@ -218,6 +219,28 @@ def load_assignment(
     Raises:
         InputError: naming ``flag``, the file and what was expected.
     """
+    part_of = open_assignment(path, parts, flag)
+    if part_of.shape[0] != num_nodes:
+        raise InputError(
+            f"{flag} {path}: holds {part_of.shape[0]} parts but the graph has {num_nodes} "
+            "vertices (one part per vertex, in vertex-id order)"
+        )
+    return np.array(part_of, dtype=np.int32)
+
+
+def open_assignment(
+    path: str | os.PathLike[str], parts: int, flag: str = "--assignment"
+) -> np.ndarray:
+    """The assignment file ``path`` memory-mapped and checked as far as that needs no graph
+    (before a dataset is loaded): a readable ``.npy`` (no pickle) of one dimension, int32 or
+    int64, every value in ``[0, parts)``. :func:`load_assignment` adds the length check.
+
+    Returns:
+        int32 or int64[n], read-only (a memory map).
+
+    Raises:
+        InputError: naming ``flag``, the file and what was expected.
+    """
     where = f"{flag} {path}"
     try:
         part_of = np.load(path, mmap_mode="r", allow_pickle=False)
@@ -229,13 +252,8 @@ def load_assignment(
         ) from None
     if part_of.dtype.newbyteorder("=") not in ASSIGNMENT_DTYPES or part_of.ndim != 1:
         raise InputError(
-            f"{where}: expected int32 or int64[{num_nodes}] (the part of every vertex), got "
-            f"{part_of.dtype}{list(part_of.shape)}"
-        )
-    if part_of.shape[0] != num_nodes:
-        raise InputError(
-            f"{where}: holds {part_of.shape[0]} parts but the graph has {num_nodes} vertices "
-            "(one part per vertex, in vertex-id order)"
+            f"{where}: expected a one-dimensional int32 or int64 array (the part of every "
+            f"vertex), got {part_of.dtype}{list(part_of.shape)}"
         )
     bad = np.flatnonzero((part_of < 0) | (part_of >= parts))
     if bad.size:
@@ -244,7 +262,7 @@ def load_assignment(
             f"{where}: vertex {v} is in part {int(part_of[v])}, outside [0, {parts}) of "
             f"--parts {parts} ({bad.size} such vertices)"
         )
-    return np.array(part_of, dtype=np.int32)
+    return part_of
 
 
 def assignment_record(path: str | os.PathLike[str]) -> dict[str, str]:

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from distmb.core.errors import output_error
 from distmb.core.progress import Progress
 from distmb.data.graph import Graph
 
@@ -157,8 +158,16 @@ def _spill_one(graph: Graph, name: str, root: Path, log: Progress) -> int | None
 
 
 def _write_unlinked(array: np.ndarray, root: Path, name: str) -> int:
-    """Write ``array``'s bytes to a new file in ``root``, unlink it, return its open fd."""
-    fd, path = tempfile.mkstemp(prefix=f"distmb-spill-{name}-", dir=root)
+    """Write ``array``'s bytes to a new file in ``root``, unlink it, return its open fd.
+
+    Raises:
+        OutputError: ``cannot write spilled NAME into ROOT: REASON`` (``root`` full: set
+            ``TMPDIR`` to a larger filesystem).
+    """
+    try:
+        fd, path = tempfile.mkstemp(prefix=f"distmb-spill-{name}-", dir=root)
+    except OSError as exc:
+        raise output_error(f"spilled {name} into", root, exc) from exc
     try:
         os.unlink(path)
         flat = array.reshape(-1)
@@ -166,7 +175,9 @@ def _write_unlinked(array: np.ndarray, root: Path, name: str) -> int:
         with os.fdopen(os.dup(fd), "wb") as f:
             for lo in range(0, flat.shape[0], step):
                 f.write(memoryview(flat[lo : lo + step]).cast("B"))
-    except BaseException:
+    except BaseException as exc:
         os.close(fd)
+        if isinstance(exc, OSError):
+            raise output_error(f"spilled {name} into", root, exc) from exc
         raise
     return fd

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from distmb import _C
-from distmb.core.errors import InputError
+from distmb.core.errors import InputError, output_error
 from distmb.core.progress import Progress, meter, peak_rss_bytes
 from distmb.data.graph import Graph
 from distmb.data.store.format import (
@@ -36,6 +36,7 @@ from distmb.data.store.format import (
     part_dir_name,
 )
 from distmb.data.store.rowfile import RowTake, write_row_file
+from distmb.partition.staging import remove_stale_staging, staging_path
 
 #: Bytes of feature rows gathered and written at a time.
 FEATURE_CHUNK_BYTES = 32 << 20
@@ -186,10 +187,12 @@ def local_ids(part_of: np.ndarray, parts: int) -> np.ndarray:
 
 
 def writable_tmp_dir(out: Path, tag: int) -> Path:
-    """Create (empty) the temporary sibling ``.<name>.tmp-<tag>`` of ``out`` that a partition is
-    written into before :func:`publish` renames it; :class:`InputError` naming ``--out``."""
-    tmp = out.parent / f".{out.name}.tmp-{tag}"
+    """Create (empty) the temporary sibling ``.<name>.tmp-<host>-<tag>`` of ``out`` that a
+    partition is written into before :func:`publish` renames it, after removing those of
+    killed writers (:mod:`~distmb.partition.staging`); :class:`InputError` naming ``--out``."""
+    tmp = staging_path(out, "tmp", tag)
     try:
+        remove_stale_staging(out)
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir(parents=True)
@@ -232,6 +235,10 @@ def write_partition(
 
     Returns:
         The metadata written to ``partition.json``.
+
+    Raises:
+        OutputError: ``cannot write partition OUT: REASON`` (a full disk, a quota, ...); the
+            temporary directory is removed and an existing ``out_dir`` kept.
     """
     log = progress or Progress(quiet=True)
     check_features_layout(features_layout)
@@ -242,8 +249,10 @@ def write_partition(
             graph, part_of, tmp, parts, partitioner, replicate_halo_features, features_layout, log
         )
         publish(tmp, out, overwrite)
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, OSError):  # a full disk, a quota, ...: one line naming --out
+            raise output_error("partition", out, exc) from exc
         raise
     return meta
 
@@ -554,13 +563,18 @@ def write_meta(tmp: Path, meta: dict[str, Any]) -> None:
 
 
 def publish(tmp: Path, out: Path, overwrite: bool) -> None:
-    """Rename the finished temporary directory onto ``out``."""
+    """Rename the finished temporary directory onto ``out`` (an existing ``out`` is put
+    back when that fails)."""
     if out.exists():
         if not overwrite:
             raise FileExistsError(out)
-        trash = out.parent / f".{out.name}.old-{os.getpid()}"
+        trash = staging_path(out, "old")
         os.replace(out, trash)
-        os.replace(tmp, out)
+        try:
+            os.replace(tmp, out)
+        except BaseException:
+            os.replace(trash, out)  # the previous partition back in place
+            raise
         shutil.rmtree(trash, ignore_errors=True)
     else:
         os.replace(tmp, out)

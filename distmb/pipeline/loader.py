@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from distmb import _C
+from distmb.core.host_reads import to_host
 from distmb.pipeline.features.protocol import FeatureSource
 from distmb.pipeline.minibatch import MiniBatch
 from distmb.pipeline.plan import EpochPlan
@@ -230,7 +231,7 @@ class BatchLoader:
                     yield self.make_batch(plan.epoch, index, plan.batches[index])
                 continue
             sampled = [self.sample_batch(plan.epoch, i, plan.batches[i]) for i in indices]
-            self.features.inspect([self.gather_ids(b.blocks).numpy() for b in sampled])
+            self.features.inspect([to_host(self.gather_ids(b.blocks)).numpy() for b in sampled])
             for batch in sampled:
                 yield self.gather_batch(batch)
 

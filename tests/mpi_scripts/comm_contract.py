@@ -10,6 +10,10 @@ operations must go over torch.distributed; ``torch``: :class:`~distmb.comm.Torch
 ranks`` after each. ``tests/test_comm_contract.py`` imports :func:`check_contract` and runs
 it on :class:`~distmb.comm.SingleProcess` in its own process.
 
+Under torchrun (no MPI) ``argv`` names one implementation: ``torch`` (a
+:class:`~distmb.comm.TorchGroup` on gloo) or ``torch-nccl`` (the same with its bulk operations
+over NCCL on GPU ``LOCAL_RANK``; ``tests/test_nccl.py`` runs it at world size 1).
+
 argv: IMPL [IMPL ...]
 """
 
@@ -24,7 +28,15 @@ import traceback
 import numpy as np
 import torch
 
-from distmb.comm import MpiGroup, RankGroup, TorchGroup, exchange_counts
+from distmb.comm import (
+    TORCH_CUDA_BACKEND,
+    MpiGroup,
+    RankGroup,
+    SingleProcess,
+    TorchGroup,
+    exchange_counts,
+)
+from distmb.comm.mpienv import is_torchrun_launch
 
 #: Row width of the exchanged float32 rows.
 WIDTH = 3
@@ -70,10 +82,12 @@ def flat_model() -> torch.nn.Module:
 
 
 def set_flat_grads(model: torch.nn.Module, rank: int) -> None:
-    """Random gradients of ``rank``; the last bias has none on rank 0."""
+    """Random gradients of ``rank`` (drawn on the CPU, on the model's device); the last bias
+    has none on rank 0."""
     gen = torch.Generator().manual_seed(100 + rank)
     for i, p in enumerate(model.parameters()):
-        p.grad = None if (i == 5 and rank == 0) else torch.randn(p.shape, generator=gen)
+        grad = torch.randn(p.shape, generator=gen).to(p.device)
+        p.grad = None if (i == 5 and rank == 0) else grad
 
 
 def bucket_model() -> torch.nn.Module:
@@ -91,7 +105,7 @@ def last_layer_unused(rank: int, step: int) -> bool:
 
 def bucket_backward(model: torch.nn.Module, rank: int, step: int) -> None:
     gen = torch.Generator().manual_seed(1000 * step + rank)
-    x = torch.randn(17, 9, generator=gen)
+    x = torch.randn(17, 9, generator=gen).to(next(model.parameters()).device)
     model.zero_grad(set_to_none=True)
     h = model[4](model[3](model[2](model[1](model[0](x)))))
     out = h if last_layer_unused(rank, step) else model[5](h)
@@ -100,7 +114,7 @@ def bucket_backward(model: torch.nn.Module, rank: int, step: int) -> None:
 
 def grads_or_zeros(model: torch.nn.Module) -> list[np.ndarray]:
     return [
-        np.zeros(tuple(p.shape), np.float32) if p.grad is None else p.grad.numpy().copy()
+        np.zeros(tuple(p.shape), np.float32) if p.grad is None else p.grad.cpu().numpy().copy()
         for p in model.parameters()
     ]
 
@@ -242,9 +256,11 @@ def check_gather_rows(group: RankGroup) -> None:
 
 def check_gradients(group: RankGroup) -> None:
     """The flat all-reduce, then the bucketed one (buckets with a torch group only): the
-    average of every rank's gradients, a missing gradient counting as zeros."""
-    rank, size = group.rank, group.size
-    model, reference = flat_model(), flat_model()
+    average of every rank's gradients, a missing gradient counting as zeros. The models live
+    on the group's device (NCCL reduces device tensors); the reference is computed there too,
+    so the float32 arithmetic is the same."""
+    rank, size, device = group.rank, group.size, group.torch_device
+    model, reference = flat_model().to(device), flat_model().to(device)
     per_rank = []
     for r in range(size):
         set_flat_grads(reference, r)
@@ -256,14 +272,16 @@ def check_gradients(group: RankGroup) -> None:
     assert all(p.grad is not None for p in model.parameters()) or size == 1
     assert_mean(grads_or_zeros(model), mean_of(per_rank), size)
     n_params = sum(p.numel() for p in model.parameters())
-    reduced = size > 1  # one rank reduces nothing
+    # Without a launcher there is nothing to reduce; a launched group runs its library's
+    # all-reduce even alone (world size 1).
+    reduced = not isinstance(group, SingleProcess)
     assert group.allreduce_stats.calls == calls + reduced
     assert group.allreduce_stats.payload_bytes == payload + reduced * 4 * n_params
 
-    model, reference = bucket_model(), bucket_model()
+    model, reference = bucket_model().to(device), bucket_model().to(device)
     group.prepare_gradients(model, BUCKET_BYTES)
     buckets = group._buckets
-    assert (buckets is not None) == (group.torch_group is not None and size > 1)
+    assert (buckets is not None) == (group.torch_group is not None)
     if buckets is not None:
         assert len(buckets.buckets) >= 4, buckets.buckets
     for step in range(4):
@@ -339,7 +357,38 @@ def make_group(impl: str, world) -> RankGroup:
     raise ValueError(f"unknown implementation {impl!r}")
 
 
+#: The implementations a torchrun job checks, one per job.
+TORCHRUN_IMPLEMENTATIONS = ("torch", "torch-nccl")
+
+
+def main_torchrun(impls: list[str]) -> None:
+    """Under torchrun: :class:`TorchGroup` from torchrun's ``env://``, its bulk operations
+    over NCCL on GPU ``LOCAL_RANK`` for ``torch-nccl``. One implementation per job: the
+    group's teardown ends torch.distributed in the process."""
+    if len(impls) != 1 or impls[0] not in TORCHRUN_IMPLEMENTATIONS:
+        raise SystemExit(f"under torchrun: one of {', '.join(TORCHRUN_IMPLEMENTATIONS)}")
+    (impl,) = impls
+    group = TorchGroup()
+    try:
+        if impl == "torch-nccl":
+            device = torch.device("cuda", group.local_rank())
+            torch.cuda.set_device(device)
+            group.use_torch_distributed(TORCH_CUDA_BACKEND, device)
+            assert group.torch_group is not group.host_group and group.torch_device == device
+        check_contract(group)
+        group.close_torch_distributed()
+    except BaseException:  # a failed check must end the job, not leave the peers waiting
+        print(f"rank {group.rank}: {impl} failed", file=sys.stderr, flush=True)
+        traceback.print_exc()
+        group.abort(1)
+    if group.rank == 0:
+        print(f"contract holds: {impl} on {group.size} ranks", flush=True)
+
+
 def main(impls: list[str]) -> None:
+    if is_torchrun_launch():
+        main_torchrun(impls)
+        return
     from mpi4py import MPI
 
     world = MPI.COMM_WORLD

@@ -12,6 +12,9 @@ messages, a step where nobody sends, and one large enough to grow the reused buf
 rank, device tensors end to end). Both are built by :func:`~distmb.halo.hec.transport.make_push`.
 Rank 0 prints ``push contract holds: IMPL, delay D, on P ranks`` for each.
 
+Under torchrun (no MPI) the group is a :class:`~distmb.comm.TorchGroup` and ``torch`` the only
+IMPL (``tests/test_nccl.py`` runs it with DEVICE ``cuda``, NCCL at world size 1).
+
 argv: DEVICE (cpu | cuda) IMPL [IMPL ...]
 """
 
@@ -23,7 +26,8 @@ import traceback
 import numpy as np
 import torch
 
-from distmb.comm import MpiGroup
+from distmb.comm import MpiGroup, TorchGroup
+from distmb.comm.mpienv import is_torchrun_launch
 from distmb.core.units import row_message_bytes
 from distmb.halo.hec.transport import (
     EmbeddingTransport,
@@ -117,7 +121,10 @@ def check_push(push: EmbeddingTransport, rank: int, size: int, device: torch.dev
 
 
 def main(device_name: str, impls: list[str]) -> None:
-    group = MpiGroup()
+    torchrun = is_torchrun_launch()
+    if torchrun and impls != ["torch"]:
+        raise SystemExit("under torchrun (no MPI) the only IMPL is torch")
+    group = TorchGroup() if torchrun else MpiGroup()
     device = torch.device("cpu")
     if device_name == "cuda":
         device = torch.device("cuda", group.local_rank())

@@ -226,7 +226,7 @@ def write_row_file(
             digest.update(pad)
 
     if atomic:
-        write_atomic(path, write)
+        write_atomic(path, write, "feature rows")
     else:
         with open(path, "wb") as f:
             write(f)

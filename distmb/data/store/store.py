@@ -40,7 +40,8 @@ _FINITE_ROWS = 1 << 16
 
 #: ``verify`` of :class:`PartitionStore`: ``"auto"`` hashes and range-checks a part's files
 #: unless its stamp shows these very files (same size and mtime) passed before; ``"always"``
-#: ignores the stamp; ``"never"`` skips both (``--no-verify``).
+#: ignores the stamp; ``"never"`` (``--no-verify``) skips the hashing and the features' scan,
+#: not the cheap range checks of the ids (unless the stamp vouches for the files).
 Verify = Literal["auto", "always", "never"]
 
 _REQUIRED_META = (
@@ -158,7 +159,8 @@ class PartitionStore:
         verify: check every file's sha256 against ``partition.json`` and every array's
             values against its bounds (ids inside their ranges, ``indptr`` non-decreasing,
             features finite): ``"auto"`` (default) once per version of the files, recorded in
-            a stamp; ``"always"`` (or True); ``"never"`` (or False).
+            a stamp; ``"always"`` (or True); ``"never"`` (or False): no sha256 and no scan of
+            the features, but the ids' range checks still (one pass over the id arrays).
 
     Raises:
         PartitionError: naming the file and what was expected, for a missing, truncated,
@@ -216,6 +218,8 @@ class PartitionStore:
         self._check_consistency()
         if mode != "never":
             self._verify(use_stamp=mode == "auto")
+        elif not self._stamp_vouches(self._seen_files()):
+            self._check_ids()  # cheap: no hashing, no scan of the features
 
     # -- sizes -----------------------------------------------------------------------------
     @property
@@ -357,17 +361,25 @@ class PartitionStore:
         prefix = f"{part_dir_name(self.part)}/"
         return {rel: self.directory / rel for rel in self.meta["files"] if rel.startswith(prefix)}
 
+    def _seen_files(self) -> dict[str, list]:
+        """``{relative path: [size, mtime_ns, recorded sha256]}`` of this part's files."""
+        stats = {rel: path.stat() for rel, path in self._part_files().items()}
+        return {
+            rel: [s.st_size, s.st_mtime_ns, self.meta["files"][rel]] for rel, s in stats.items()
+        }
+
+    def _stamp_vouches(self, seen: dict[str, list]) -> bool:
+        """Whether this part's stamp records a verification of these very files."""
+        return _read_stamp(self.directory / part_dir_name(self.part) / STAMP_FILE) == seen
+
     def _verify(self, use_stamp: bool) -> None:
         """sha256 of every file of this part (in parallel: hashing releases the GIL) and the
         value checks; skipped when the stamp vouches for these files. Writes the stamp after
         a pass (atomically; a read-only partition is simply verified every time)."""
         files = self._part_files()
-        stats = {rel: path.stat() for rel, path in files.items()}
-        seen = {
-            rel: [s.st_size, s.st_mtime_ns, self.meta["files"][rel]] for rel, s in stats.items()
-        }
+        seen = self._seen_files()
         stamp_path = self.directory / part_dir_name(self.part) / STAMP_FILE
-        if use_stamp and _read_stamp(stamp_path) == seen:
+        if use_stamp and self._stamp_vouches(seen):
             return
         with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
             digests = dict(zip(files, pool.map(sha256_file, files.values()), strict=True))
@@ -383,6 +395,12 @@ class PartitionStore:
         """Every id inside its range, ``indptr`` non-decreasing, features finite: a crafted or
         damaged part fails here, naming the file, the index and the bound, instead of deep in
         a kernel."""
+        self._check_ids()
+        self._check_features()
+
+    def _check_ids(self) -> None:
+        """Every id inside its range and ``indptr`` non-decreasing (one pass over the id
+        arrays; also under ``--no-verify``)."""
         where = self.directory / part_dir_name(self.part)
         num_nodes = int(self.meta["num_nodes"])
         bounds = {
@@ -408,6 +426,10 @@ class PartitionStore:
         if steps.size and int(steps.min()) < 0:
             i = int(np.argmax(steps < 0))
             raise PartitionError(f"{where}/indptr.npy: decreases at index {i + 1}")
+
+    def _check_features(self) -> None:
+        """Every feature finite (a pass over the feature tables, in chunks)."""
+        where = self.directory / part_dir_name(self.part)
         for name in ("features", "halo_features"):
             table = getattr(self, name)
             if table is None:

@@ -108,5 +108,5 @@ def epoch_counters(
     if isinstance(adjacency, NeighborFile):
         owners.append(NeighborCacheCounters(adjacency, config.neighbor_cache_order))
     if device_stages is not None:
-        owners.append(DeviceCacheCounters(device_stages.features, config.device_cache_policy))
+        owners.append(DeviceCacheCounters(device_stages.device_cache, config.device_cache_policy))
     return owners

@@ -1,6 +1,7 @@
 """The device path's data stages for one rank (:mod:`distmb.engine.device` says when it is
-taken): the device sampler, the device feature cache, and Match-Reorder. They run on a GPU
-(``--device cuda``) or on CPU tensors (``--sampler device``).
+taken): the device sampler, the device feature cache (over the out-of-core host cache with
+``--features ooc``), and Match-Reorder. They run on a GPU (``--device cuda``) or on CPU
+tensors (``--sampler device``).
 
 :func:`open_device_stages` builds them from the rank's :class:`~distmb.data.local.LocalGraph`
 and the run's flags, so that the run hands them to its BatchLoader exactly as it does the C++
@@ -16,9 +17,11 @@ import torch
 
 from distmb.config.train import TrainConfig
 from distmb.data.local import LocalGraph
+from distmb.pipeline.features.cached import CachedFeatures
 from distmb.pipeline.features.device import DeviceFeatures, build_device_features
 from distmb.pipeline.features.normalize import FeatureNormalization
 from distmb.pipeline.features.reorder import MatchReorder
+from distmb.pipeline.features.tiered import TieredFeatures, build_tiered_features
 from distmb.pipeline.sample.device import DeviceNeighborSampler
 from distmb.pipeline.sample.host import NeighborSampler
 
@@ -29,13 +32,21 @@ class DeviceStages:
 
     Attributes:
         sampler: samples on the training device; its blocks are tensors there.
-        features: gathers block 0's input rows onto the device (``gather_device``).
+        features: gathers block 0's input rows onto the device (``gather_device``): the
+            device cache, or (``--features ooc``) the host and device caches together.
         note: one line for the run's header.
     """
 
     sampler: DeviceNeighborSampler
-    features: DeviceFeatures
+    features: DeviceFeatures | TieredFeatures
     note: str
+
+    @property
+    def device_cache(self) -> DeviceFeatures:
+        """The device feature cache (of :attr:`features`)."""
+        if isinstance(self.features, TieredFeatures):
+            return self.features.device_cache
+        return self.features
 
 
 def open_device_stages(
@@ -44,12 +55,16 @@ def open_device_stages(
     device: torch.device,
     adjacency: np.ndarray,
     normalization: FeatureNormalization | None,
+    host_cache: CachedFeatures | None = None,
 ) -> DeviceStages:
     """The device sampler over ``adjacency`` (the rank's in-neighbour lists, in memory or
     memory-mapped) placed by ``--graph-placement``, and the device feature cache of
     ``--device-cache-mb`` filled by ``--device-cache-policy`` (``presc`` pre-samples
     ``--presample-epochs`` epochs with the C++ sampler and its own random stream) over the
-    rank's solid rows, normalised once here when ``--normalize-features`` is set."""
+    rank's rows (:func:`part_table`), normalised once here when ``--normalize-features`` is
+    set. With ``host_cache`` (``--features ooc``: the out-of-core cache of the same rows),
+    the device cache reads its misses from it instead, normalised as read
+    (:class:`~distmb.pipeline.features.tiered.TieredFeatures`)."""
     sampler = DeviceNeighborSampler(
         local.indptr,
         adjacency,
@@ -62,21 +77,25 @@ def open_device_stages(
         # On the CPU the Triton kernel could only run interpreted (tests): torch ops there.
         backend="auto" if device.type == "cuda" else "torch",
     )
-    table: np.ndarray | torch.Tensor = local.features
-    if normalization is not None:  # the host copy the device reads holds normalised rows
-        table = normalization.apply_(torch.from_numpy(np.array(table, dtype=np.float32)))
-    degree = np.diff(np.asarray(local.indptr)).astype(np.int64)[: local.n_solid]
+    if host_cache is None:
+        table = part_table(local)
+        if normalization is not None:  # the host copy the device reads holds normalised rows
+            table = normalization.apply_(torch.from_numpy(np.array(table, dtype=np.float32)))
+        num_rows = int(table.shape[0])
+    else:
+        num_rows = host_cache.num_rows
+    # In-degree in the part's CSR; halo rows have no in-edges there.
+    degree = np.zeros(num_rows, dtype=np.int64)
+    degree[: local.n_solid] = np.diff(np.asarray(local.indptr))[: local.n_solid]
 
     def make_sampler(seed: int) -> NeighborSampler:
         return NeighborSampler(
             local.indptr, adjacency, local.n_solid, local.n_local, config.fanout, seed
         )
 
-    features = build_device_features(
-        table,
-        device,
-        config.device_cache_mb,
-        config.device_cache_policy,
+    device_cache = dict(
+        cache_mb=config.device_cache_mb,
+        policy=config.device_cache_policy,
         degree=degree,
         make_sampler=make_sampler,
         train_idx=local.train_idx,
@@ -84,16 +103,38 @@ def open_device_stages(
         presample_epochs=config.presample_epochs,
         seed=config.seed,
         reuse_previous=config.match_reorder,
+        n_solid=local.n_solid,
     )
-    share = 100 * features.capacity / max(features.num_rows, 1)
+    stages = DeviceStages(
+        sampler,
+        build_device_features(table, device, **device_cache)
+        if host_cache is None
+        else build_tiered_features(host_cache, device, normalization, **device_cache),
+        note="",
+    )
+    cache = stages.device_cache
+    share = 100 * cache.capacity / max(cache.num_rows, 1)
     note = (
         f"GPU path on {device}: sampler {type(sampler).__name__} (graph placement "
         f"{config.graph_placement}), device feature cache {config.device_cache_policy} "
-        f"{features.capacity} rows ({share:.1f} % of the table, "
-        f"{features.memory_bytes / 2**20:.1f} MiB)"
+        f"{cache.capacity} rows ({share:.1f} % of the table, "
+        f"{cache.memory_bytes / 2**20:.1f} MiB)"
+        + (", its misses from the out-of-core host cache" if host_cache is not None else "")
         + (", Match-Reorder" if config.match_reorder else "")
     )
-    return DeviceStages(sampler, features, note)
+    stages.note = note
+    return stages
+
+
+def part_table(local: LocalGraph) -> np.ndarray | torch.Tensor:
+    """float[n_solid (+ n_halo), F]: the rows the device feature source serves, by ``VID_p``:
+    the solid rows, then the replicated halo rows when the part holds them
+    (``--replicate-halo-features``), as the host
+    :class:`~distmb.pipeline.features.PartFeatures` serves them; block 0's halo leaves are
+    then gathered with its other rows instead of being left to the halo scheme."""
+    if local.halo_features is None:
+        return local.features
+    return np.concatenate([np.asarray(local.features), np.asarray(local.halo_features)])
 
 
 def match_reorder(loader, features: DeviceFeatures) -> MatchReorder:  # noqa: ANN001 - BatchLoader

@@ -135,7 +135,9 @@ def build_run(
     feature_sources = open_features(local, config, adjacency, normalization)
     stages = None
     if uses_device_path(config, device):
-        stages = open_device_stages(local, config, device, adjacency, normalization)
+        stages = open_device_stages(
+            local, config, device, adjacency, normalization, feature_sources.cache
+        )
     # The sampler of training and evaluation: the device path's (blocks on the device), or
     # the C++ one (each validates the CSR once: only the one in use is built).
     sampler = (
@@ -164,7 +166,7 @@ def build_run(
         and built.model.reads_input_in_place,
     )
     if stages is not None and config.match_reorder:
-        loader.reorder = match_reorder(loader, stages.features)
+        loader.reorder = match_reorder(loader, stages.device_cache)
     notes = [feature_sources.note + describe_adjacency(adjacency, config)]
     if stages is not None:
         notes.append(stages.note)

@@ -15,10 +15,14 @@ from distmb.nn.kernels.dispatch import set_kernels
 
 def prepare_outputs(config: TrainConfig, rank: int) -> None:
     """Check and create the run's output paths before any work (every rank writes into the
-    checkpoint directory; rank 0 alone writes the results). Idempotent."""
+    checkpoint directory, which rank 0 holds for the run; rank 0 alone writes the results).
+    Idempotent."""
     if config.checkpoint_dir:
         prepare_checkpoint_dir(
-            config.checkpoint_dir, resume=config.resume, overwrite=config.overwrite_checkpoint
+            config.checkpoint_dir,
+            resume=config.resume,
+            overwrite=config.overwrite_checkpoint,
+            hold=rank == 0,
         )
     if config.results and rank == 0:
         prepare_results_file(config.results)
@@ -35,7 +39,7 @@ def set_threads(config: TrainConfig) -> str | None:
     asked = max(config.threads or 0, config.loader_threads or 0)
     if cores is not None and asked > cores:
         warning = (
-            f"distmb.cli.train: warning: {asked} threads (--threads / --loader-threads) exceed "
+            f"distmb.train: warning: {asked} threads (--threads / --loader-threads) exceed "
             f"the {cores} core(s) this process may use; the threads will take turns"
         )
     if config.threads is not None:

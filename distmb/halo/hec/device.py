@@ -317,7 +317,9 @@ class DeviceHistoricalCache(EmbeddingCache):
         removed_key = torch.where(changed & (old_tag >= 0), old_tag, INT64_MAX)
         at = torch.searchsorted(self._keys, removed_key).clamp_(max=cap - 1)
         removed = torch.zeros(cap + 1, dtype=torch.bool, device=dev)
-        removed[torch.where(removed_key != INT64_MAX, at, cap)] = True
+        # index_fill_ takes its value as a kernel argument; ``removed[idx] = True`` would copy
+        # a CPU scalar to the device (a synchronisation on CUDA).
+        removed.index_fill_(0, torch.where(removed_key != INT64_MAX, at, cap), True)
         removed = removed[:cap]
         removed_upto = torch.zeros(cap + 1, dtype=torch.int64, device=dev)
         torch.cumsum(removed, 0, out=removed_upto[1:])  # removed_upto[j]: among the first j

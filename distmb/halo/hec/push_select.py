@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from distmb.core.host_reads import to_host
 from distmb.core.rng import hash_key, hash_key_t, mix64_t, to_signed, to_unit_open
 from distmb.data.graph import csr_row_positions
 
@@ -192,7 +193,7 @@ def select_push_device(
     if n == 0 or tables.max_peers == 0:
         return torch.empty(0, dtype=torch.int64, device=solid.device), np.zeros(num_peers, np.int64)
     ordered, kept = rank_candidates_device(solid, tables, nc, num_peers, call_key)
-    counts = kept.cpu().numpy()
+    counts = to_host(kept).numpy()
     return ordered[: int(counts.sum())] % n, counts
 
 

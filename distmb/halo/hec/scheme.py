@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from distmb.comm import RankGroup
+from distmb.core.host_reads import host_scalar
 from distmb.data.store.store import PartitionStore
 from distmb.halo.hec.contract import CACHE_STATE_KEYS, LIFESPAN_UNBOUNDED, EmbeddingCache
 from distmb.halo.hec.device import DeviceHistoricalCache
@@ -196,7 +197,7 @@ class HistoricalEmbeddingScheme(HaloScheme):
                 full.cpu().numpy().copy(),
                 hit.cpu().numpy().copy(),
             )
-        if bool(hit.all()):
+        if host_scalar(hit.all()):  # the one read of a device cache's load
             return block, full
         keep = torch.ones(block.n_src, dtype=torch.bool, device=block.device)
         keep[block.n_computed :] = hit.to(block.device)

@@ -26,6 +26,7 @@ import torch
 
 from distmb.comm import MpiGroup, RankGroup, exchange_counts
 from distmb.comm.group import peer_offsets
+from distmb.core.host_reads import to_host
 from distmb.core.units import row_message_bytes
 
 #: Growth factor of reusable communication buffers when a message does not fit.
@@ -217,9 +218,9 @@ class MpiEmbeddingTransport(EmbeddingTransport):
         buf.recv_ids = _fit(buf.recv_ids, n_recv)
         buf.recv_rows = _fit(buf.recv_rows, n_recv * dim)
         if isinstance(rows, torch.Tensor):  # device rows are staged through host memory
-            rows = rows.detach().cpu().numpy()
+            rows = to_host(rows.detach()).numpy()
         if isinstance(ids, torch.Tensor):
-            ids = ids.cpu().numpy()
+            ids = to_host(ids).numpy()
         buf.send_ids[:n_send] = ids
         buf.send_rows[: n_send * dim] = np.asarray(rows, dtype=np.float32).reshape(-1)
         sdisp, rdisp = peer_offsets(counts), peer_offsets(recv_counts)

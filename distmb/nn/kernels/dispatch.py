@@ -6,8 +6,9 @@ All sit behind the same layer modules (``distmb.nn.sage``, ``distmb.nn.gat``,
 Each is chosen per call, for the tensors at hand: ``"fused"`` takes float32 CPU tensors (other
 tensors, e.g. on a GPU, go through PyTorch ops); ``"triton"`` runs
 :func:`~distmb.nn.aggregate.aggregate` with the Triton kernel of
-:mod:`distmb.nn.kernels.triton_aggregate` on CUDA tensors (float32, bf16, fp16; CPU tensors only
-under Triton's interpreter) and everything else through PyTorch ops.
+:mod:`distmb.nn.kernels.triton_aggregate` and :func:`~distmb.nn.aggregate.attention_aggregate`
+(GAT) with those of :mod:`distmb.nn.kernels.triton_gat` on CUDA tensors (float32, bf16, fp16;
+CPU tensors only under Triton's interpreter), and everything else through PyTorch ops.
 """
 
 from __future__ import annotations

@@ -191,10 +191,17 @@ def csr_gather(
 
 
 def transposed_csr(block: Block) -> tuple[Tensor, Tensor]:
-    """(indptr int64[n_src + 1], destination int64[E]): the block's CSR over sources (edges
-    of a source in ascending edge order), built with torch ops on the block's device on
-    first use and cached on the block object (rebuilt when ``indptr`` / ``indices`` were
-    replaced or modified in place)."""
+    """(indptr int64[n_src + 1], destination int64[E]) of :func:`transposed_csr_edges`."""
+    t_indptr, _, t_dst = transposed_csr_edges(block)
+    return t_indptr, t_dst
+
+
+def transposed_csr_edges(block: Block) -> tuple[Tensor, Tensor, Tensor]:
+    """(indptr int64[n_src + 1], edge int64[E], destination int64[E]): the block's CSR over
+    sources (edges of a source in ascending edge order; ``edge``: the position of each in
+    ``block.indices``), built with torch ops on the block's device on first use and cached on
+    the block object (rebuilt when ``indptr`` / ``indices`` were replaced or modified in
+    place)."""
     key = (
         id(block.indptr),
         block.indptr._version,
@@ -204,13 +211,13 @@ def transposed_csr(block: Block) -> tuple[Tensor, Tensor]:
     )
     cached = getattr(block, _TRANSPOSE_ATTR, None)
     if cached is not None and cached[0] == key:
-        return cached[1], cached[2]
+        return cached[1], cached[2], cached[3]
     order = torch.sort(block.indices, stable=True).indices
     t_indptr = torch.zeros(block.n_src + 1, dtype=torch.int64, device=block.device)
     torch.cumsum(torch.bincount(block.indices, minlength=block.n_src), 0, out=t_indptr[1:])
     t_dst = block.dst_of_edges()[order]
-    setattr(block, _TRANSPOSE_ATTR, (key, t_indptr, t_dst))
-    return t_indptr, t_dst
+    setattr(block, _TRANSPOSE_ATTR, (key, t_indptr, order, t_dst))
+    return t_indptr, order, t_dst
 
 
 def _scale(block: Block, kind: str) -> Tensor | None:

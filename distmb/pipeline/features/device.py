@@ -34,11 +34,13 @@ the cache), ``misses``, ``rows_loaded`` (distinct rows read from host memory),
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import numpy as np
 import torch
 
+from distmb.core.host_reads import host_values, to_host
 from distmb.pipeline.features.cached import cache_rows
 from distmb.pipeline.features.presample import static_hot_ids
 from distmb.pipeline.features.protocol import FeatureSource, TakeBuffer
@@ -55,12 +57,39 @@ NOT_CACHED = -1
 DIRECTORY_BYTES_PER_ROW = 4
 
 
+class HostRowReader(Protocol):
+    """Where :class:`DeviceFeatures` reads the rows its cache misses, when it is not a host
+    table (:class:`~distmb.pipeline.features.zero_copy.HostRows` over one): the rows of an
+    out-of-core host cache (:class:`~distmb.pipeline.features.tiered.HostCacheRows`).
+
+    Attributes:
+        device: where :meth:`gather` delivers rows.
+        num_rows, dim: the table's shape, also as ``shape`` (``(num_rows, dim)``).
+        dtype: the rows' dtype; ``row_bytes``: one row's bytes in it.
+    """
+
+    device: torch.device
+    num_rows: int
+    dim: int
+    dtype: torch.dtype
+    row_bytes: int
+
+    @property
+    def shape(self) -> tuple[int, int]: ...
+
+    def gather(self, sorted_ids: torch.Tensor) -> torch.Tensor:
+        """[n, dim] of :attr:`dtype` on :attr:`device`: rows ``sorted_ids`` (int64[n] on
+        :attr:`device`, ascending, distinct, in range)."""
+        ...
+
+
 class DeviceFeatures(FeatureSource):
     """Rows of a host feature table, gathered onto ``device`` through a static device cache
     (see the module docstring).
 
     Args:
-        table: [num_rows, dim] float16/32/64 (numpy array, memory map or CPU tensor).
+        table: [num_rows, dim] float16/32/64 (numpy array, memory map or CPU tensor), or
+            a :class:`HostRowReader` that serves the misses (then ``align_rows`` is unused).
         device: ``cuda`` (pinned host table read zero-copy) or ``cpu`` (same logic, for tests).
         capacity: rows the cache holds (clamped to the table; 0: no cache).
         hot_ids: int64 row ids by decreasing priority (distinct, in range); the first
@@ -69,11 +98,15 @@ class DeviceFeatures(FeatureSource):
             ``capacity``), for the record.
         reuse_previous: FastGL's Match: reuse the previous gather's host rows.
         align_rows: pad the host rows to 128 bytes (:class:`HostRows`).
+        n_solid: a part's solid rows when ``table`` also holds its replicated halo rows
+            after them (solid rows, then halo rows by ``VID_p``, as
+            :class:`~distmb.pipeline.features.PartFeatures`): then :attr:`has_halo` is True
+            and the BatchLoader gathers block 0's halo rows too. Default: every row is solid.
     """
 
     def __init__(
         self,
-        table: np.ndarray | torch.Tensor,
+        table: np.ndarray | torch.Tensor | HostRowReader,
         device: torch.device | str,
         capacity: int,
         *,
@@ -81,6 +114,7 @@ class DeviceFeatures(FeatureSource):
         policy: str = "presc",
         reuse_previous: bool = False,
         align_rows: bool = True,
+        n_solid: int | None = None,
     ) -> None:
         if policy not in DEVICE_CACHE_POLICIES:
             raise ValueError(
@@ -88,9 +122,16 @@ class DeviceFeatures(FeatureSource):
             )
         if capacity < 0:
             raise ValueError(f"device cache capacity must be >= 0 rows, got {capacity}")
-        self.host = HostRows(table, device, align_rows=align_rows)
+        self.host: HostRows | HostRowReader = (
+            HostRows(table, device, align_rows=align_rows)
+            if isinstance(table, np.ndarray | torch.Tensor)
+            else table
+        )
         super().__init__(self.host.num_rows, self.host.dim)
         self.device = self.host.device
+        self.n_solid = self.num_rows if n_solid is None else int(n_solid)
+        if not 0 <= self.n_solid <= self.num_rows:
+            raise ValueError(f"DeviceFeatures: n_solid {n_solid} outside [0, {self.num_rows}]")
         self.policy = policy
         self.reuse_previous = reuse_previous
         self.capacity = 0 if policy == "none" else min(int(capacity), self.num_rows)
@@ -127,6 +168,12 @@ class DeviceFeatures(FeatureSource):
         if self._slot_of is None:
             return np.zeros(0, dtype=np.int64)
         return torch.nonzero(self._slot_of != NOT_CACHED).flatten().cpu().numpy()
+
+    @property
+    def has_halo(self) -> bool:
+        """Whether halo ids (``>= n_solid``) can be gathered (the table holds replicated
+        halo rows)."""
+        return self.num_rows > self.n_solid
 
     def resident(self) -> torch.Tensor:
         """bool[num_rows] on the device: whether each row is in the cache."""
@@ -168,6 +215,30 @@ class DeviceFeatures(FeatureSource):
         if not self.capacity:
             return 0
         return self.capacity * self.host.row_bytes + self.num_rows * DIRECTORY_BYTES_PER_ROW
+
+    def planned_loads(self, traces: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """What the next ``len(traces)`` gathers will read from the host rows, if they come in
+        this order with nothing between them: ``traces[i]`` are the i-th gather's ids
+        (int64, any order, repeats allowed). Returns one int64 array (ascending, distinct)
+        per :meth:`HostRowReader.gather` they will make, in order: the misses of the cache,
+        less those Match takes from the gather before; a gather that reads nothing makes
+        none. Changes nothing."""
+        resident = to_host(self.resident()).numpy()
+        previous = to_host(self._prev_ids).numpy() if self._prev_ids is not None else None
+        loads: list[np.ndarray] = []
+        for trace in traces:
+            ids = np.asarray(trace, dtype=np.int64)
+            missed = np.unique(ids[~resident[ids]])
+            if not missed.size:
+                continue  # _gather reads nothing and keeps the previous rows
+            load = missed
+            if self.reuse_previous:
+                if previous is not None and previous.size:
+                    load = missed[~np.isin(missed, previous, assume_unique=True)]
+                previous = missed
+            if load.size:
+                loads.append(load)
+        return loads
 
     def forget_previous(self) -> None:
         """Drop the previous gather's rows (the next gather reuses nothing)."""
@@ -211,7 +282,7 @@ class DeviceFeatures(FeatureSource):
             )
         ids = ids.to(device=self.device, dtype=torch.int64)
         if ids.numel():
-            low, high = (int(v) for v in torch.aminmax(ids))
+            low, high = host_values(torch.stack(torch.aminmax(ids)))
             if low < 0 or high >= self.num_rows:
                 raise IndexError(
                     f"DeviceFeatures: ids must be in [0, {self.num_rows}), got [{low}, {high}]"
@@ -277,7 +348,7 @@ class DeviceFeatures(FeatureSource):
 
 
 def build_device_features(
-    table: np.ndarray | torch.Tensor,
+    table: np.ndarray | torch.Tensor | HostRowReader,
     device: torch.device | str,
     cache_mb: float,
     policy: str,
@@ -290,11 +361,14 @@ def build_device_features(
     seed: int,
     reuse_previous: bool = False,
     align_rows: bool = True,
+    n_solid: int | None = None,
 ) -> DeviceFeatures:
     """A :class:`DeviceFeatures` of ``cache_mb`` MiB of rows (in the table's dtype) filled by
     ``policy``, ranked by :func:`~distmb.pipeline.features.presample.static_hot_ids` (``presc``
     pre-samples with its own stream derived from ``seed``; the training batches are never
-    seen). The arguments after ``policy`` are those of that function."""
+    seen). The arguments from ``degree`` to ``seed`` are those of that function
+    (``degree``: one entry per row of ``table``, halo rows included); ``n_solid`` is
+    :class:`DeviceFeatures`'."""
     if policy not in DEVICE_CACHE_POLICIES:
         raise ValueError(
             f"device cache policy must be one of {DEVICE_CACHE_POLICIES}, got {policy!r}"
@@ -319,4 +393,5 @@ def build_device_features(
         policy=policy,
         reuse_previous=reuse_previous,
         align_rows=align_rows,
+        n_solid=n_solid,
     )

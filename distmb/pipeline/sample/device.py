@@ -11,15 +11,18 @@ iteration)`` the blocks are the same on every call on the same device type and t
 One layer, all on the device, no loop over destinations:
 
 1. degrees from ``indptr``; row sizes ``min(deg, fanout)``; their prefix sum is the block's
-   ``indptr`` (host sync 1: the edge count, which sizes the layer's arrays);
-2. positions: vectorised Floyd (:mod:`distmb.pipeline.sample.choose`) for rows above the fan-out,
-the
-   whole row otherwise; neighbours gathered from ``indices``;
-3. Fused-Map (:func:`distmb.pipeline.sample.idmap.fused_map`) of ``concat(dst, neighbours)``: the
-   block's ``src_ids`` and every edge's source position (host sync 2: the source counts).
+   ``indptr``;
+2. positions: vectorised Floyd (:mod:`distmb.pipeline.sample.choose`) for rows above the
+   fan-out, the whole row otherwise, laid out by the bound ``n_dst x fanout`` (padding slots
+   carry ``dst[0]``); neighbours gathered from ``indices``;
+3. Fused-Map (:func:`distmb.pipeline.sample.idmap.start_map`) of ``concat(dst, neighbours)``:
+   the block's ``src_ids`` and every slot's source position; the valid slots are scattered
+   to their CSR positions.
 
-So a layer synchronises with the host twice, each time reading only the sizes of its outputs
-(which the :class:`~distmb.pipeline.sample.Block` holds as ints); the seeds' checks ride on sync 1.
+So a layer synchronises with the host once (:func:`distmb.core.host_reads.host_values`),
+reading the edge count, the seeds' range check and Fused-Map's counts together: the sizes
+of its outputs, which the :class:`~distmb.pipeline.sample.Block` holds as ints. Only
+:data:`FANOUT_ALL` layers (exact evaluation) read the edge count first (twice a layer).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import numpy as np
 import torch
 
 from distmb import _C
+from distmb.core.host_reads import host_values, to_host
 from distmb.core.rng import GOLDEN, finalize64
 from distmb.pipeline.sample.blocks import Block
 from distmb.pipeline.sample.choose import choose_positions
@@ -39,7 +43,13 @@ from distmb.pipeline.sample.host import (
     _check_counter,
     _index_array,
 )
-from distmb.pipeline.sample.idmap import Backend, RepeatedDestinationError, fused_map
+from distmb.pipeline.sample.idmap import (
+    Backend,
+    MappedIds,
+    PendingMap,
+    RepeatedDestinationError,
+    start_map,
+)
 from distmb.pipeline.sample.placement import Placement, place
 from distmb.pipeline.sample.protocol import PartSampler
 
@@ -153,34 +163,104 @@ class DeviceNeighborSampler(PartSampler):
     ) -> Block:
         """One block for destinations ``dst`` (int64[n_dst] on the device, distinct solid
         VID_p; checked when ``check_seeds``)."""
-        n_dst, device = int(dst.shape[0]), self.device
+        n_dst = int(dst.shape[0])
         if check_seeds and n_dst and self.n_solid == 0:
             self._raise_bad_seed(dst)
-        # Out-of-range seeds are clamped for the reads below and reported at sync 1, so that
-        # a bad seed never becomes an out-of-bounds device read.
+        # Out-of-range seeds are clamped for the reads below and reported at the layer's
+        # sync, so that a bad seed never becomes an out-of-bounds device read.
         rows = dst.clamp(0, max(self.n_solid - 1, 0)) if check_seeds else dst
         start = self.indptr[rows]
         deg = self.indptr[rows + 1] - start
-        count = deg if fanout == FANOUT_ALL else torch.clamp(deg, max=fanout)
-        indptr = torch.zeros(n_dst + 1, dtype=torch.int64, device=device)
-        torch.cumsum(count, 0, out=indptr[1:])
-        bad = ((dst < 0) | (dst >= self.n_solid)).sum() if check_seeds else indptr[0]
-        nnz, n_bad = torch.stack([indptr[-1], bad]).tolist()  # host sync 1
+        if fanout == FANOUT_ALL or not self.indices.numel():
+            return self._layer_exact(dst, start, deg, fanout, check_seeds)
+        return self._layer_bounded(dst, start, deg, fanout, generator, check_seeds)
+
+    def _n_bad(self, dst: torch.Tensor, indptr: torch.Tensor, check_seeds: bool) -> torch.Tensor:
+        """int64 scalar on the device: seeds outside the solid range (unless checked:
+        ``indptr[0]``, a zero that costs no op)."""
+        if not check_seeds:
+            return indptr[0]
+        return ((dst < 0) | (dst >= self.n_solid)).sum()
+
+    def _finish(
+        self, pending: PendingMap, counts: list[int], n_bad: int, dst: torch.Tensor
+    ) -> MappedIds:
+        """The layer's ids from its one host read: bad seeds, then repeated seeds, raise."""
         if n_bad:
             self._raise_bad_seed(dst)
-        row = torch.repeat_interleave(torch.arange(n_dst, device=device), count, output_size=nnz)
-        offset = torch.arange(nnz, device=device) - indptr[row]
-        if fanout != FANOUT_ALL and nnz:
-            picks = choose_positions(deg, fanout, generator)
-            offset = torch.where(deg[row] > fanout, picks[row, offset], offset)
-        neighbours = self.indices[start[row] + offset]
-        keys = torch.cat([dst, neighbours.to(device, torch.int64)])
         try:
-            mapped = fused_map(keys, n_dst, self.n_solid, self.backend)  # host sync 2
+            return pending.finish(counts)
         except RepeatedDestinationError as exc:  # only seeds can repeat
             raise ValueError(
                 f"seeds must be distinct; VID_p {exc.key} occurs more than once"
             ) from None
+
+    def _layer_bounded(
+        self,
+        dst: torch.Tensor,
+        start: torch.Tensor,
+        deg: torch.Tensor,
+        fanout: int,
+        generator: torch.Generator,
+        check_seeds: bool,
+    ) -> Block:
+        """A layer of ``fanout`` picks per row, sized by its bound ``n_dst * fanout``: every
+        row has ``fanout`` slots, the first ``min(deg, fanout)`` valid (the same picks, in the
+        same order, as the exact layout). Padding slots carry ``dst[0]``, which Fused-Map
+        has seen at position 0 already, so they never become sources; the edge count rides
+        on Fused-Map's sync (one host read per layer) and the valid slots are scattered to
+        their CSR positions."""
+        n_dst, device = int(dst.shape[0]), self.device
+        count = torch.clamp(deg, max=fanout)
+        indptr = torch.zeros(n_dst + 1, dtype=torch.int64, device=device)
+        torch.cumsum(count, 0, out=indptr[1:])
+        slot = torch.arange(fanout, dtype=torch.int64, device=device)
+        picks = choose_positions(deg, fanout, generator)  # int64[n_dst, fanout]
+        offset = torch.where((deg > fanout).unsqueeze(1), picks, slot)
+        valid = (slot < count.unsqueeze(1)).flatten()  # bool[n_dst * fanout]
+        # Padding slots past the last edge read the last edge instead (their value is unused).
+        edge = (start.unsqueeze(1) + offset).flatten().clamp_(max=self.indices.numel() - 1)
+        neighbours = self.indices[edge].to(device, torch.int64)
+        keys = torch.cat([dst, torch.where(valid, neighbours, dst[:1])])
+        pending = start_map(keys, n_dst, self.n_solid, self.backend)
+        head = torch.stack([indptr[-1], self._n_bad(dst, indptr, check_seeds)])
+        nnz, n_bad, *counts = host_values(torch.cat([head, pending.counts]))  # the layer's sync
+        mapped = self._finish(pending, counts, n_bad, dst)
+        position = torch.where(valid, (indptr[:-1].unsqueeze(1) + slot).flatten(), nnz)
+        indices = torch.empty(nnz + 1, dtype=torch.int64, device=device)
+        indices.scatter_(0, position, mapped.local[n_dst:])
+        return Block(
+            n_dst=n_dst,
+            n_src=int(mapped.src_ids.shape[0]),
+            n_halo=mapped.n_halo,
+            indptr=indptr,
+            indices=indices[:nnz],
+            src_ids=mapped.src_ids,
+        )
+
+    def _layer_exact(
+        self,
+        dst: torch.Tensor,
+        start: torch.Tensor,
+        deg: torch.Tensor,
+        fanout: int,
+        check_seeds: bool,
+    ) -> Block:
+        """Every neighbour (``fanout`` is :data:`FANOUT_ALL`, or the graph has no edge):
+        the edge count is read first (it sizes the layer's arrays), then Fused-Map's."""
+        n_dst, device = int(dst.shape[0]), self.device
+        indptr = torch.zeros(n_dst + 1, dtype=torch.int64, device=device)
+        torch.cumsum(deg, 0, out=indptr[1:])
+        nnz, n_bad = host_values(torch.stack([indptr[-1], self._n_bad(dst, indptr, check_seeds)]))
+        if n_bad:
+            self._raise_bad_seed(dst)
+        row = torch.repeat_interleave(torch.arange(n_dst, device=device), deg, output_size=nnz)
+        offset = torch.arange(nnz, device=device) - indptr[row]
+        neighbours = self.indices[start[row] + offset]
+        pending = start_map(
+            torch.cat([dst, neighbours.to(device, torch.int64)]), n_dst, self.n_solid, self.backend
+        )
+        mapped = self._finish(pending, host_values(pending.counts), 0, dst)
         return Block(
             n_dst=n_dst,
             n_src=int(mapped.src_ids.shape[0]),
@@ -192,7 +272,7 @@ class DeviceNeighborSampler(PartSampler):
 
     def _raise_bad_seed(self, dst: torch.Tensor) -> None:
         """Raise the C++ sampler's error for the first seed outside the solid range."""
-        host = dst.cpu()
+        host = to_host(dst)
         at = int(torch.nonzero((host < 0) | (host >= self.n_solid))[0, 0])
         s = int(host[at])
         if self.n_solid <= s < self.n_local:

@@ -22,9 +22,11 @@ by every key (gathers, no probing). Unlike FastGL's atomic counter, which number
 the order threads happen to win, the numbering is deterministic and equals the C++
 sampler's.
 
-Host synchronisation: exactly one per call, reading three counts (new solid sources, new
-halo sources, repeated destinations) that size the output (``torch.unique`` of the
-``"torch"`` back end adds its own, internal, for the number of distinct keys).
+Host synchronisation: exactly one per call, reading the counts (new solid sources, new
+halo sources, repeated destinations, negative keys) that size the output, through
+:func:`distmb.core.host_reads.host_values`; :func:`start_map` stops before it, so that a
+caller reads its own values in the same sync (``torch.unique`` of the ``"torch"`` back end
+adds its own, internal, for the number of distinct keys).
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
+
+from distmb.core.host_reads import host_scalar, host_values
 
 #: The grouping back ends; ``"auto"`` is Triton when it is importable and the keys are on a
 #: CUDA device (or ``TRITON_INTERPRET=1`` is set), else torch.
@@ -119,57 +123,98 @@ def fused_map(
         ValueError: keys not a 1-D int64 tensor, ``n_dst`` outside ``[0, m]``, a negative key,
             a bad ``capacity`` or back end.
     """
+    pending = start_map(keys, n_dst, n_solid, backend, capacity)
+    return pending.finish(host_values(pending.counts))  # the one host sync
+
+
+def start_map(
+    keys: torch.Tensor,
+    n_dst: int,
+    n_solid: int | None = None,
+    backend: Backend = "auto",
+    capacity: int | None = None,
+) -> PendingMap:
+    """:func:`fused_map` up to its host sync: the grouping and the counts on the device.
+
+    A caller that reads other device values too reads them together with
+    :attr:`PendingMap.counts` (one sync), then calls :meth:`PendingMap.finish`. Arguments
+    and checks as :func:`fused_map` (the data checks happen in ``finish``)."""
     if keys.dim() != 1 or keys.dtype != torch.int64:
         raise ValueError(f"keys must be a 1-D int64 tensor (got {keys.dtype}, {keys.dim()}-D)")
     m = int(keys.shape[0])
     if not 0 <= n_dst <= m:
         raise ValueError(f"n_dst={n_dst} is outside [0, len(keys)={m}]")
-    device = keys.device
     if m == 0:
-        empty = torch.zeros(0, dtype=torch.int64, device=device)
-        return MappedIds(empty, empty.clone(), 0)
-    if resolve_backend(backend, device) == "triton":
+        group = torch.zeros(0, dtype=torch.int64, device=keys.device)
+        return PendingMap(keys, n_dst, n_solid, group, group.bool(), 0)
+    if resolve_backend(backend, keys.device) == "triton":
         from distmb.pipeline.sample.idmap_triton import triton_groups
 
         group, first, n_groups = triton_groups(keys, capacity)
     else:
         group, first, n_groups = torch_groups(keys)
-    return _relabel(keys, n_dst, n_solid, group, first, n_groups)
+    return PendingMap(keys, n_dst, n_solid, group, first, n_groups)
 
 
-def _relabel(
-    keys: torch.Tensor,
-    n_dst: int,
-    n_solid: int | None,
-    group: torch.Tensor,
-    first: torch.Tensor,
-    n_groups: int,
-) -> MappedIds:
-    """Positions from a grouping: group int64[m] in ``[0, n_groups)``, first bool[m]."""
-    m, device = keys.shape[0], keys.device
-    new = first.clone()
-    new[:n_dst] = False
-    solid = torch.ones_like(new) if n_solid is None else keys < n_solid
-    new_solid, new_halo = new & solid, new & ~solid
-    rank_solid = torch.cumsum(new_solid, 0)
-    rank_halo = torch.cumsum(new_halo, 0)
-    counts = torch.stack([rank_solid[-1], rank_halo[-1], (~first[:n_dst]).sum(), (keys < 0).sum()])
-    n_new_solid, n_halo, repeated, negative = counts.tolist()  # the one host sync
-    if negative:
-        bad = int(keys[keys < 0][0])
-        raise ValueError(f"keys must be non-negative (got {bad})")
-    if repeated:
-        at = int(torch.nonzero(~first[:n_dst])[0, 0])
-        raise RepeatedDestinationError(int(keys[at]))
-    positions = torch.arange(m, dtype=torch.int64, device=device)
-    local_new = torch.where(new_solid, n_dst + rank_solid - 1, n_dst + n_new_solid + rank_halo - 1)
-    first_local = torch.where(positions < n_dst, positions, local_new)
-    # Every group's position, written by its first occurrence; the others write to a spare
-    # slot (index n_groups / n_src) that is dropped.
-    group_local = torch.empty(n_groups + 1, dtype=torch.int64, device=device)
-    group_local.scatter_(0, torch.where(first, group, n_groups), first_local)
-    local = group_local[group]
-    n_src = n_dst + n_new_solid + n_halo
-    src_ids = torch.empty(n_src + 1, dtype=torch.int64, device=device)
-    src_ids.scatter_(0, torch.where(first, local, n_src), keys)
-    return MappedIds(src_ids[:n_src], local, int(n_halo))
+class PendingMap:
+    """A grouping of ``keys`` (group int64[m] in ``[0, n_groups)``, first bool[m]) waiting
+    for its counts: :attr:`counts` is int64[4] on the device (new solid sources, new halo
+    sources, repeated destinations, negative keys), :meth:`finish` takes them read back."""
+
+    def __init__(
+        self,
+        keys: torch.Tensor,
+        n_dst: int,
+        n_solid: int | None,
+        group: torch.Tensor,
+        first: torch.Tensor,
+        n_groups: int,
+    ) -> None:
+        self.keys, self.n_dst, self.n_solid = keys, n_dst, n_solid
+        self.group, self.first, self.n_groups = group, first, n_groups
+        new = first.clone()
+        new[:n_dst] = False
+        solid = torch.ones_like(new) if n_solid is None else keys < n_solid
+        self.new_solid, self.new_halo = new & solid, new & ~solid
+        self.rank_solid = torch.cumsum(self.new_solid, 0)
+        self.rank_halo = torch.cumsum(self.new_halo, 0)
+        if keys.numel():
+            new_counts = [self.rank_solid[-1], self.rank_halo[-1]]
+        else:
+            new_counts = [torch.zeros((), dtype=torch.int64, device=keys.device)] * 2
+        self.counts = torch.stack([*new_counts, (~first[:n_dst]).sum(), (keys < 0).sum()])
+
+    def finish(self, counts: list[int]) -> MappedIds:
+        """The positions, from :attr:`counts` read back (``counts``: their 4 values).
+
+        Raises:
+            RepeatedDestinationError, ValueError: as :func:`fused_map`.
+        """
+        keys, n_dst, first, group = self.keys, self.n_dst, self.first, self.group
+        n_new_solid, n_halo, repeated, negative = counts
+        if negative:
+            bad = host_scalar(keys[keys < 0][0])
+            raise ValueError(f"keys must be non-negative (got {bad})")
+        if repeated:
+            at = host_scalar(torch.nonzero(~first[:n_dst])[0, 0])
+            raise RepeatedDestinationError(host_scalar(keys[at]))
+        m, device = keys.shape[0], keys.device
+        if m == 0:
+            empty = torch.zeros(0, dtype=torch.int64, device=device)
+            return MappedIds(empty, empty.clone(), 0)
+        positions = torch.arange(m, dtype=torch.int64, device=device)
+        local_new = torch.where(
+            self.new_solid,
+            n_dst + self.rank_solid - 1,
+            n_dst + n_new_solid + self.rank_halo - 1,
+        )
+        first_local = torch.where(positions < n_dst, positions, local_new)
+        # Every group's position, written by its first occurrence; the others write to a
+        # spare slot (index n_groups / n_src) that is dropped.
+        group_local = torch.empty(self.n_groups + 1, dtype=torch.int64, device=device)
+        group_local.scatter_(0, torch.where(first, group, self.n_groups), first_local)
+        local = group_local[group]
+        n_src = n_dst + n_new_solid + n_halo
+        src_ids = torch.empty(n_src + 1, dtype=torch.int64, device=device)
+        src_ids.scatter_(0, torch.where(first, local, n_src), keys)
+        return MappedIds(src_ids[:n_src], local, int(n_halo))

@@ -8,9 +8,8 @@ returns the key already there. Once a lane has found its key's slot it records t
 after the single pass ``table_pos`` holds every key's first appearance and
 ``table_pos[slot_of[i]] == i`` says whether ``i`` is one. FastGL numbers the keys with an
 atomic counter inside the same kernel, which gives a different numbering on every run; the
-first-appearance record lets :func:`distmb.pipeline.sample.idmap._relabel` number them in input
-order
-instead, exactly as the C++ sampler does.
+first-appearance record lets :meth:`distmb.pipeline.sample.idmap.PendingMap.finish` number
+them in input order instead, exactly as the C++ sampler does.
 
 Runs on CUDA tensors, and on CPU tensors under Triton's interpreter (``TRITON_INTERPRET=1``
 set before Triton is imported), which is how CI tests it.

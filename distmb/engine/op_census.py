@@ -1,0 +1,190 @@
+"""A census of one training epoch's work on the device path, per iteration: the CPU proxies
+of a GPU run's kernel launches and host synchronisations (docs/cuda.md, "Launches and host
+synchronisations").
+
+- **aten ops**: every ATen operator dispatched (a :class:`TorchDispatchMode` below autograd,
+  so backward ops count too), by stage: ``sample``, ``gather``, ``hec`` (the halo scheme's
+  calls), ``forward``, ``backward``, ``allreduce``, ``optimizer`` and ``other`` (the loop's
+  own: loss bookkeeping). On a GPU nearly every one is a kernel launch (views and metadata
+  ops are not, a few composite ops launch several), so fewer ops is fewer launches.
+- **sync-prone ops**: the aten ops among them whose output size or value the host must read
+  back (:data:`SYNCING_OPS`: ``nonzero``, ``unique``, an ``item`` ...); each is a hidden
+  host synchronisation on a GPU.
+- **host reads** and **device waits**: :data:`distmb.core.host_reads.HOST_READS`, the exact
+  count of the device path's explicit reads and of the phase timers' waits.
+
+Counted on the calling thread: the census runs the loader synchronously (``--prefetch 0``).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from distmb.core.host_reads import HOST_READS
+
+#: ATen ops that read a device value or a data-dependent size back to the host.
+SYNCING_OPS = frozenset(
+    {
+        "aten._local_scalar_dense",  # .item(), int(t), bool(t), float(t)
+        "aten.nonzero",
+        "aten.masked_select",
+        "aten._unique2",
+        "aten.unique_dim",
+        "aten.unique_consecutive",
+        "aten._unique",
+        "aten.is_nonzero",
+        "aten.equal",
+    }
+)
+#: The stages ops are counted by (``other``: outside every stage).
+STAGES = ("sample", "gather", "hec", "forward", "backward", "allreduce", "optimizer", "other")
+#: The trainer's phase timer names, as stages.
+_PHASE_STAGE = {"fwd": "forward", "bwd": "backward", "ared": "allreduce", "opt": "optimizer"}
+#: The halo scheme's per-iteration calls.
+_HALO_CALLS = ("after_sample", "layer_input", "end_iteration")
+
+
+class _OpCounter(TorchDispatchMode):
+    """Counts every dispatched ATen op by the innermost open stage."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stages: list[str] = []
+        self.ops: Counter[str] = Counter()
+        self.views: Counter[str] = Counter()
+        self.syncing: Counter[str] = Counter()
+        self.by_name: Counter[str] = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        stage = self.stages[-1] if self.stages else "other"
+        name = str(func.overloadpacket)
+        self.ops[stage] += 1
+        if func.is_view:
+            self.views[stage] += 1
+        self.by_name[name] += 1
+        if name in SYNCING_OPS:
+            self.syncing[stage] += 1
+        return func(*args, **(kwargs or {}))
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        self.stages.append(name)
+        try:
+            yield
+        finally:
+            self.stages.pop()
+
+
+@dataclass
+class EpochCensus:
+    """One epoch's counts, totals and per iteration.
+
+    Attributes:
+        iterations: training iterations of the epoch.
+        aten_ops: ATen ops by stage (:data:`STAGES`), epoch totals.
+        view_ops: those of them that are views (no kernel on a GPU), by stage.
+        syncing_ops: sync-prone ops (:data:`SYNCING_OPS`) by stage, epoch totals.
+        host_reads: explicit device-to-host reads (:func:`~distmb.core.host_reads.to_host`).
+        device_waits: explicit waits for the device (the phase timers).
+        top_ops: the most frequent op names and their epoch totals.
+    """
+
+    iterations: int
+    aten_ops: dict[str, int]
+    view_ops: dict[str, int]
+    syncing_ops: dict[str, int]
+    host_reads: int
+    device_waits: int
+    top_ops: dict[str, int] = field(default_factory=dict)
+
+    def per_iteration(self) -> dict[str, Any]:
+        """The counts divided by the iterations (rounded to 0.01), for a record:
+        ``aten_ops`` (and by stage), ``non_view_ops`` (the launch proxy), ``syncing_ops``
+        (and by stage), ``host_reads``, ``device_waits``."""
+        n = max(self.iterations, 1)
+
+        def each(value: float) -> float:
+            return round(value / n, 2)
+
+        return {
+            "iterations": self.iterations,
+            "aten_ops": each(sum(self.aten_ops.values())),
+            "aten_ops_by_stage": {k: each(v) for k, v in self.aten_ops.items()},
+            "non_view_ops": each(sum(self.aten_ops.values()) - sum(self.view_ops.values())),
+            "syncing_ops": each(sum(self.syncing_ops.values())),
+            "syncing_ops_by_stage": {k: each(v) for k, v in self.syncing_ops.items() if v},
+            "host_reads": each(self.host_reads),
+            "device_waits": each(self.device_waits),
+        }
+
+
+def _wrap(owner: Any, name: str, enter: Callable[[], Any], undo: list) -> None:  # noqa: ANN401
+    """Replace ``owner.name`` by a call inside the context ``enter()``; ``undo`` restores."""
+    original = getattr(owner, name)
+
+    def wrapped(*args: Any, **kwargs: Any) -> Any:  # noqa: ANN401
+        with enter():
+            return original(*args, **kwargs)
+
+    had_own = name in vars(owner)
+    setattr(owner, name, wrapped)
+    undo.append(lambda: setattr(owner, name, original) if had_own else delattr(owner, name))
+
+
+class _StagedTimer:
+    """The trainer's phase timer, its phases also opening the census's stages."""
+
+    def __init__(self, timer: Any, counter: _OpCounter) -> None:  # noqa: ANN401
+        self._timer, self._counter = timer, counter
+
+    @contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        with self._timer(phase), self._counter.stage(_PHASE_STAGE.get(phase, "other")):
+            yield
+
+    def __getattr__(self, name: str) -> Any:  # noqa: ANN401
+        return getattr(self._timer, name)
+
+
+def census_epoch(trainer: Any, epoch: int, top: int = 12) -> EpochCensus:  # noqa: ANN401
+    """Train epoch ``epoch`` of ``trainer`` (a :class:`~distmb.engine.trainer.Trainer` whose
+    loader is synchronous: ``prefetch=0``) and count its ops, reads and waits.
+
+    Raises:
+        ValueError: the trainer's loader prefetches on a thread (its ops would be missed).
+    """
+    if not trainer.loader.synchronous:
+        raise ValueError("census_epoch: build the trainer with prefetch=0 (ops of the loader's "
+                         "thread are not counted)")  # fmt: skip
+    counter = _OpCounter()
+    undo: list[Callable[[], None]] = []
+    _wrap(trainer.loader, "sample_batch", lambda: counter.stage("sample"), undo)
+    _wrap(trainer.loader, "gather_batch", lambda: counter.stage("gather"), undo)
+    for name in _HALO_CALLS:
+        _wrap(trainer.halo, name, lambda: counter.stage("hec"), undo)
+    timer = trainer.timer
+    trainer.timer = _StagedTimer(timer, counter)
+    reads, waits = HOST_READS.snapshot()
+    try:
+        with counter:
+            record = trainer.train_epoch(epoch)
+    finally:
+        trainer.timer = timer
+        for restore in reversed(undo):
+            restore()
+    after_reads, after_waits = HOST_READS.snapshot()
+    return EpochCensus(
+        iterations=int(record["iterations"]),
+        aten_ops={stage: counter.ops.get(stage, 0) for stage in STAGES},
+        view_ops={stage: counter.views.get(stage, 0) for stage in STAGES},
+        syncing_ops={stage: counter.syncing.get(stage, 0) for stage in STAGES},
+        host_reads=after_reads - reads,
+        device_waits=after_waits - waits,
+        top_ops=dict(counter.by_name.most_common(top)),
+    )

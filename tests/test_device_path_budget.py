@@ -1,0 +1,119 @@
+"""The device path's per-iteration budgets of ATen ops and host synchronisations, on CPU
+tensors (the CI proxies of a GPU run's kernel launches and syncs; docs/cuda.md, "Launches and
+host synchronisations").
+
+One tiny run (``--sampler device --kernels torch --prefetch 0``, 3 layers, one rank): epoch
+0 warms up, epoch 1 is counted by :func:`distmb.engine.op_census.census_epoch`. The budgets
+are the counts measured when they were set, plus a small margin; a change that adds a host
+read or a handful of ops per iteration fails here, and either pays for itself (then raise the
+budget, with the reason, here and in docs/cuda.md) or goes.
+
+Measured per iteration (2,000 vertices, fan-out 5,10,15, batch 100, 6 iterations):
+3 host reads of the sampler (one per layer), 1 of the feature cache's id check, 1 per epoch
+for the loss and accuracy (1/6 per iteration); 3 waits (the phase timers); 6 sync-prone ops
+(``torch.unique`` of the CPU Fused-Map back end, 3; the feature cache's hit/miss split and
+miss dedup, 3); 725 ATen ops, 513 of them in the sampler (Floyd's 3 ops per step and
+layer: 4 + 9 + 14 steps), 435 not views. Before the cuts: 10 host reads (2 per layer in the
+sampler, 2 in the feature cache, 2 in the loop: loss and accuracy) and 751 ATen ops.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from distmb.config.train import TrainConfig
+from distmb.core.host_reads import HOST_READS, host_scalar, host_values, to_host
+from distmb.data.datasets import load_dataset
+from distmb.data.local import LocalGraph
+from distmb.engine import Trainer
+from distmb.engine.op_census import EpochCensus, census_epoch
+
+GRAPH = "synthetic:nodes=2000,feat_dim=8,train_fraction=0.3,test_fraction=0.5"
+FANOUT = (5, 10, 15)
+
+#: Per-iteration budgets (measured + margin; see the module docstring).
+HOST_READS_BUDGET = 4.5  # measured 4.17
+DEVICE_WAITS_BUDGET = 3.0  # measured 3: fwd, bwd, opt phase timers
+SYNCING_OPS_BUDGET = 6.0  # measured 6
+ATEN_OPS_BUDGET = 750.0  # measured 725
+NON_VIEW_OPS_BUDGET = 455.0  # measured 435
+
+
+@pytest.fixture(scope="module")
+def trainer() -> Trainer:
+    config = TrainConfig(
+        layers=len(FANOUT), fanout=FANOUT, hidden=16, batch_size=100, epochs=2,
+        progress=False, sampler="device", kernels="torch", prefetch=0, threads=1,
+        device_cache_mb=0.05,
+    )  # fmt: skip
+    local = LocalGraph.from_graph(load_dataset(GRAPH))
+    trainer = Trainer(local, config, log=lambda _: None, device=torch.device("cpu"))
+    trainer.train_epoch(0)  # warm-up: caches filled, buffers sized
+    return trainer
+
+
+@pytest.fixture(scope="module")
+def census(trainer: Trainer) -> EpochCensus:
+    return census_epoch(trainer, 1)
+
+
+def over_budget(per_iteration: dict) -> list[str]:
+    """The counts above their budgets, as ``name value > budget``."""
+    budgets = {
+        "host_reads": HOST_READS_BUDGET,
+        "device_waits": DEVICE_WAITS_BUDGET,
+        "syncing_ops": SYNCING_OPS_BUDGET,
+        "aten_ops": ATEN_OPS_BUDGET,
+        "non_view_ops": NON_VIEW_OPS_BUDGET,
+    }
+    return [
+        f"{name} {per_iteration[name]} > {budget}"
+        for name, budget in budgets.items()
+        if per_iteration[name] > budget
+    ]
+
+
+def test_device_path_iteration_stays_within_its_budgets(census):
+    per_iteration = census.per_iteration()
+    assert census.iterations == 6
+    assert not over_budget(per_iteration), per_iteration
+    assert census.aten_ops["sample"] > 0 and census.aten_ops["forward"] > 0
+    assert census.aten_ops["backward"] > 0 and census.aten_ops["optimizer"] > 0
+
+
+def test_an_extra_read_per_iteration_is_caught(trainer, monkeypatch):
+    """A ``.item()`` per forward (hidden in the model) shows as a sync-prone op and pushes the
+    count over its budget: the census sees what the budgets guard."""
+    forward = trainer.forward
+
+    def forward_with_a_read(batch, step, num_steps):  # noqa: ANN001, ANN202
+        logits = forward(batch, step, num_steps)
+        logits.sum().item()
+        return logits
+
+    monkeypatch.setattr(trainer, "forward", forward_with_a_read)
+    census = census_epoch(trainer, 1)
+    per_iteration = census.per_iteration()
+    assert census.syncing_ops["forward"] == census.iterations
+    assert "syncing_ops" in " ".join(over_budget(per_iteration))
+
+
+def test_the_sampler_reads_the_host_once_per_layer(trainer):
+    """An independent count: one mini-batch sampled directly, the counter's difference."""
+    sampler = trainer.parts.device_stages.sampler
+    seeds = trainer.local.train_idx[:50]
+    before, _ = HOST_READS.snapshot()
+    blocks = sampler.sample(seeds, epoch=3, iteration=1)
+    after, _ = HOST_READS.snapshot()
+    assert len(blocks) == len(FANOUT)
+    assert after - before == len(FANOUT)
+
+
+def test_every_helper_counts_one_read():
+    t = torch.arange(4)
+    before, waits = HOST_READS.snapshot()
+    assert to_host(t) is t  # a CPU tensor is not copied
+    assert host_values(t) == [0, 1, 2, 3]
+    assert host_scalar(t[2]) == 2
+    assert HOST_READS.snapshot() == (before + 3, waits)
