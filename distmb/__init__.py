@@ -80,9 +80,11 @@ def __getattr__(name: str) -> Any:
     module_name = _EXPORTS.get(name)
     if module_name is None:
         raise AttributeError(f"module 'distmb' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module_name), name)
-    # ``distmb.predict`` is also a submodule; when it was imported first, the module is bound
-    # to this name instead, and it is callable (it calls the function).
+    module = importlib.import_module(module_name)
+    # ``distmb.predict`` names a submodule too: the name stays bound to that module, which is
+    # callable (it calls the function), so ``import distmb.predict`` and ``distmb.predict(...)``
+    # agree in either order.
+    value = module if module_name == f"{__name__}.{name}" else getattr(module, name)
     globals()[name] = value
     return value
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -127,3 +128,42 @@ def test_the_checks_catch_what_they_look_for():
     assert TRACKER_NUMBER.search("the GPU path (issue 12; docs/cuda.md)")
     assert TRACKER_NUMBER.search("# Scaling model (Issue 14, part 5)")
     assert not TRACKER_NUMBER.search("--early-stop 50 evaluations; 12 issues of the format")
+
+
+def _percent(value: float, digits: int = 1) -> str:
+    """``value`` (a fraction) as the README writes it: a percentage rounded half up to
+    ``digits`` decimals (a median of two runs, 0.8005, is 80.1 %)."""
+    exact = Decimal(repr(value)) * 100
+    return f"{exact.quantize(Decimal(1).scaleb(-digits), rounding=ROUND_HALF_UP)} %"
+
+
+def test_readme_accuracy_tables_match_the_results_file():
+    """The README's accuracy tables quote ``results/accuracy.json``: every number they show
+    for a row is the file's, rounded as written (a re-measured file and a stale README, or
+    the reverse, fail here)."""
+    readme = (ROOT / "README.md").read_text()
+    results = json.loads((ROOT / "results" / "accuracy.json").read_text())
+    single, multi = results["single"], results["multi"]
+
+    def row(first_cells: str) -> str:
+        """The README table row that starts with ``first_cells``."""
+        rows = [line for line in readme.splitlines() if line.startswith(first_cells)]
+        assert len(rows) == 1, f"README rows starting {first_cells!r}: {rows}"
+        return rows[0]
+
+    sage = row("| Cora (public split) | GraphSAGE | ")
+    assert f"| {_percent(single['cora_sage']['median'])} (median of seeds 0-2" in sage
+    gat = row("| Cora (public split) | GAT | ")
+    assert f"| {_percent(single['cora_gat']['median'])} (same seeds" in gat
+    selected = row("| Cora (public split) | GraphSAGE, model selection | ")
+    assert f"| {_percent(single['cora_sage_selected']['median'], 2)} at the best" in selected
+    synthetic = row("| synthetic (default) | GraphSAGE | ")
+    default = single["synthetic_default"]
+    assert f"| {_percent(default['test_acc_epoch40'])} on one rank" in synthetic
+    assert f"({_percent(default['test_acc_epoch10'])} after 10 epochs" in synthetic
+    assert f"first-epoch loss {default['first_epoch_loss']:.2f}" in synthetic
+
+    columns = ["1", "2-hec", "2-no-hec", "4-hec", "4-no-hec"]
+    for name, first in [("cora", "| Cora | 30 |"), ("synthetic", "| synthetic (default) | 15 |")]:
+        cells = [c.strip() for c in row(first).strip("|").split("|")[2:]]
+        assert cells == [_percent(multi[name][c]) for c in columns], (name, cells)

@@ -16,9 +16,9 @@ from distmb.core.errors import exit_on_user_error
 from distmb.core.malloc import DEFAULT_MALLOC_POLICY, MALLOC_POLICIES
 
 if TYPE_CHECKING:
-    from distmb.comm import RankGroup, SingleProcess
+    from distmb.comm import RankGroup
 
-    Ranks = RankGroup | SingleProcess
+    Ranks = RankGroup
 
 #: The command (messages, ``--help``).
 PROG = "distmb.predict"

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from distmb.comm import RankGroup, SingleProcess
+from distmb.comm import RankGroup
 from distmb.core.progress import ProgressSettings, meter
 from distmb.data.local import LocalGraph
 from distmb.pipeline.features.memory import ArrayFeatures, PartFeatures
@@ -129,7 +129,7 @@ class HaloExchange:
 
 
 def part_layer_table(
-    comm: RankGroup | SingleProcess, local: LocalGraph, features: PartFeatures
+    comm: RankGroup, local: LocalGraph, features: PartFeatures
 ) -> HaloExchange | None:
     """The :data:`LayerTable` of exact inference on ``local``: ``None`` on one rank (a whole
     graph, or the only part: no halo vertices), else a :class:`HaloExchange` over the part's
@@ -154,7 +154,7 @@ def part_layer_table(
 
 
 def split_accuracies(
-    comm: RankGroup | SingleProcess,
+    comm: RankGroup,
     logits: torch.Tensor,
     labels: np.ndarray,
     splits: dict[str, np.ndarray],

@@ -50,10 +50,10 @@ from distmb.engine.predict_outputs import (
 )
 
 if TYPE_CHECKING:
-    from distmb.comm import RankGroup, SingleProcess
+    from distmb.comm import RankGroup
     from distmb.data.local import LocalGraph
 
-    Ranks = RankGroup | SingleProcess
+    Ranks = RankGroup
 
 #: Bump when the manifest or the file layout changes incompatibly.
 MANIFEST_VERSION = 1

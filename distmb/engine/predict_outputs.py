@@ -16,7 +16,7 @@ import numpy as np
 from distmb.core.errors import InputError, PartitionError
 
 if TYPE_CHECKING:
-    from distmb.comm import RankGroup, SingleProcess
+    from distmb.comm import RankGroup
 
 #: Output files (in ``--out``, or in each ``part-<rank>/`` with ``--per-part``).
 PREDICTIONS_FILE = "predictions.npy"
@@ -100,7 +100,7 @@ class GatherWriter:
 
     def __init__(
         self,
-        comm: RankGroup | SingleProcess,
+        comm: RankGroup,
         out: Path | None,
         ids: np.ndarray,
         num_nodes: int,

@@ -8,14 +8,14 @@ from typing import Any
 
 import numpy as np
 
-from distmb.comm import RankGroup, SingleProcess
+from distmb.comm import RankGroup
 from distmb.core.atomic import append_whole, write_atomic
 from distmb.engine.timers import PHASES
 from distmb.halo.scheme import SECOND_COUNTERS
 
 
 def allreduce_named(
-    comm: RankGroup | SingleProcess, arrays: dict[str, np.ndarray]
+    comm: RankGroup, arrays: dict[str, np.ndarray]
 ) -> dict[str, np.ndarray]:
     """Element-wise sums over ranks of several float64-compatible arrays in one
     ``Allreduce``: packed by name in a fixed order, unpacked by the same names."""
@@ -30,7 +30,7 @@ def allreduce_named(
 
 
 def global_stats(
-    comm: RankGroup | SingleProcess,
+    comm: RankGroup,
     record: dict[str, Any],
     halo: dict[str, np.ndarray],
 ) -> dict[str, Any]:
@@ -75,7 +75,7 @@ def global_stats(
 
 
 def rank_records(
-    comm: RankGroup | SingleProcess, counts: dict[str, Any], times: dict[str, float]
+    comm: RankGroup, counts: dict[str, Any], times: dict[str, float]
 ) -> dict[str, list[dict[str, Any]]]:
     """Every rank's own view of an epoch, gathered (one ``allgather``; every rank gets all).
 
@@ -99,7 +99,7 @@ def rank_records(
 _CACHE_SUMS = ("lookups", "hits", "rows_read", "bytes_read", "memory_bytes")
 
 
-def cache_record(comm: RankGroup | SingleProcess, counters: dict[str, float]) -> dict[str, Any]:
+def cache_record(comm: RankGroup, counters: dict[str, float]) -> dict[str, Any]:
     """The epoch record of an out-of-core cache (``feature_cache``, ``neighbor_cache``):
     rows (or lists) requested (``lookups``), ``hits`` and the ``hit_rate``, rows and bytes
     read from disk, cache memory (summed over ranks); disk read and inspector seconds
@@ -119,7 +119,7 @@ DEVICE_CACHE_SUMS = (
 
 
 def device_cache_record(
-    comm: RankGroup | SingleProcess, counters: dict[str, int], policy: str
+    comm: RankGroup, counters: dict[str, int], policy: str
 ) -> dict[str, Any]:
     """The epoch record of the GPU path's device feature cache (``device_cache``): ids
     looked up, cache hits and the ``hit_rate``, rows read from host memory (``rows_loaded``)

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from distmb.comm import RankGroup, SingleProcess
+from distmb.comm import RankGroup
 from distmb.config.train import RESUME_APPLIED, TrainConfig, flag_of
 from distmb.core.dirlock import release_directory
 from distmb.core.errors import InputError
@@ -93,7 +93,7 @@ class Trainer:
         local: LocalGraph,
         config: TrainConfig,
         *,
-        comm: RankGroup | SingleProcess | None = None,
+        comm: RankGroup | None = None,
         halo: HaloScheme | None = None,
         log: Callable[[str], None] = print,
         model: torch.nn.Module | None = None,

@@ -28,7 +28,7 @@ class EpochCounters(Protocol):
         """Start counting a new epoch (what evaluation read since the last epoch is not
         counted)."""
 
-    def epoch_stats(self, comm: RankGroup | SingleProcess) -> dict[str, Any]:
+    def epoch_stats(self, comm: RankGroup) -> dict[str, Any]:
         """This epoch's entries of the record, over all ranks (a collective: every rank calls
         it in the same order)."""
 
@@ -48,7 +48,7 @@ class FeatureCacheCounters:
     def reset_epoch_counters(self) -> None:
         self.cache.reset_counters()
 
-    def epoch_stats(self, comm: RankGroup | SingleProcess) -> dict[str, Any]:
+    def epoch_stats(self, comm: RankGroup) -> dict[str, Any]:
         return {"feature_cache": {**cache_record(comm, self.cache.stats()), "policy": self.policy}}
 
 
@@ -67,7 +67,7 @@ class NeighborCacheCounters:
     def reset_epoch_counters(self) -> None:
         self.adjacency.reset_counters()
 
-    def epoch_stats(self, comm: RankGroup | SingleProcess) -> dict[str, Any]:
+    def epoch_stats(self, comm: RankGroup) -> dict[str, Any]:
         record = cache_record(comm, neighbor_cache_stats(self.adjacency))
         return {"neighbor_cache": {**record, "policy": self.order}}
 
@@ -87,7 +87,7 @@ class DeviceCacheCounters:
     def reset_epoch_counters(self) -> None:
         self.features.reset_counters()
 
-    def epoch_stats(self, comm: RankGroup | SingleProcess) -> dict[str, Any]:
+    def epoch_stats(self, comm: RankGroup) -> dict[str, Any]:
         counters = {**self.features.counters(), "memory_bytes": self.features.memory_bytes}
         return {"device_cache": device_cache_record(comm, counters, self.policy)}
 

@@ -13,7 +13,7 @@ from distmb.halo.scheme import DropHalo, HaloScheme
 
 
 def make_halo_scheme(
-    comm: RankGroup | SingleProcess,
+    comm: RankGroup,
     store: PartitionStore,
     config: TrainConfig,
     cache_device: torch.device | None = None,

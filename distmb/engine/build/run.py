@@ -32,6 +32,7 @@ from distmb.pipeline.features.normalize import FeatureNormalization, fit_normali
 from distmb.pipeline.loader import BatchLoader
 from distmb.pipeline.sample.device import DeviceNeighborSampler
 from distmb.pipeline.sample.host import NeighborSampler
+from distmb.pipeline.sample.protocol import PartSampler
 
 
 @dataclass
@@ -61,7 +62,7 @@ class RunParts:
             then the device path's stages where it is taken).
     """
 
-    comm: RankGroup | SingleProcess
+    comm: RankGroup
     device: torch.device
     precision: MixedPrecision
     model: torch.nn.Module
@@ -71,7 +72,7 @@ class RunParts:
     normalization: FeatureNormalization | None
     feature_sources: FeatureSources
     device_stages: DeviceStages | None
-    sampler: NeighborSampler | DeviceNeighborSampler
+    sampler: PartSampler
     halo: HaloScheme
     loader: BatchLoader
     eval_table: HaloExchange | None
@@ -84,7 +85,7 @@ def build_run(
     local: LocalGraph,
     config: TrainConfig,
     *,
-    comm: RankGroup | SingleProcess | None = None,
+    comm: RankGroup | None = None,
     halo: HaloScheme | None = None,
     log: Callable[[str], None] = print,
     model: torch.nn.Module | None = None,

@@ -42,7 +42,7 @@ class NoWatchdog:
         return None
 
 
-def collective_watchdog(comm: RankGroup | SingleProcess, config: TrainConfig) -> Watchdog:
+def collective_watchdog(comm: RankGroup, config: TrainConfig) -> Watchdog:
     """A :class:`CollectiveWatchdog` over ``comm`` with ``--collective-timeout`` seconds when
     several ranks run over MPI and the timeout is set (a collective: every rank constructs it
     at the same point; ``comm`` then marks its collectives for it), else a

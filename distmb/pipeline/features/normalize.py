@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from distmb.comm import RankGroup, SingleProcess
+from distmb.comm import RankGroup
 from distmb.core.errors import InputError
 from distmb.pipeline.features.protocol import FeatureSource
 
@@ -109,7 +109,7 @@ def fit_normalization(
     kind: str,
     features: np.ndarray,
     train_idx: np.ndarray,
-    comm: RankGroup | SingleProcess,
+    comm: RankGroup,
 ) -> FeatureNormalization | None:
     """The normalisation ``--normalize-features kind`` asks for (None for ``none``).
 
