@@ -9,8 +9,8 @@ Sources: in-memory and memory-mapped tables, stacked sources, a part's rows with
 rows, the out-of-core cache under every policy (and its lookup-only view), normalised rows,
 the device cache on CPU tensors under every policy (on CUDA with ``pytest -m cuda``), the
 out-of-core host cache behind the device cache (``--features ooc`` on the device path) under
-every host policy, and the exact baseline's remote rows on one rank (a one-rank stand-in for
-the communicator whose all-to-all hands the rows back: no MPI).
+every host policy, and the exact baseline's remote rows on one rank (``SingleProcess``: its
+all-to-all hands the rows back, no MPI).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import pytest
 import torch
 from conftest import random_graph
 
+from distmb.comm import SingleProcess
 from distmb.data.owners import VertexOwners
 from distmb.data.store.rowfile import RowFile, write_row_file
 from distmb.data.store.store import PartitionStore
@@ -70,22 +71,12 @@ def row_file(table: np.ndarray, tmp_path: Path) -> RowFile:
     return RowFile(tmp_path / "rows.bin", NUM_ROWS, DIM, info["row_stride"], align=info["align"])
 
 
-class OneRank:
-    """The communicator of a one-rank run as :class:`RemoteFeatures` uses it: the all-to-all
-    delivers what this rank sends to itself."""
-
-    rank, size = 0, 1
-
-    def alltoallv(self, counts, send, recv_counts=None):
-        return np.asarray(counts, dtype=np.int64).copy(), send
-
-
 def remote_case(tmp_path: Path) -> Case:
     graph = random_graph(n=NUM_ROWS, m=300, feat_dim=DIM, seed=5)
     partition_graph(graph, 1, tmp_path / "p1", seed=0)
     store = PartitionStore(tmp_path / "p1", 0)
     local = PartFeatures(np.asarray(store.features))
-    remote = RemoteFeatures(OneRank(), VertexOwners(store), local, graph.num_nodes)  # type: ignore[arg-type]
+    remote = RemoteFeatures(SingleProcess(), VertexOwners(store), local, graph.num_nodes)
     return Case(remote, np.asarray(graph.features, dtype=np.float32))
 
 

@@ -9,13 +9,13 @@ import ctypes.util
 import gzip
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from test_distributed import mpiexec
 
 from distmb.cli.partition import main as partition_main
 from distmb.core.errors import InputError
@@ -25,14 +25,6 @@ from distmb.partition import partition_graph
 from distmb.partition.parmetis import LIB_ENV
 
 SCRIPTS = Path(__file__).parent / "mpi_scripts"
-
-
-def mpiexec() -> str:
-    local = Path(sys.executable).parent / "mpiexec"
-    found = str(local) if local.exists() else shutil.which("mpiexec")
-    if found is None:
-        pytest.fail("mpiexec not found: install the mpich extra (pip install -e '.[mpich]')")
-    return found
 
 
 def mpirun(n: int, args: list[str], env: dict | None = None, timeout: float = 180):

@@ -379,7 +379,7 @@ def push_trace(part_dir: Path, rank: int, cache_device: str | None, block_device
     """HistoricalEmbeddingScheme._push of 3 iterations x 2 layers of real blocks of ``rank``'s part:
     what the pushes were given and what ``record`` saw."""
     store = PartitionStore(part_dir, rank)
-    comm = SimpleNamespace(rank=rank, size=3)
+    comm = SimpleNamespace(rank=rank, size=3, torch_group=None)  # a RankGroup without torch
     settings = HecSettings(enabled=True, size=1000, nc=nc, lifespan=2, delay=1)
     halo = HistoricalEmbeddingScheme(comm, store, settings, seed=5, cache_device=cache_device)
     halo.setup([4, 4])

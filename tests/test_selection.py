@@ -9,7 +9,6 @@ import hashlib
 import json
 import math
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -19,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import FAST_FLAGS, SMALL, TIMING_KEYS, random_graph
+from test_distributed import mpiexec
 
 from distmb.cli.report import main as report_main
 from distmb.cli.train import main as train_main
@@ -387,14 +387,6 @@ def test_checkpoint_stores_the_normalisation(tmp_path):
         assert torch.equal(saved["std"], trainer.normalization.std)
 
 
-def _mpiexec() -> str:
-    local = Path(sys.executable).parent / "mpiexec"
-    found = str(local) if local.exists() else shutil.which("mpiexec")
-    if found is None:
-        pytest.fail("mpiexec not found: install the mpich extra (pip install -e '.[mpich]')")
-    return found
-
-
 def test_two_ranks_normalise_as_one(tmp_path):
     """Under mpiexec -n 2, every rank's solid and replicated halo rows equal numpy's
     normalisation of the whole graph (the one-rank answer), with statistics over the training
@@ -405,7 +397,7 @@ def test_two_ranks_normalise_as_one(tmp_path):
     partition_graph(graph, 2, tmp_path / "p", replicate_halo_features=True)
     proc = subprocess.run(
         [
-            _mpiexec(),
+            mpiexec(),
             "-n",
             "2",
             sys.executable,
@@ -427,7 +419,7 @@ def test_early_stop_stops_every_rank_after_the_same_epoch(tmp_path):
     partition_graph(load_dataset(SMALL), 2, tmp_path / "p")
     proc = subprocess.run(
         [
-            _mpiexec(),
+            mpiexec(),
             "-n",
             "2",
             sys.executable,

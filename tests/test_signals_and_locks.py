@@ -7,7 +7,6 @@ range-checks a partition's ids."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -18,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import FAST_FLAGS, SMALL, run_train_cli
+from test_distributed import mpiexec
 
 from distmb.cli.train import PROG
 from distmb.core.dirlock import LOCK_FILE, DirectoryInUse, hold_directory, release_directory
@@ -34,14 +34,6 @@ ENDLESS = [
 #: Seconds a test waits for a run to print its first epoch line, and then for it to end.
 START_TIMEOUT_S = 60.0
 END_TIMEOUT_S = 30.0
-
-
-def _mpiexec() -> str:
-    local = Path(sys.executable).parent / "mpiexec"
-    found = str(local) if local.exists() else shutil.which("mpiexec")
-    if found is None:
-        pytest.fail("mpiexec not found: install the mpich extra (pip install -e '.[mpich]')")
-    return found
 
 
 def _start(cmd: list[str]) -> subprocess.Popen:
@@ -134,7 +126,7 @@ def test_a_stop_signal_ends_the_job_with_one_line(two_parts, tmp_path, signum, t
     itself), exit 128 + signal, no traceback, checkpoints whole or absent."""
     ckpt = tmp_path / "ckpt"
     argv = ["--part-dir", str(two_parts), *ENDLESS, "--checkpoint-dir", str(ckpt)]
-    proc = _start([_mpiexec(), "-n", "2", sys.executable, "-m", "distmb.train", *argv])
+    proc = _start([mpiexec(), "-n", "2", sys.executable, "-m", "distmb.train", *argv])
     pid = proc.pid if target == "mpiexec" else _rank_pid(proc.pid, target)
     os.kill(pid, signum)
     code, err = _finish(proc)

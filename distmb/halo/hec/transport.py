@@ -301,6 +301,6 @@ def make_push(comm: RankGroup, dim: int, delay: int) -> EmbeddingTransport:
     """The embedding push of one layer: over ``torch.distributed`` once the group uses it
     (``--comm torch``, and always under torchrun), else over MPI (``comm`` an
     :class:`~distmb.comm.MpiGroup`: the MPI transport calls it from its first push)."""
-    if getattr(comm, "torch_group", None) is not None:
+    if comm.torch_group is not None:
         return TorchEmbeddingTransport(comm, dim, delay)
     return MpiEmbeddingTransport(comm, dim, delay)
