@@ -25,12 +25,19 @@ def fake_result(epoch_s: float) -> dict:
     ]  # fmt: skip
     return {
         "figures": "gpu",
-        "training": [{"kernels": "fused", "sample_s": 0.5, "feature_movement_s": 0.25,
-                      "compute_s": 0.75, "epoch_s": epoch_s}],  # fmt: skip
+        "training": [
+            {
+                "name": "cache10/fused",
+                "kernels": "fused",
+                "sample_s": 0.5,
+                "feature_movement_s": 0.25,
+                "compute_s": 0.75,
+                "epoch_s": epoch_s,
+            }
+        ],  # fmt: skip
         "sampling": [
             {"sampler": "cpp", "edges_per_s": 6.5e7, "speedup_vs_cpp": 1.0},
-            {"sampler": "device/cuda/triton/device", "edges_per_s": 1.37e8,
-             "speedup_vs_cpp": 2.1},
+            {"sampler": "device/cuda/triton/device", "edges_per_s": 1.37e8, "speedup_vs_cpp": 2.1},
         ],  # fmt: skip
         "cache": {"runs": cache},
     }
@@ -75,10 +82,22 @@ def test_quick_cpu_run_writes_a_consistent_record(tmp_path):
     assert out.with_suffix(".png").stat().st_size > 0
     assert result["figures"].startswith("cpu smoke test")
     assert result["graph"]["classes"] == 47 and result["graph"]["nodes"] == 10_000
-    (train,) = result["training"]
-    assert train["iterations"] > 0 and train["epoch_s"] > 0
-    assert min(train["sample_s"], train["feature_movement_s"], train["compute_s"]) > 0
-    assert 0 <= train["device_cache_hit_rate"] <= 1 and train["h2d_bytes"] > 0
+    cached, *table = result["training"]
+    assert [r["name"] for r in result["training"]] == [
+        "cache10/fused", "table/fused/prefetch0", "table/fused/prefetch2"
+    ]  # fmt: skip
+    for train in result["training"]:
+        assert train["iterations"] > 0 and train["epoch_s"] > 0
+        assert min(train["sample_s"], train["feature_movement_s"], train["compute_s"]) > 0
+    assert 0 <= cached["device_cache_hit_rate"] <= 1 and cached["h2d_bytes"] > 0
+    # The whole table on the device: every lookup hits, nothing crosses from the host.
+    assert all(r["device_cache_hit_rate"] == 1.0 and r["h2d_bytes"] == 0 for r in table)
+    sweep = {r["precision"]: r for r in result["precision_sweep"]}
+    assert set(sweep) == {"fp32", "bf16"} and sweep["fp32"]["loss"] != sweep["bf16"]["loss"]
+    assert all(0 <= r["test_acc"] <= 1 and r["kernels"] == "torch" for r in sweep.values())
+    profile = result["profile"]
+    assert profile["iterations"] == cached["iterations"] and profile["wall_s"] > 0
+    assert profile["launches"] == profile["kernels"] == 0  # CPU tensors: no device work
     launches = result["launches_per_iteration"]
     # The sampler reads the host once per layer (3); every stage dispatched ops.
     assert launches["iterations"] > 0 and launches["host_reads"] >= 3
@@ -108,3 +127,21 @@ def test_device_cuda_without_a_gpu_is_a_clear_error(tmp_path):
     )  # fmt: skip
     assert proc.returncode == 2 and "--device cuda" in proc.stderr
     assert "sees no GPU" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_goals_read_the_table_and_cache_runs_and_the_profile(monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import gpu
+
+    result = fake_result(1.0)
+    result["training"].append({"name": "table/fused/prefetch2", "epoch_s": 0.42})
+    result["profile"] = {"gpu_busy": 0.615, "syncs_per_iteration": 3.5,
+                         "launches_per_iteration": 212.0}  # fmt: skip
+    result["bandwidth"] = {}
+    goals = gpu.goals(result)
+    assert goals["epoch_table"].endswith(": 0.42 s")  # the table run, not the cache run
+    assert goals["epoch_cache"].endswith(": 1.00 s")
+    assert goals["busy"] == "GPU busy >= 80%: 62%"
+    assert goals["syncs"].endswith(": 3.5") and goals["launches"].endswith(": 212.0")
+    assert goals["sampling"].endswith(": 2.1x")
+    assert gpu.goals({"figures": "cpu smoke test"}) == {"note": "CPU smoke test: no goal applies"}

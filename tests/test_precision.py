@@ -1,6 +1,7 @@
 """``--precision`` (distmb.engine.precision): CPU bf16 autocast reaches the PyTorch-ops layers
-and trains about as well as fp32; the combinations that cannot work are refused; fp16 and
-bf16 on a GPU under ``pytest -m cuda``."""
+and trains about as well as fp32; tf32's setting covers the training forward and backward
+only; the combinations that cannot work are refused; fp16, bf16 and tf32 on a GPU under
+``pytest -m cuda``."""
 
 from __future__ import annotations
 
@@ -79,6 +80,9 @@ def test_bf16_trains_within_a_few_points_of_fp32(tmp_path, sampler):
          "--precision fp16 needs a GPU"),
         (["--precision", "bf16"], "--kernels fused on the CPU: the fused C.. kernels compute "
          "in float32 only.*add --kernels torch"),
+        (["--precision", "tf32"], r"--precision tf32 needs a GPU \(--device cuda\)"),
+        (["--precision", "tf32", "--kernels", "torch", "--sampler", "device"],
+         "--precision tf32 needs a GPU"),
     ],
 )  # fmt: skip
 def test_refused_combinations(argv, message):
@@ -101,6 +105,68 @@ def test_fp32_changes_nothing():
     with mp.autocast():
         y = torch.nn.Linear(3, 2)(torch.randn(4, 3))
     assert y.dtype == torch.float32 and mp.state_dict() is None
+
+
+class _RecordsBackwardPrecision(torch.autograd.Function):
+    """Identity whose backward records the CUDA matmul precision it runs under."""
+
+    seen: list[str] = []
+
+    @staticmethod
+    def forward(ctx, x):  # noqa: ANN001, ANN205
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):  # noqa: ANN001, ANN205
+        _RecordsBackwardPrecision.seen.append(torch.backends.cuda.matmul.fp32_precision)
+        return grad
+
+
+def test_tf32_covers_the_forward_and_the_backward_only():
+    """The TF32 setting holds inside the forward's context and during the backward (autograd
+    may run it on another thread: the setting is process-wide), and is restored after both,
+    also when the forward raises."""
+    matmul = torch.backends.cuda.matmul
+    before = matmul.fp32_precision
+    mp = MixedPrecision("tf32", "fused", torch.device("cuda"))  # built, not run, on a CPU
+    assert mp.tf32 and mp.dtype is None and mp.scaler is None
+    x = torch.randn(3, requires_grad=True)
+    with mp.autocast():
+        assert matmul.fp32_precision == "tf32"
+        loss = _RecordsBackwardPrecision.apply(x).sum()
+    assert matmul.fp32_precision == before
+    _RecordsBackwardPrecision.seen.clear()
+    mp.backward(loss)
+    assert _RecordsBackwardPrecision.seen == ["tf32"]
+    assert matmul.fp32_precision == before
+    with pytest.raises(RuntimeError, match="boom"), mp.autocast():
+        raise RuntimeError("boom")
+    assert matmul.fp32_precision == before
+    _RecordsBackwardPrecision.seen.clear()
+    fp32 = MixedPrecision("fp32", "fused", torch.device("cpu"))
+    with fp32.autocast():
+        loss = _RecordsBackwardPrecision.apply(x).sum()
+    fp32.backward(loss)
+    assert _RecordsBackwardPrecision.seen == [before]
+
+
+@pytest.mark.cuda
+def test_cuda_tf32_rounds_the_products_and_trains(tmp_path):
+    a = torch.randn(256, 256, device="cuda")
+    b = torch.randn(256, 256, device="cuda")
+    exact = (a.double() @ b.double()).float()
+    ieee = a @ b
+    with MixedPrecision("tf32", "fused", torch.device("cuda")).autocast():
+        tf32 = a @ b
+    ieee_err = (ieee - exact).abs().max().item()
+    tf32_err = (tf32 - exact).abs().max().item()
+    assert tf32_err > 10 * ieee_err  # 10-bit mantissa inputs: far coarser than IEEE float32
+    assert tf32_err < 2**-10 * (a.abs() @ b.abs()).max().item()
+    base = ["--dataset", LEARNABLE, *FAST, "--epochs", "4", "--device", "cuda"]
+    fp32 = records(tmp_path, "fp32", base)
+    low = records(tmp_path, "tf32", [*base, "--precision", "tf32"])
+    assert low[-1]["test_acc"] > 0.25 + 0.2
+    assert abs(low[-1]["test_acc"] - fp32[-1]["test_acc"]) < 0.05
 
 
 @pytest.mark.cuda

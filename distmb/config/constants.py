@@ -31,9 +31,9 @@ COMM_BACKENDS: tuple[str, ...] = ("auto", "mpi", "torch")
 #: ``--grad-bucket-mb``: MiB of gradients per bucket of the overlapped all-reduce (``--comm
 #: torch``; smaller than DDP's 25 MiB because GNN models are small: a few buckets per model).
 DEFAULT_GRAD_BUCKET_MB = 0.25
-#: ``--precision``: the model's forward in float32, or under autocast to bfloat16 / float16
-#: (:mod:`distmb.engine.precision`).
-PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16")
+#: ``--precision``: the model's forward in float32, float32 with TF32 tensor-core matrix
+#: products, or under autocast to bfloat16 / float16 (:mod:`distmb.engine.precision`).
+PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16")
 #: Neighbours sampled per layer, input layer first (paper's Table 2; three layers).
 DEFAULT_FANOUT: tuple[int, ...] = (5, 10, 15)
 #: HEC defaults of the paper (docs/design.md): lines per layer (cs), rows pushed per peer and

@@ -256,6 +256,12 @@ def precision_problem(precision: str, kernels: str, device_type: str) -> str | N
             "--precision fp16 needs a GPU (--device cuda): float16 autocast with a gradient "
             "scaler is a CUDA feature; on the CPU use --precision bf16 --kernels torch"
         )
+    if precision == "tf32" and device_type != "cuda":
+        return (
+            "--precision tf32 needs a GPU (--device cuda): TF32 is the tensor-core format of "
+            "NVIDIA GPUs' float32 matrix products; on the CPU use --precision fp32, or bf16 "
+            "with --kernels torch"
+        )
     if precision == "bf16" and device_type == "cpu" and kernels == "fused":
         return (
             "--precision bf16 with --kernels fused on the CPU: the fused C++ kernels compute "

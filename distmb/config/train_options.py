@@ -204,9 +204,11 @@ class RunOptions:
     )
     precision: str = option(
         "fp32",
-        "the model's forward in float32, or under autocast: bf16 (GPU; CPU with --kernels "
-        "torch) or fp16 (GPU only, with a gradient scaler); loss, gradients, optimizer and "
-        "evaluation stay float32",
+        "the model's forward in float32; tf32 (GPU only: float32 tensors, the forward's and "
+        "backward's matrix products on TF32 tensor cores, 10-bit mantissa products with "
+        "float32 sums); or under autocast: bf16 (GPU; CPU with --kernels torch) or fp16 (GPU "
+        "only, with a gradient scaler); loss, gradients, optimizer and evaluation stay "
+        "float32",
         choices=PRECISIONS,
         resume_applied=True,
     )

@@ -1,6 +1,11 @@
 """``--precision``: the model's forward under autocast, the loss and the update in float32.
 
 - ``fp32``: nothing changes.
+- ``tf32``: float32 tensors throughout, but the training forward's and backward's float32
+  matrix products run on TF32 tensor cores (inputs rounded to a 10-bit mantissa, products
+  summed in float32; ``torch.backends.cuda.matmul.fp32_precision = "tf32"`` inside
+  :meth:`MixedPrecision.autocast` and :meth:`MixedPrecision.backward` only, restored after,
+  so evaluation and everything else keep IEEE float32). CUDA only.
 - ``bf16``: the training forward runs under ``torch.autocast(device_type, torch.bfloat16)``
   (CUDA, or the CPU's autocast, which reaches the PyTorch-ops layers: ``--kernels torch``).
   bfloat16 has float32's exponent range, so gradients need no scaling.
@@ -29,11 +34,24 @@ from distmb.core.errors import InputError
 AUTOCAST_DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+@contextlib.contextmanager
+def tf32_matmuls() -> Iterator[None]:
+    """CUDA float32 matrix products on TF32 tensor cores inside the context; the previous
+    setting (``torch.backends.cuda.matmul.fp32_precision``) is restored on exit."""
+    matmul = torch.backends.cuda.matmul
+    previous = matmul.fp32_precision
+    matmul.fp32_precision = "tf32"
+    try:
+        yield
+    finally:
+        matmul.fp32_precision = previous
+
+
 class MixedPrecision:
     """The training step's precision handling for one ``--precision`` on one device.
 
     Args:
-        precision: ``"fp32"``, ``"bf16"`` or ``"fp16"``.
+        precision: ``"fp32"``, ``"tf32"``, ``"bf16"`` or ``"fp16"``.
         kernels: ``--kernels`` (bf16 on the CPU needs ``torch``).
         device: the device the model trains on.
 
@@ -48,12 +66,18 @@ class MixedPrecision:
         self.precision = precision
         self.device = device
         self.dtype = AUTOCAST_DTYPES.get(precision)
+        #: Whether float32 matrix products run on TF32 tensor cores in the training step.
+        self.tf32 = precision == "tf32"
         #: The fp16 loss scaler (None otherwise).
         self.scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
 
     @contextlib.contextmanager
     def autocast(self) -> Iterator[None]:
         """The context of the training forward (nothing for ``fp32``)."""
+        if self.tf32:
+            with tf32_matmuls():
+                yield
+            return
         if self.dtype is None:
             yield
             return
@@ -61,8 +85,11 @@ class MixedPrecision:
             yield
 
     def backward(self, loss: torch.Tensor) -> None:
-        """``loss.backward()``, scaled for ``fp16``."""
-        if self.scaler is None:
+        """``loss.backward()``, scaled for ``fp16``, its matrix products on TF32 for ``tf32``."""
+        if self.tf32:
+            with tf32_matmuls():
+                loss.backward()
+        elif self.scaler is None:
             loss.backward()
         else:
             self.scaler.scale(loss).backward()

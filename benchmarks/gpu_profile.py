@@ -1,0 +1,139 @@
+"""What the GPU did during one training epoch, from torch.profiler: kernel launches and host
+synchronisations per iteration, kernel time, and how busy the GPU was.
+
+- **launches**: host-side launch calls (:data:`LAUNCH_CALLS`: the CUDA runtime's and driver's
+  kernel launches, which Triton kernels use too, and CUDA graph replays, one each);
+- **syncs**: host calls that wait for the device (:data:`SYNC_CALLS`): stream, event and
+  device synchronisations and the blocking ``cudaMemcpy`` (``.item()``, ``.cpu()``,
+  ``nonzero`` and friends end in one of them);
+- **kernel time**: the sum of the device's kernel durations (overlapping kernels of several
+  streams counted each);
+- **GPU busy**: the union of the kernels' intervals over the epoch's wall time, the fraction
+  of the epoch in which at least one kernel ran (what the goal "GPU busy >= 80 %" means).
+
+The counting works on plain :class:`Interval` records, so it is tested on hand-built ones
+on a machine without a GPU (``tests/test_gpu_profile.py``); :func:`profile_epoch` turns a
+profiler's events into them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+#: Host calls that launch device work, one launch each.
+LAUNCH_CALLS = frozenset(
+    {
+        "cudaLaunchKernel",
+        "cudaLaunchKernelExC",
+        "cudaLaunchCooperativeKernel",
+        "cuLaunchKernel",
+        "cuLaunchKernelEx",
+        "cudaGraphLaunch",
+    }
+)
+#: Host calls that block until the device (or a stream, or an event) is done.
+SYNC_CALLS = frozenset(
+    {
+        "cudaStreamSynchronize",
+        "cudaDeviceSynchronize",
+        "cudaEventSynchronize",
+        "cudaMemcpy",
+        "cuStreamSynchronize",
+        "cuCtxSynchronize",
+    }
+)
+#: Microseconds per second (the profiler's times are microseconds).
+US_PER_S = 1e6
+
+
+@dataclass(frozen=True)
+class Interval:
+    """One profiler event: ``name``, whether it is a kernel on the device, and its start and
+    end in microseconds (any common origin)."""
+
+    name: str
+    on_device: bool
+    start_us: float
+    end_us: float
+
+
+def union_us(intervals: Iterable[tuple[float, float]]) -> float:
+    """Microseconds covered by at least one of the ``(start, end)`` intervals."""
+    covered, reach = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end <= reach:
+            continue
+        covered += end - max(start, reach)
+        reach = end
+    return covered
+
+
+def summarise(events: Iterable[Interval], wall_s: float, iterations: int) -> dict[str, Any]:
+    """The epoch's counts: totals, per iteration, kernel seconds and GPU busy.
+
+    Args:
+        events: the epoch's profiler events.
+        wall_s: the epoch's wall-clock seconds (> 0).
+        iterations: training iterations in it (> 0).
+    """
+    if wall_s <= 0 or iterations <= 0:
+        raise ValueError(f"wall_s and iterations must be positive (got {wall_s}, {iterations})")
+    launches = syncs = kernels = 0
+    kernel_us = 0.0
+    spans: list[tuple[float, float]] = []
+    for event in events:
+        if event.on_device:
+            kernels += 1
+            kernel_us += event.end_us - event.start_us
+            spans.append((event.start_us, event.end_us))
+        elif event.name in LAUNCH_CALLS:
+            launches += 1
+        elif event.name in SYNC_CALLS:
+            syncs += 1
+    busy_s = union_us(spans) / US_PER_S
+    return {
+        "iterations": iterations,
+        "wall_s": round(wall_s, 4),
+        "launches": launches,
+        "syncs": syncs,
+        "kernels": kernels,
+        "launches_per_iteration": round(launches / iterations, 2),
+        "syncs_per_iteration": round(syncs / iterations, 2),
+        "kernel_s": round(kernel_us / US_PER_S, 4),
+        "gpu_busy": round(min(busy_s / wall_s, 1.0), 4),
+    }
+
+
+def intervals(profiler_events: Iterable[Any]) -> list[Interval]:
+    """:class:`Interval` records of torch.profiler's ``FunctionEvent`` list (``prof.events()``):
+    device kernels by their device type, host calls by name."""
+    out = []
+    for event in profiler_events:
+        on_device = event.device_type == torch.autograd.DeviceType.CUDA
+        out.append(Interval(event.name, on_device, event.time_range.start, event.time_range.end))
+    return out
+
+
+def profile_epoch(run_epoch: Callable[[], dict[str, Any]], device: torch.device) -> dict[str, Any]:
+    """Run one epoch (``run_epoch`` returns the trainer's epoch record, with
+    ``"iterations"``) under torch.profiler and :func:`summarise` it. The profiler slows the
+    host side, so ``wall_s`` is longer than an unprofiled epoch: the training runs give the
+    epoch time, this the counts. On a CPU device only host calls are recorded: the counts
+    are 0 and say nothing about a GPU."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    with profile(activities=activities) as prof:
+        start = time.perf_counter()
+        record = run_epoch()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        wall_s = time.perf_counter() - start
+    return summarise(intervals(prof.events()), wall_s, int(record["iterations"]))
