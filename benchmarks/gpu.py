@@ -177,16 +177,18 @@ def make_trainer(
     prefetch: int,
     precision: str,
     epochs: int | None = None,
+    model: str = "sage",
 ) -> Trainer:
-    """A Trainer on the GPU path: ``cache_percent`` of the rows in the device cache (the
-    whole table: policy ``degree``, no pre-sampling needed), the rest from ``args``."""
+    """A Trainer on the GPU path: ``model`` with ``cache_percent`` of the rows in the device
+    cache (the whole table: policy ``degree``, no pre-sampling needed), the rest from
+    ``args``."""
     row_bytes = graph.features.shape[1] * graph.features.itemsize
     whole = cache_percent >= WHOLE_TABLE_PERCENT
     cache_mb = graph.num_nodes * min(cache_percent, 100.0) / 100 * row_bytes / 2**20
     config = TrainConfig(
         layers=len(args.fanouts), fanout=tuple(args.fanouts), hidden=args.hidden,
         batch_size=args.batch_size, epochs=epochs or args.epochs, seed=args.seed,
-        progress=False, device=args.device, sampler="device", kernels=kernels,
+        progress=False, device=args.device, sampler="device", kernels=kernels, model=model,
         precision=precision, device_cache_mb=cache_mb * (1.01 if whole else 1.0),
         device_cache_policy="degree" if whole else "presc",
         match_reorder=args.match_reorder, prefetch=prefetch, superbatch=args.superbatch,
@@ -195,11 +197,13 @@ def make_trainer(
     return Trainer(LocalGraph.from_graph(graph), config, log=lambda _: None)
 
 
-def run_name(kernels: str, cache_percent: float, prefetch: int) -> str:
-    """``table/fused/prefetch0`` or ``cache10/triton`` (the ``--prefetch`` of the cache runs)."""
+def run_name(kernels: str, cache_percent: float, prefetch: int, model: str = "sage") -> str:
+    """``table/fused/prefetch0`` or ``cache10/triton`` (the ``--prefetch`` of the cache runs),
+    prefixed by the model when it is not GraphSAGE (``gat/table/triton/prefetch2``)."""
+    prefix = "" if model == "sage" else f"{model}/"
     if cache_percent >= WHOLE_TABLE_PERCENT:
-        return f"table/{kernels}/prefetch{prefetch}"
-    return f"cache{cache_percent:g}/{kernels}"
+        return f"{prefix}table/{kernels}/prefetch{prefetch}"
+    return f"{prefix}cache{cache_percent:g}/{kernels}"
 
 
 def training_part(
@@ -211,6 +215,7 @@ def training_part(
     prefetch: int | None = None,
     precision: str | None = None,
     accuracy: bool = False,
+    model: str = "sage",
 ) -> dict[str, Any]:
     """Train ``--epochs`` epochs on the GPU path; the last epoch's time split (and the test
     accuracy when ``accuracy``). Unset arguments come from ``args``."""
@@ -219,7 +224,7 @@ def training_part(
     precision = args.precision if precision is None else precision
     t0 = time.perf_counter()
     trainer = make_trainer(args, graph, kernels, cache_percent=cache_percent,
-                           prefetch=prefetch, precision=precision)  # fmt: skip
+                           prefetch=prefetch, precision=precision, model=model)  # fmt: skip
     setup_s = time.perf_counter() - t0
     epochs = [trainer.train_epoch(e) for e in range(args.epochs)]
     last = epochs[-1]
@@ -227,7 +232,8 @@ def training_part(
     cache = stages.features.counters() if stages is not None else {}
     compute = last["fwd"] + last["bwd"] + last["opt"]
     record = {
-        "name": run_name(kernels, cache_percent, prefetch),
+        "name": run_name(kernels, cache_percent, prefetch, model),
+        "model": model,
         "kernels": kernels,
         "precision": precision,
         "prefetch": prefetch,
@@ -256,12 +262,16 @@ def training_part(
 
 def training_runs(args: argparse.Namespace, graph) -> list[dict[str, Any]]:
     """One run per ``--kernels`` with the device cache, then the whole table with
-    ``--prefetch 0`` and with ``--prefetch`` (the first ``--kernels``)."""
+    ``--prefetch 0`` and with ``--prefetch`` (the first ``--kernels``), then GAT
+    (``--heads`` 4) on the whole table with the last ``--kernels`` (on CUDA: triton, the
+    attention kernel)."""
     kernels = args.kernels.split(",")
     runs = [training_part(args, graph, k) for k in kernels]
     for prefetch in dict.fromkeys((0, args.prefetch)):
         runs.append(training_part(args, graph, kernels[0], cache_percent=WHOLE_TABLE_PERCENT,
                                   prefetch=prefetch))  # fmt: skip
+    runs.append(training_part(args, graph, kernels[-1], cache_percent=WHOLE_TABLE_PERCENT,
+                              model="gat"))  # fmt: skip
     return runs
 
 
@@ -350,8 +360,9 @@ def goals(result: dict[str, Any]) -> dict[str, str]:
         return {"note": "CPU smoke test: no goal applies"}
     out = {}
     training = result["training"]
-    table = [r["epoch_s"] for r in training if r["name"].startswith("table/")]
-    cached = [r["epoch_s"] for r in training if not r["name"].startswith("table/")]
+    sage = [r for r in training if r.get("model", "sage") == "sage"]
+    table = [r["epoch_s"] for r in sage if r["name"].startswith("table/")]
+    cached = [r["epoch_s"] for r in sage if not r["name"].startswith("table/")]
     if table:
         out["epoch_table"] = (
             f"epoch, table on the device <= {EPOCH_GOAL_TABLE_S} s: {min(table):.2f} s"

@@ -84,7 +84,8 @@ def test_quick_cpu_run_writes_a_consistent_record(tmp_path):
     assert result["graph"]["classes"] == 47 and result["graph"]["nodes"] == 10_000
     cached, *table = result["training"]
     assert [r["name"] for r in result["training"]] == [
-        "cache10/fused", "table/fused/prefetch0", "table/fused/prefetch2"
+        "cache10/fused", "table/fused/prefetch0", "table/fused/prefetch2",
+        "gat/table/fused/prefetch2",
     ]  # fmt: skip
     for train in result["training"]:
         assert train["iterations"] > 0 and train["epoch_s"] > 0
@@ -135,6 +136,8 @@ def test_goals_read_the_table_and_cache_runs_and_the_profile(monkeypatch):
 
     result = fake_result(1.0)
     result["training"].append({"name": "table/fused/prefetch2", "epoch_s": 0.42})
+    result["training"].append({"name": "gat/table/triton/prefetch2", "model": "gat",
+                               "epoch_s": 0.3})  # not GraphSAGE: no goal reads it  # fmt: skip
     result["profile"] = {"gpu_busy": 0.615, "syncs_per_iteration": 3.5,
                          "launches_per_iteration": 212.0}  # fmt: skip
     result["bandwidth"] = {}
