@@ -10,7 +10,9 @@ batch 1000):
    + backward + optimizer), plus the device cache's hit rate and host->device bytes of that
    epoch. One run per ``--kernels`` value with ``--device-cache-percent`` of the rows in the
    device cache (``cache10/fused`` ...), then the whole table on the device with
-   ``--prefetch 0`` and with ``--prefetch`` (``table/fused/prefetch0`` ...).
+   ``--prefetch 0`` and with ``--prefetch`` (``table/fused/prefetch0`` ...), and GAT (4
+   heads) on the whole table with the last ``--kernels`` (``gat/table/triton/prefetch2``:
+   the Triton attention kernel on CUDA).
 2. **Precision sweep** (``"precision_sweep"``): the whole-table run once per ``--precisions``
    value, with its test accuracy (exact layer-wise inference; ``--no-accuracy`` skips it):
    what TF32 and bf16 buy against what they cost.
