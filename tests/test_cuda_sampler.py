@@ -4,7 +4,9 @@ its device blocks), on CPU tensors here and on CUDA under ``pytest -m cuda``.
 
 The block contract it shares with the C++ sampler is checked in ``test_sampler_contract.py``;
 the distribution is tested by chi-square statistics that a biased sampler cannot pass, and
-against the C++ sampler on the same graph.
+against the C++ sampler on the same graph, for the torch layer kernel and, on CUDA, the
+one-launch Triton kernel (``choose="triton"``), which is also compared there with the numpy
+reference of ``test_choose_triton.py`` (under the interpreter on the CPU).
 """
 
 from __future__ import annotations
@@ -34,6 +36,13 @@ from distmb.pipeline.sample.device import DeviceNeighborSampler, batch_seed
 from distmb.pipeline.sample.placement import mapped_view
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
+#: (device, layer kernel) of the distribution tests: the Triton kernel on CUDA only (the
+#: interpreter is too slow for their sample sizes; test_choose_triton.py tests it on CPU).
+KERNELS = [
+    pytest.param("cpu", "torch", id="cpu"),
+    pytest.param("cuda", "torch", id="cuda", marks=pytest.mark.cuda),
+    pytest.param("cuda", "triton", id="cuda-choose-triton", marks=pytest.mark.cuda),
+]
 
 
 def device_sampler(
@@ -43,8 +52,11 @@ def device_sampler(
     device: str = "cpu",
     backend: str = "torch",
     placement: str = "device",
+    choose: str = "torch",
 ) -> DeviceNeighborSampler:
-    sampler = Implementation(backend, placement, device).make(g, fanouts, seed)
+    if choose == "triton":
+        backend = "triton"  # the one-launch layer with the Triton Fused-Map
+    sampler = Implementation(backend, placement, device, choose).make(g, fanouts, seed)
     assert isinstance(sampler, DeviceNeighborSampler)
     return sampler
 
@@ -138,9 +150,11 @@ def test_the_inclusion_test_rejects_biased_samplers() -> None:
     assert inclusion_pvalue(tilted, n, k) < P_MIN
 
 
-def star_inclusion(degree: int, fanout: int, n_hubs: int, calls: int, device: str) -> np.ndarray:
+def star_inclusion(
+    degree: int, fanout: int, n_hubs: int, calls: int, device: str, choose: str = "torch"
+) -> np.ndarray:
     g = star_graph(n_hubs, degree)
-    sampler = device_sampler(g, [fanout], 3, device)
+    sampler = device_sampler(g, [fanout], 3, device, choose=choose)
     inclusion = np.zeros(degree)
     for it in range(calls):
         (block,) = on_cpu(sampler.sample(np.arange(n_hubs), epoch=1, iteration=it), device)
@@ -151,22 +165,22 @@ def star_inclusion(degree: int, fanout: int, n_hubs: int, calls: int, device: st
     return inclusion
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("device", "choose"), KERNELS)
 @pytest.mark.parametrize(("degree", "fanout"), [(20, 5), (20, 19), (300, 100), (3_000, 40)])
-def test_inclusion_is_uniform(degree, fanout, device) -> None:
+def test_inclusion_is_uniform(degree, fanout, device, choose) -> None:
     n_hubs, calls = 1_000, 10 if fanout < 40 else 3  # Floyd costs O(fanout^2) per row
-    inclusion = star_inclusion(degree, fanout, n_hubs, calls, device)
+    inclusion = star_inclusion(degree, fanout, n_hubs, calls, device, choose)
     p = inclusion_pvalue(inclusion, n_hubs * calls, fanout)
     assert p > P_MIN, f"inclusion of {fanout} of {degree} not uniform: p = {p:.2e}"
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("device", "choose"), KERNELS)
 @pytest.mark.parametrize(("degree", "fanout"), [(8, 3), (6, 4), (7, 1)])
-def test_subsets_are_uniform(degree, fanout, device) -> None:
+def test_subsets_are_uniform(degree, fanout, device, choose) -> None:
     from scipy import stats
 
     g = star_graph(2_000, degree)
-    sampler = device_sampler(g, [fanout], 99, device)
+    sampler = device_sampler(g, [fanout], 99, device, choose=choose)
     counts: Counter = Counter()
     for it in range(20):
         (block,) = on_cpu(sampler.sample(np.arange(2_000), 0, it), device)
@@ -188,8 +202,8 @@ def edge_inclusion(sample, g: LocalGraph, seeds: np.ndarray, calls: int) -> list
     return counts
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_edge_inclusion_matches_the_cpp_sampler(device) -> None:
+@pytest.mark.parametrize(("device", "choose"), KERNELS)
+def test_edge_inclusion_matches_the_cpp_sampler(device, choose) -> None:
     """On a power-law graph, every edge of a seed above the fan-out is taken k/d of the
     time by both samplers (one chi-square over all seeds each), and the two samplers'
     frequencies agree (a two-sample chi-square of their differences)."""
@@ -200,7 +214,7 @@ def test_edge_inclusion_matches_the_cpp_sampler(device) -> None:
     deg = np.diff(g.indptr)
     seeds = np.flatnonzero((deg > fanout) & (deg <= 400))[:300]
     assert len(seeds) == 300 and deg[seeds].max() > 100
-    ours = device_sampler(g, [fanout], 21, device)
+    ours = device_sampler(g, [fanout], 21, device, choose=choose)
     cpp = g.sampler([fanout], seed=21)
     a = edge_inclusion(lambda it: on_cpu(ours.sample(seeds, 0, it), device)[0], g, seeds, calls)
     b = edge_inclusion(lambda it: cpp.sample(seeds, 0, it)[0], g, seeds, calls)
@@ -217,6 +231,25 @@ def test_edge_inclusion_matches_the_cpp_sampler(device) -> None:
     for name, stat in (("device", stat_a), ("C++", stat_b), ("device - C++", stat_ab)):
         pvalue = stats.chi2.sf(stat, dof)
         assert pvalue > P_MIN, f"{name}: chi2 = {stat:.0f} on {dof} dof, p = {pvalue:.2e}"
+
+
+# -- the one-launch layer kernel on CUDA ------------------------------------------------------
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+def test_layer_kernel_on_cuda_equals_the_numpy_reference(dtype) -> None:
+    """The kernel compiled for the GPU (not the interpreter) gives exactly the reference's
+    slots, row sizes and valid masks: the hand-built graph's hubs, isolated vertices and
+    degree == fan-out, fan-outs 1 to 100, keys with the top bit set, many programs."""
+    from test_choose_triton import KEYS, assert_matches_reference, mixed_graph
+
+    g = mixed_graph(dtype)
+    rows = np.array([8, 0, 3, 2, 6, 1, 5, 7, 4, 8])
+    for fanout in (1, 3, 4, 5, 16, 100):
+        for key in KEYS:
+            assert_matches_reference(g, rows, rows + 500, fanout, key, "cuda")
+    many = np.random.default_rng(0).integers(0, g.n_solid, 5_000)
+    for fanout in (3, 16):
+        assert_matches_reference(g, many, np.arange(5_000), fanout, 2**64 - 1, "cuda")
 
 
 # -- errors --------------------------------------------------------------------------------

@@ -224,6 +224,35 @@ def test_cached_set_and_hit_counts(local, device, policy):
         assert after["rows_reused"] == 0  # reuse_previous off
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_sync_free_gather_of_training_batches(local, device, dtype):
+    """The sync-free back end (Triton; interpreted on CPU) through the BatchLoader's entry:
+    rows equal numpy indexing, and the epoch's counters, read once at the end, equal the
+    brute-force counts over the batches."""
+    k = 60
+    table, source = _features(local, device, k, "presc", dtype, backend="triton")
+    cached = set(source.cached_ids().tolist())
+    hits = lookups = distinct_misses = 0
+    for ids in _training_batches(local, epoch=1):
+        rows, buffer = source.gather_batch_rows(torch.from_numpy(ids).to(device), None)
+        assert buffer is None and rows.device.type == device
+        np.testing.assert_array_equal(rows.cpu().numpy(), table[ids].astype(np.float32))
+        lookups += len(ids)
+        hits += sum(int(v) in cached for v in ids)
+        distinct_misses += len({int(v) for v in ids} - cached)
+    itemsize = np.dtype(dtype).itemsize
+    assert source.counters() == {
+        "rows_served": lookups,
+        "lookups": lookups,
+        "hits": hits,
+        "misses": lookups - hits,
+        "rows_loaded": distinct_misses,
+        "rows_reused": 0,
+        "bytes_h2d": distinct_misses * 9 * itemsize,
+    }
+
+
 def test_presc_ranking_does_not_see_the_training_batches(local):
     """The PreSC set comes from the pre-sampling stream, not from the training stream: on
     this graph the two streams' top-k differ, and the cache holds the former's."""

@@ -102,7 +102,9 @@ def test_quick_cpu_run_writes_a_consistent_record(tmp_path):
     launches = result["launches_per_iteration"]
     # The sampler reads the host once per layer (3); every stage dispatched ops.
     assert launches["iterations"] > 0 and launches["host_reads"] >= 3
-    assert launches["device_waits"] == 3 and launches["non_view_ops"] < launches["aten_ops"]
+    # One device wait per epoch: the phase timers read their CUDA events at its end.
+    assert launches["device_waits"] == round(1 / launches["iterations"], 2)
+    assert launches["non_view_ops"] < launches["aten_ops"]
     assert all(launches["aten_ops_by_stage"][s] > 0 for s in ("sample", "forward", "backward"))
     by_name = {r["sampler"]: r for r in result["sampling"]}
     assert set(by_name) == {"cpp", "device/cpu/torch/device"}

@@ -1,7 +1,8 @@
 """The block contract of every part sampler (:class:`~distmb.pipeline.sample.PartSampler`):
 the C++ :class:`NeighborSampler` and the :class:`DeviceNeighborSampler` (torch ops and the
-Triton Fused-Map, the graph on the device or read in place from host memory) on CPU tensors
-here, on CUDA under ``pytest -m cuda``.
+Triton Fused-Map, the graph on the device or read in place from host memory; the layer by
+torch ops or by the one-launch Triton kernel, :mod:`distmb.pipeline.sample.choose_triton`)
+on CPU tensors here (Triton under its interpreter), on CUDA under ``pytest -m cuda``.
 
 One parametrised set checks every implementation against a brute-force reference on
 hand-built graphs with hubs and halo vertices: destinations a prefix of the sources, then the
@@ -225,22 +226,24 @@ BAD_SEEDS = [
 @dataclass(frozen=True)
 class Implementation:
     """One sampler: the C++ one (``backend`` None) or the device one with its Fused-Map
-    back end, graph placement and device."""
+    back end, graph placement, device and layer kernel (``choose``)."""
 
     backend: str | None = None
     placement: str = "device"
     device: str = "cpu"
+    choose: str = "torch"
 
     def make(self, g: LocalGraph, fanouts: list[int], seed: int = 0) -> PartSampler:
         if self.backend is None:
             return g.sampler(fanouts, seed)
-        if self.backend == "triton":
+        if "triton" in (self.backend, self.choose):
             ok, why = idmap_triton.usable(torch.device(self.device))
             if not ok:
                 pytest.skip(why)
         return DeviceNeighborSampler(
             g.indptr, g.indices, g.n_solid, g.n_local, fanouts, seed,
             device=self.device, placement=self.placement, backend=self.backend,  # type: ignore[arg-type]
+            choose=self.choose,  # type: ignore[arg-type]
         )  # fmt: skip
 
     def seeds(self, seeds: np.ndarray) -> np.ndarray | torch.Tensor:
@@ -269,6 +272,9 @@ IMPLEMENTATIONS = [
         for backend in ("torch", "triton")
         for placement in ("device", "host")
     ],
+    # The one-launch layer kernel (with the Triton Fused-Map): on the CPU both placements
+    # are the same arrays, so the device one only.
+    pytest.param(Implementation("triton", choose="triton"), id="choose-triton-device"),
     *[
         pytest.param(
             Implementation(backend, placement, "cuda"),
@@ -276,6 +282,14 @@ IMPLEMENTATIONS = [
             marks=pytest.mark.cuda,
         )
         for backend in ("torch", "triton")
+        for placement in ("device", "host")
+    ],
+    *[
+        pytest.param(
+            Implementation("triton", placement, "cuda", choose="triton"),
+            id=f"choose-triton-{placement}-cuda",
+            marks=pytest.mark.cuda,
+        )
         for placement in ("device", "host")
     ],
 ]

@@ -235,8 +235,9 @@ def torch_backend(device: torch.device) -> str:
 
 
 def synchronize(device: torch.device) -> None:
-    """Wait for the device's queued work (CUDA), so that a phase timer measures it; nothing
-    on the CPU. Every call is counted (:func:`~distmb.core.host_reads.count_device_wait`),
+    """Wait for the device's queued work (CUDA): the phase timers' one wait per epoch, after
+    which they read their CUDA events (:meth:`~distmb.engine.timers.PhaseTimer.resolve`);
+    nothing on the CPU. Every call is counted (:func:`~distmb.core.host_reads.count_device_wait`),
     on the CPU too: the count is the proxy of a GPU run's waits."""
     count_device_wait()
     if device.type == "cuda":

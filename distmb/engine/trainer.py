@@ -39,7 +39,6 @@ from distmb.engine.checkpoint import (
     save_cache_state,
     save_checkpoint,
 )
-from distmb.engine.device import synchronize
 from distmb.engine.epoch_loss import EpochLoss
 from distmb.engine.evaluate import layerwise_inference, split_accuracies
 from distmb.engine.schedule import SCHEDULER_KEY, build_scheduler, restore_schedule
@@ -133,7 +132,7 @@ class Trainer:
         self.eval_table = parts.eval_table
         self.watchdog = parts.watchdog
         torch.manual_seed(dropout_seed(config.seed, self.rank))
-        self.timer = PhaseTimer()
+        self.timer = PhaseTimer(self.device)  # GPU phase times: events, read once an epoch
         self.work = BlockWork(len(config.fanout))
         self._loader_cpu = {"sample_cpu": 0.0, "gather_cpu": 0.0}
         self.start_epoch = 0
@@ -314,7 +313,7 @@ class Trainer:
             self._warned.add(warning)
             self.log(f"warning: {warning}")
         losses = EpochLoss(num_steps, self.device)  # read once, at the end of the epoch
-        sample_s = gather_s = sample_cpu = gather_cpu = 0.0
+        sample_cpu = gather_cpu = 0.0
         bar = meter(
             f"epoch {epoch}",
             num_steps,
@@ -325,8 +324,8 @@ class Trainer:
         start = step_start = time.perf_counter()
         for step, batch in enumerate(self.loader(plan)):
             self.watchdog.at(epoch, step)
-            sample_s += batch.sample_s
-            gather_s += batch.gather_s
+            self.timer.add("sample", batch.sample_s, batch.sample_span)
+            self.timer.add("gather", batch.gather_s, batch.gather_span)
             sample_cpu += batch.sample_cpu_s
             gather_cpu += batch.gather_cpu_s
             self.work.add_sampled(batch.blocks)
@@ -337,12 +336,10 @@ class Trainer:
                 self.work.add_used(batch.blocks)  # after the halo scheme dropped missed leaves
                 loss_sum = F.cross_entropy(logits, batch.labels, reduction="sum")
                 loss = loss_sum * self.loss_weight(step)
-                synchronize(self.device)
             losses.add(step, loss_sum, logits, batch.labels)
             with self.timer("bwd"):
                 self.optimizer.zero_grad(set_to_none=True)
                 self.precision.backward(loss)
-                synchronize(self.device)  # the phase's queued GPU work, not only its launch
             with self.timer("ared"):
                 self.comm.allreduce_gradients(self.model)
                 # After the all-reduce (linear, so the same sum): bucketed all-reduces write
@@ -351,13 +348,14 @@ class Trainer:
                 self.precision.unscale(self.optimizer)
             with self.timer("opt"):
                 self.precision.step(self.optimizer)
-                synchronize(self.device)
             self.halo.end_iteration()
             bar.update(1, items=batch.size, loss=losses.latest())
             now = time.perf_counter()
             self.watchdog.iteration_done(now - step_start)
             step_start = now
         bar.close()
+        self.timer.resolve()  # the epoch's one wait: its GPU work is done, its events read
+        self.loader.features.check()  # a deferred bad-id error first (before the loss's)
         train_time = time.perf_counter() - start
         kept = (
             f"; the last good checkpoint is kept in {self.cfg.checkpoint_dir}"
@@ -365,6 +363,7 @@ class Trainer:
             else ""
         )
         total_loss, correct, seen = losses.finish(epoch, kept)
+        sample_s, gather_s = self.timer.seconds["sample"], self.timer.seconds["gather"]
         self.timer.seconds["mbc"] = sample_s + gather_s  # wherever the loader ran them
         self._loader_cpu = {"sample_cpu": sample_cpu, "gather_cpu": gather_cpu}
         return {

@@ -16,6 +16,12 @@ the one being trained (the C++ sampler and numpy's row gathers release the GIL).
 are bit-identical to ``prefetch = 0``: the stages use no random state of the training
 thread. Stages that talk to other ranks (``uses_collectives``) always run synchronously on
 the training thread, in step order.
+
+On a CUDA device the background thread launches on its own stream
+(:class:`~distmb.pipeline.streams.DeviceStage`), not on the training thread's: each batch is
+handed over with a stream wait on an event and ``record_stream`` of its tensors, no host
+wait. The sample and gather stages are also timed with CUDA events there
+(``MiniBatch.sample_span``, ``gather_span``), beside their host clocks.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from distmb.pipeline.plan import EpochPlan
 from distmb.pipeline.rows import IndexedRows
 from distmb.pipeline.sample.blocks import Block
 from distmb.pipeline.sample.protocol import BatchSampler
+from distmb.pipeline.streams import DeviceStage, EventClock
 
 #: Default number of batches prepared ahead by the background thread (``--prefetch``).
 DEFAULT_PREFETCH = 2
@@ -119,6 +126,11 @@ class BatchLoader:
             and (self.device is None or self.device.type == "cpu")
             and features.device.type == "cpu"
         )
+        stage_device = self.device if self.device is not None else features.device
+        #: The sample and gather stages' CUDA events (a no-op off CUDA).
+        self._clock = EventClock(stage_device)
+        #: The producer thread's own CUDA stream and the hand-over (a no-op off CUDA).
+        self.device_stage = DeviceStage(stage_device)
         self._free: list[torch.Tensor] = []  # flat float32 buffers ready for reuse
         self._free_lock = threading.Lock()
         #: Buffers allocated by the gather stage so far (reuse keeps this at most prefetch + 2).
@@ -166,7 +178,9 @@ class BatchLoader:
         """The sample stage of batch ``index`` of ``epoch`` (any thread): blocks and labels,
         no features yet."""
         start, cpu_start = time.perf_counter(), time.thread_time()
+        mark = self._clock.mark()
         blocks = self.sampler.sample(seeds, epoch, index)
+        span = self._clock.span(mark)
         labels = torch.from_numpy(np.ascontiguousarray(self.labels[seeds], dtype=np.int64))
         return MiniBatch(
             epoch=epoch,
@@ -176,6 +190,7 @@ class BatchLoader:
             labels=labels,
             sample_s=time.perf_counter() - start,
             sample_cpu_s=time.thread_time() - cpu_start,
+            sample_span=span,
         )
 
     def gather_batch(self, batch: MiniBatch) -> MiniBatch:
@@ -183,6 +198,7 @@ class BatchLoader:
         (:meth:`~distmb.pipeline.features.FeatureSource.gather_batch_rows`: into a recycled
         host buffer, or on the source's device); ``x`` and ``x_halo`` are views of them."""
         start, cpu_start = time.perf_counter(), time.thread_time()
+        mark = self._clock.mark()
         first = batch.blocks[0]
         ids = self.gather_ids(batch.blocks)
         if self.in_place and not first.n_halo:
@@ -197,16 +213,23 @@ class BatchLoader:
                 batch.x = IndexedRows(in_place.table, in_place.ids, head)
                 batch.x_halo = None
                 batch.buffer = buffer if self.reuse_buffers else None
-                return self._to_device(batch, start, cpu_start)
+                return self._to_device(batch, start, cpu_start, mark)
         rows, buffer = self.features.gather_batch_rows(ids, self._take_buffer)
         batch.x = rows[: first.n_computed]
         has_halo_rows = self.features.has_halo and first.n_halo
         batch.x_halo = rows[first.n_computed :] if has_halo_rows else None
         batch.buffer = buffer if self.reuse_buffers else None
-        return self._to_device(batch, start, cpu_start)
+        return self._to_device(batch, start, cpu_start, mark)
 
-    def _to_device(self, batch: MiniBatch, start: float, cpu_start: float) -> MiniBatch:
-        """The to-device stage (timed with the gather): the batch on :attr:`device`."""
+    def _to_device(
+        self,
+        batch: MiniBatch,
+        start: float,
+        cpu_start: float,
+        mark: torch.cuda.Event | None,
+    ) -> MiniBatch:
+        """The to-device stage (timed with the gather, from ``start``, ``cpu_start`` and the
+        event ``mark``): the batch on :attr:`device`."""
         if self.device is not None:
             on_host = batch.x is not None and batch.x.device.type == "cpu"
             batch.to(self.device)
@@ -214,6 +237,7 @@ class BatchLoader:
                 self._recycle(batch, keep_rows=True)  # the device holds copies now
         batch.gather_s = time.perf_counter() - start
         batch.gather_cpu_s = time.thread_time() - cpu_start
+        batch.gather_span = self._clock.span(mark)
         return batch
 
     def make_batch(self, epoch: int, index: int, seeds: np.ndarray) -> MiniBatch:
@@ -284,10 +308,13 @@ class BatchLoader:
             self._recycle(batch)
 
     def _prefetched(self, plan: EpochPlan) -> Iterator[MiniBatch]:
-        ready: deque[MiniBatch | BaseException] = deque()
+        # A made batch travels with the event its device work completes at (None off CUDA).
+        ready: deque[tuple[MiniBatch, torch.cuda.Event | None] | BaseException] = deque()
         available = threading.Condition()
         window = threading.Semaphore(self.prefetch)  # batches made but not yet consumed
         stop = threading.Event()
+        stage = self.device_stage
+        stage.begin()  # the producer's stream sees what this thread's stream wrote so far
 
         def produce() -> None:
             try:
@@ -295,17 +322,18 @@ class BatchLoader:
                 # call: let it do so first, then set the kernels' count.
                 torch.get_num_threads()
                 _C.set_num_threads(self.threads)
-                made = self.produce(plan)
-                for _ in plan.order:
-                    while not window.acquire(timeout=_POLL_S):
+                with stage.producing():
+                    made = self.produce(plan)
+                    for _ in plan.order:
+                        while not window.acquire(timeout=_POLL_S):
+                            if stop.is_set():
+                                return
                         if stop.is_set():
                             return
-                    if stop.is_set():
-                        return
-                    item: MiniBatch | BaseException = next(made)
-                    with available:
-                        ready.append(item)
-                        available.notify()
+                        item = (next(made), stage.made())
+                        with available:
+                            ready.append(item)
+                            available.notify()
             except BaseException as exc:  # noqa: BLE001 - re-raised on the consumer's thread
                 with available:
                     ready.append(exc)
@@ -313,12 +341,12 @@ class BatchLoader:
 
         producer = threading.Thread(target=produce, name="distmb-batch-loader", daemon=True)
         producer.start()
-        item: MiniBatch | BaseException | None = None
+        batch: MiniBatch | None = None
         try:
             for _ in plan.order:
                 start = time.perf_counter()
-                if isinstance(item, MiniBatch):
-                    self._recycle(item)  # before the window opens for one more batch
+                self._recycle(batch)  # before the window opens for one more batch
+                batch = None
                 with available:
                     while not ready:
                         if not available.wait(timeout=_POLL_S) and not producer.is_alive():
@@ -329,11 +357,15 @@ class BatchLoader:
                 self.load_wait += time.perf_counter() - start
                 if isinstance(item, BaseException):
                     raise item
+                batch, made = item
+                stage.hand_over(made, batch.tensors())  # no host wait
                 window.release()
-                yield item
+                yield batch
         finally:
             stop.set()
             producer.join()
-            for leftover in (item, *ready):
+            for leftover in (batch, *ready):
+                if isinstance(leftover, tuple):
+                    leftover = leftover[0]
                 if isinstance(leftover, MiniBatch):
                     self._recycle(leftover)

@@ -9,6 +9,7 @@ import torch
 
 from distmb.pipeline.rows import IndexedRows, materialized
 from distmb.pipeline.sample.blocks import Block
+from distmb.pipeline.streams import EventSpan
 
 
 @dataclass
@@ -32,8 +33,12 @@ class MiniBatch:
             scheme supplies those rows.
         halo_rows: per layer, float32[blocks[l].n_halo, dim_l], the halo leaves' input rows;
             filled by the halo scheme before the forward pass.
-        sample_s, gather_s: seconds the sample and gather stages took (on whichever thread
-            ran them).
+        sample_s, gather_s: host (wall-clock) seconds the sample and gather stages took on
+            whichever thread ran them; with device stages on a GPU, the time to launch their
+            work (and to wait for their host reads), not the GPU's time.
+        sample_span, gather_span: on a CUDA loader, the stages' device work between timing
+            events (:class:`~distmb.pipeline.streams.EventSpan`, read once per epoch by the
+            trainer's timer); None elsewhere.
         sample_cpu_s, gather_cpu_s: CPU seconds of the thread that ran each stage
             (``time.thread_time``: the stage's whole cost with one thread per rank, see
             :mod:`distmb.engine.timers`).
@@ -52,6 +57,8 @@ class MiniBatch:
     gather_s: float = 0.0
     sample_cpu_s: float = 0.0
     gather_cpu_s: float = 0.0
+    sample_span: EventSpan | None = field(default=None, repr=False)
+    gather_span: EventSpan | None = field(default=None, repr=False)
     buffer: torch.Tensor | None = field(default=None, repr=False)
 
     @property
@@ -76,6 +83,22 @@ class MiniBatch:
             self.x_halo = self.x_halo.to(device, non_blocking=non_blocking)
         self.halo_rows = [rows.to(device, non_blocking=non_blocking) for rows in self.halo_rows]
         return self
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every tensor the batch holds for its consumer, on whatever device: each block's
+        ``indptr``, ``indices`` and ``src_ids``, ``labels``, ``x`` (or the table, ids and head
+        of rows read in place), ``x_halo`` and ``halo_rows`` (not ``buffer``, the loader's
+        host storage behind ``x``)."""
+        held = [t for b in self.blocks for t in (b.indptr, b.indices, b.src_ids)]
+        held.append(self.labels)
+        if isinstance(self.x, IndexedRows):
+            held.extend(t for t in (self.x.table, self.x.ids, self.x.head) if t is not None)
+        elif self.x is not None:
+            held.append(self.x)
+        if self.x_halo is not None:
+            held.append(self.x_halo)
+        held.extend(self.halo_rows)
+        return held
 
     def input_rows(self) -> torch.Tensor | None:
         """``x`` as a tensor (rows read in place are gathered now)."""

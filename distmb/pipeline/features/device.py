@@ -3,9 +3,8 @@ direct host reads, FastGL's Match).
 
 :class:`DeviceFeatures` holds the hot rows of a feature table in device memory (sized in MiB,
 ``--device-cache-mb``) and gathers every other row on the device straight from pinned host
-memory (:class:`~distmb.pipeline.features.zero_copy.HostRows`). Which rows are hot is decided once,
-before
-training, by the same ranking as the host cache
+memory (:class:`~distmb.pipeline.features.zero_copy.HostRows`). Which rows are hot is
+decided once, before training, by the same ranking as the host cache
 (:func:`distmb.pipeline.features.presample.static_hot_ids`):
 
 - ``presc``: the rows pre-sampling (its own random stream, ``--presample-epochs``) requested
@@ -13,38 +12,84 @@ training, by the same ranking as the host cache
 - ``degree``: the highest in-degree rows;
 - ``none``: no cache, every row from host memory.
 
-A gather of ``ids`` (int64, any order, repeats allowed):
+A gather of ``ids`` (int64, any order, repeats allowed) has two back ends (``backend``).
 
-1. looks every id up in a device directory (``int32[num_rows]``: the slot, or -1) and copies
-   the hits from the cache;
-2. deduplicates and sorts the misses (``torch.unique``), so that the device reads each missed
-   row once, in ascending order;
+The **sync-free** one (``"triton"``; ``"auto"`` takes it on CUDA) makes no host
+synchronisation in steady state, so that the launch queue never stalls on the gather:
+
+1. sorts the ids (``torch.sort``, repeats kept; ``perm``: where each sorted id goes), so
+   that the device reads host rows in ascending order, as PyTorch-Direct's zero-copy wants;
+2. in one Triton kernel (:mod:`distmb.pipeline.features.gather_triton`), looks every sorted
+   id up in the device directory (``int32[num_rows]``: the slot, or -1) and reads its row
+   from the cache when it has a slot, else from host memory (zero-copy on CUDA), as float32;
+3. writes each row to ``out[perm[i]]``, which puts the rows back in the requested order;
+4. counts, in the same kernel and on the device, the hits, the distinct misses (a missed
+   sorted id that differs from its predecessor: ``rows_loaded``, as the torch back end
+   counts them) and the ids outside ``[0, num_rows)``.
+
+Each position reads its own row, so a missed id requested twice is read twice (sorted, the
+repeats sit side by side: lanes of one warp reading one address make one request). The
+BatchLoader's ids, a block's sources, are distinct; for requests with repeats ``bytes_h2d``
+counts each distinct row once, a lower bound of the PCIe traffic.
+
+Nothing is read back per gather: ``lookups`` and ``rows_served`` are the requests' sizes
+(known on the host); the other counters stay on the device until a check point reads them,
+in one host read: :meth:`counters` (once per epoch in the engine), a counter's property,
+:meth:`reset_counters` or :meth:`check`. The BatchLoader's gather
+(:meth:`gather_batch_rows`, ids from the sampler's blocks) defers its range check to the
+same read: an id outside the table reads nothing (its address is clamped into the table,
+its loads are masked off, its row is NaN) and is counted, and the next check point raises
+the ``IndexError`` an immediate check raises, naming the range and the smallest and largest
+ids seen. The public :meth:`gather_device` still checks its ids at once (one host read).
+
+The **torch** one (``"torch"``, and ``"auto"`` off CUDA: the CPU runs keep their numbers and
+their speed) uses PyTorch ops, each host synchronisation a visible one:
+
+1. looks every id up in the directory and copies the hits from the cache
+   (``torch.nonzero`` of the hits);
+2. deduplicates and sorts the misses (``torch.nonzero``, ``torch.unique``), so that the
+   device reads each missed row once, in ascending order;
 3. with ``reuse_previous`` (FastGL's *Match*), takes the missed rows that the previous gather
    already brought from host memory from that gather's rows (device memory) instead of
    reading them again;
 4. reads the rest from host memory (zero-copy on CUDA) and puts every row back in the
    requested order.
 
+Match (``reuse_previous``) and an out-of-core :class:`HostRowReader` behind the cache always
+take the torch back end: both need the misses' distinct ids as a tensor of their own, whose
+size is data-dependent (Match keeps them for the next gather; a reader reads exactly those
+rows, from its host cache and its file).
+
 Every gather returns exactly the table's rows (cast to float32). Counters, per
-:meth:`reset_counters`: ``lookups`` (ids requested, with repeats), ``hits`` (of those, ids in
-the cache), ``misses``, ``rows_loaded`` (distinct rows read from host memory),
-``rows_reused`` (distinct missed rows taken from the previous gather) and ``bytes_h2d``
-(``rows_loaded`` times the row's bytes in the table's dtype: what crossed PCIe).
+:meth:`reset_counters`, the same under both back ends: ``lookups`` (ids requested, with
+repeats), ``hits`` (of those, ids in the cache), ``misses``, ``rows_loaded`` (distinct rows
+read from host memory), ``rows_reused`` (distinct missed rows taken from the previous
+gather) and ``bytes_h2d`` (``rows_loaded`` times the row's bytes in the table's dtype: what
+crossed PCIe).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Literal, Protocol
 
 import numpy as np
 import torch
 
 from distmb.core.host_reads import host_values, to_host
+from distmb.pipeline.features import gather_triton
 from distmb.pipeline.features.cached import cache_rows
+from distmb.pipeline.features.gather_triton import (
+    STAT_DISTINCT_MISSES,
+    STAT_HIGH,
+    STAT_HITS,
+    STAT_LOW,
+    STAT_OUT_OF_RANGE,
+)
 from distmb.pipeline.features.presample import static_hot_ids
 from distmb.pipeline.features.protocol import FeatureSource, TakeBuffer
 from distmb.pipeline.features.zero_copy import HostRows
+from distmb.pipeline.sample import idmap_triton
 from distmb.pipeline.sample.host import NeighborSampler
 
 #: Policies of the device feature cache (``--device-cache-policy``,
@@ -52,9 +97,14 @@ from distmb.pipeline.sample.host import NeighborSampler
 DEVICE_CACHE_POLICIES: tuple[str, ...] = ("presc", "degree", "none")
 
 #: Directory value of a row that is not cached.
-NOT_CACHED = -1
+NOT_CACHED = gather_triton.NOT_CACHED
 #: Bytes of directory per row of the table (int32 slot).
 DIRECTORY_BYTES_PER_ROW = 4
+
+#: Gather back ends (module docstring): ``"auto"`` is the sync-free Triton gather on a CUDA
+#: device (where it can run and the cache allows it), else torch ops.
+GatherBackend = Literal["auto", "triton", "torch"]
+GATHER_BACKENDS: tuple[str, ...] = ("auto", "triton", "torch")
 
 
 class HostRowReader(Protocol):
@@ -83,6 +133,29 @@ class HostRowReader(Protocol):
         ...
 
 
+def resolve_gather_backend(
+    backend: str, device: torch.device, *, reuse_previous: bool, host_reader: bool
+) -> str:
+    """``"triton"`` or ``"torch"``: the back end a :class:`DeviceFeatures` on ``device``
+    gathers with (``host_reader``: its misses come from a :class:`HostRowReader`).
+
+    Raises:
+        ValueError: an unknown back end, or ``"triton"`` where it cannot run (Triton absent,
+            a CPU device without ``TRITON_INTERPRET=1``) or with Match or a host reader.
+    """
+    if backend not in GATHER_BACKENDS:
+        raise ValueError(f"device gather back end {backend!r}: expected one of {GATHER_BACKENDS}")
+    usable, why = idmap_triton.usable(device)
+    if reuse_previous or host_reader:
+        why = "Match (reuse_previous) and a HostRowReader take the torch back end"
+        usable = False
+    if backend == "auto":
+        return "triton" if usable and device.type == "cuda" else "torch"
+    if backend == "triton" and not usable:
+        raise ValueError(f"device gather back end 'triton' cannot run on {device}: {why}")
+    return backend
+
+
 class DeviceFeatures(FeatureSource):
     """Rows of a host feature table, gathered onto ``device`` through a static device cache
     (see the module docstring).
@@ -102,6 +175,8 @@ class DeviceFeatures(FeatureSource):
             after them (solid rows, then halo rows by ``VID_p``, as
             :class:`~distmb.pipeline.features.PartFeatures`): then :attr:`has_halo` is True
             and the BatchLoader gathers block 0's halo rows too. Default: every row is solid.
+        backend: ``"auto"``, ``"triton"`` (sync-free) or ``"torch"`` (module docstring;
+            :func:`resolve_gather_backend`); the one taken is :attr:`backend`.
     """
 
     def __init__(
@@ -115,6 +190,7 @@ class DeviceFeatures(FeatureSource):
         reuse_previous: bool = False,
         align_rows: bool = True,
         n_solid: int | None = None,
+        backend: GatherBackend = "auto",
     ) -> None:
         if policy not in DEVICE_CACHE_POLICIES:
             raise ValueError(
@@ -129,6 +205,20 @@ class DeviceFeatures(FeatureSource):
         )
         super().__init__(self.host.num_rows, self.host.dim)
         self.device = self.host.device
+        self.backend = resolve_gather_backend(
+            backend,
+            self.device,
+            reuse_previous=reuse_previous,
+            host_reader=not isinstance(self.host, HostRows),
+        )
+        # The sync-free back end's counters and range check, on the device (module
+        # docstring). Only the kernel writes the counts (they grow from construction on;
+        # _seen: their values at the last read): no reset on the reading thread's stream
+        # can race with a gather on the BatchLoader's producer stream. _pending: a gather
+        # may have added to them since the last read.
+        self._stats = gather_triton.new_stats(self.device)
+        self._seen = [0] * gather_triton.STATS_SIZE  # only its counts are used
+        self._pending = False
         self.n_solid = self.num_rows if n_solid is None else int(n_solid)
         if not 0 <= self.n_solid <= self.num_rows:
             raise ValueError(f"DeviceFeatures: n_solid {n_solid} outside [0, {self.num_rows}]")
@@ -183,11 +273,62 @@ class DeviceFeatures(FeatureSource):
 
     # -- counters -----------------------------------------------------------------------------
     def reset_counters(self) -> None:
+        """Zero the counters; a deferred range error still pending is raised first
+        (:meth:`check`), so that a reset never hides it."""
+        self.check()
         super().reset_counters()
         self.lookups = 0
-        self.hits = 0
-        self.rows_loaded = 0
+        self._hits = 0
+        self._rows_loaded = 0
         self.rows_reused = 0
+
+    def check(self) -> None:
+        """Read the sync-free gathers' device counters into the host ones (one host read,
+        none when no such gather ran since the last check) and raise the deferred range
+        error if one of their ids was outside the table (module docstring).
+
+        The counts read are those of the gathers the calling thread's CUDA stream is
+        ordered after: every gather made on it, and those of a BatchLoader's producer
+        stream up to the last batch handed over (the hand-over makes the consumer's stream
+        wait for it); the engine reads them after the epoch's last batch.
+
+        Raises:
+            IndexError: an id outside ``[0, num_rows)`` reached :meth:`gather_batch_rows`
+                since the last check; the message names the range and the smallest and
+                largest ids gathered since the last such error. The counters are read (and
+                the error cleared) first.
+        """
+        if not self._pending:
+            return
+        self._pending = False  # before the read: a gather made meanwhile sets it again
+        stats, seen = host_values(self._stats), self._seen
+        self._seen = stats
+        self._hits += stats[STAT_HITS] - seen[STAT_HITS]
+        self._rows_loaded += stats[STAT_DISTINCT_MISSES] - seen[STAT_DISTINCT_MISSES]
+        bad = stats[STAT_OUT_OF_RANGE] - seen[STAT_OUT_OF_RANGE]
+        if bad:
+            low, high = stats[STAT_LOW], stats[STAT_HIGH]
+            # The next error names the ids seen after this one (the run stops here anyway:
+            # this write cannot race with a gather that matters).
+            self._stats[STAT_LOW:].copy_(gather_triton.new_stats(self.device)[STAT_LOW:])
+            raise IndexError(
+                f"DeviceFeatures: ids must be in [0, {self.num_rows}), got [{low}, {high}] "
+                f"({bad} ids outside it, gathered by the BatchLoader since the last check; "
+                "their rows were NaN)"
+            )
+
+    @property
+    def hits(self) -> int:
+        """Ids found in the cache since the last reset (a check point: :meth:`check`)."""
+        self.check()
+        return self._hits
+
+    @property
+    def rows_loaded(self) -> int:
+        """Distinct rows read from host memory per gather, summed since the last reset (a
+        check point: :meth:`check`)."""
+        self.check()
+        return self._rows_loaded
 
     @property
     def misses(self) -> int:
@@ -198,7 +339,18 @@ class DeviceFeatures(FeatureSource):
         """Bytes read from host memory since the last reset (the rows' values)."""
         return self.rows_loaded * self.host.row_bytes
 
+    @property
+    def bytes_read(self) -> int:  # FeatureSource's counter: here the same as bytes_h2d
+        return self.bytes_h2d
+
+    @bytes_read.setter
+    def bytes_read(self, value: int) -> None:
+        # FeatureSource's constructor and reset_counters zero it; it follows rows_loaded.
+        if value != 0:
+            raise AttributeError("DeviceFeatures.bytes_read follows rows_loaded; set neither")
+
     def counters(self) -> dict[str, int]:
+        self.check()
         return {
             "rows_served": self.rows_served,
             "lookups": self.lookups,
@@ -247,7 +399,13 @@ class DeviceFeatures(FeatureSource):
     # -- gathering ----------------------------------------------------------------------------
     def gather_device(self, ids: np.ndarray | torch.Tensor) -> torch.Tensor:
         """float32[n, dim] on the device: the rows of ``ids`` (int64[n], any order, repeats
-        allowed, on any device) in that order."""
+        allowed, on any device) in that order. The ids' range is checked at once (one host
+        read).
+
+        Raises:
+            IndexError: an id outside ``[0, num_rows)``.
+            ValueError: ``ids`` not a 1-D integer array or tensor.
+        """
         ids_t = self._device_ids(ids)
         out = self._gather(ids_t)
         self.rows_served += int(ids_t.numel())
@@ -257,8 +415,15 @@ class DeviceFeatures(FeatureSource):
         self, ids: torch.Tensor, take_buffer: TakeBuffer
     ) -> tuple[torch.Tensor, None]:
         """The BatchLoader's gather: :meth:`gather_device`'s rows, on :attr:`device`, in
-        memory of their own (no host buffer is taken)."""
-        return self.gather_device(ids), None
+        memory of their own (no host buffer is taken). With the sync-free back end it makes
+        no host synchronisation: the range of ``ids`` (a block's sources) is checked at the
+        next check point (:meth:`check`) instead."""
+        if self.backend != "triton":
+            return self.gather_device(ids), None
+        ids_t = self._device_ids(ids, check_range=False)
+        out = self._gather_sync_free(ids_t)
+        self.rows_served += int(ids_t.numel())
+        return out, None
 
     def rows_in_place(self, ids: np.ndarray | torch.Tensor) -> None:
         """Never: the rows are gathered on the device (see :meth:`gather_batch_rows`)."""
@@ -269,7 +434,11 @@ class DeviceFeatures(FeatureSource):
         # (the training path uses gather_batch_rows and keeps the rows there).
         out.copy_(self._gather(torch.from_numpy(ids).to(self.device)))
 
-    def _device_ids(self, ids: np.ndarray | torch.Tensor) -> torch.Tensor:
+    def _device_ids(
+        self, ids: np.ndarray | torch.Tensor, *, check_range: bool = True
+    ) -> torch.Tensor:
+        """int64 ``ids`` on the device, their shape and dtype checked (metadata: no host
+        read) and, with ``check_range``, their range (one host read of a device tensor)."""
         if not isinstance(ids, torch.Tensor):
             return torch.from_numpy(self._check_ids(ids)).to(self.device)
         integer = not (
@@ -281,7 +450,7 @@ class DeviceFeatures(FeatureSource):
                 f"{ids.dtype}{list(ids.shape)}"
             )
         ids = ids.to(device=self.device, dtype=torch.int64)
-        if ids.numel():
+        if check_range and ids.numel():
             low, high = host_values(torch.stack(torch.aminmax(ids)))
             if low < 0 or high >= self.num_rows:
                 raise IndexError(
@@ -290,7 +459,33 @@ class DeviceFeatures(FeatureSource):
         return ids
 
     def _gather(self, ids: torch.Tensor) -> torch.Tensor:
-        """The four steps of the module docstring, for checked int64 ``ids`` on the device."""
+        """float32[n, dim]: the rows of checked int64 ``ids`` on the device, by
+        :attr:`backend`."""
+        if self.backend == "triton":
+            return self._gather_sync_free(ids)
+        return self._gather_torch(ids)
+
+    def _gather_sync_free(self, ids: torch.Tensor) -> torch.Tensor:
+        """The sync-free back end's four steps (module docstring) for int64 ``ids`` on the
+        device, in range or not (an id outside reads nothing and is counted)."""
+        self.lookups += int(ids.numel())
+        sorted_ids, perm = torch.sort(ids)
+        assert isinstance(self.host, HostRows)  # resolve_gather_backend saw to it
+        out = gather_triton.gather_rows(
+            sorted_ids,
+            perm,
+            self._slot_of,
+            self.cache,
+            self.host.view,
+            self.num_rows,
+            self._stats,
+        )
+        self._pending = self._pending or bool(ids.numel())
+        return out
+
+    def _gather_torch(self, ids: torch.Tensor) -> torch.Tensor:
+        """The torch back end's four steps (module docstring), for checked int64 ``ids`` on
+        the device."""
         n = int(ids.numel())
         out = torch.empty((n, self.dim), dtype=torch.float32, device=self.device)
         self.lookups += n
@@ -303,7 +498,7 @@ class DeviceFeatures(FeatureSource):
             if hit_pos.numel():
                 out[hit_pos] = self.cache[slot[hit_pos].long()].to(torch.float32)
             miss_pos = torch.nonzero(~hit).flatten()
-            self.hits += int(hit_pos.numel())
+            self._hits += int(hit_pos.numel())
         else:
             miss_pos = torch.arange(n, device=self.device)
         if miss_pos.numel():
@@ -334,8 +529,7 @@ class DeviceFeatures(FeatureSource):
                 rows[load] = self.host.gather(unique[load])  # a sorted subset: still sorted
             loaded = int(load.numel())
             self.rows_reused += int(reuse.numel())
-        self.rows_loaded += loaded
-        self.bytes_read += loaded * self.host.row_bytes
+        self._rows_loaded += loaded  # bytes_read follows
         if self.reuse_previous:
             self._prev_ids, self._prev_rows = unique, rows
         return rows
@@ -343,7 +537,8 @@ class DeviceFeatures(FeatureSource):
     def __repr__(self) -> str:
         return (
             f"DeviceFeatures(num_rows={self.num_rows}, dim={self.dim}, device={self.device}, "
-            f"policy={self.policy}, capacity={self.capacity}, reuse_previous={self.reuse_previous})"
+            f"policy={self.policy}, capacity={self.capacity}, "
+            f"reuse_previous={self.reuse_previous}, backend={self.backend})"
         )
 
 
@@ -362,13 +557,14 @@ def build_device_features(
     reuse_previous: bool = False,
     align_rows: bool = True,
     n_solid: int | None = None,
+    backend: GatherBackend = "auto",
 ) -> DeviceFeatures:
     """A :class:`DeviceFeatures` of ``cache_mb`` MiB of rows (in the table's dtype) filled by
     ``policy``, ranked by :func:`~distmb.pipeline.features.presample.static_hot_ids` (``presc``
     pre-samples with its own stream derived from ``seed``; the training batches are never
     seen). The arguments from ``degree`` to ``seed`` are those of that function
     (``degree``: one entry per row of ``table``, halo rows included); ``n_solid`` is
-    :class:`DeviceFeatures`'."""
+    :class:`DeviceFeatures`', as is ``backend``."""
     if policy not in DEVICE_CACHE_POLICIES:
         raise ValueError(
             f"device cache policy must be one of {DEVICE_CACHE_POLICIES}, got {policy!r}"
@@ -394,4 +590,5 @@ def build_device_features(
         reuse_previous=reuse_previous,
         align_rows=align_rows,
         n_solid=n_solid,
+        backend=backend,
     )

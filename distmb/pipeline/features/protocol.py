@@ -118,6 +118,13 @@ class FeatureSource(ABC):
     def counters(self) -> dict[str, int]:
         return {"rows_served": self.rows_served, "bytes_read": self.bytes_read}
 
+    def check(self) -> None:
+        """Raise an error of the gathers so far that the source defers instead of
+        synchronising with the device per gather (the default: none is deferred). The
+        trainer calls it once per epoch, after the epoch's last batch and before its loss is
+        judged, so that a bad id is named as such, not as the non-finite loss it caused."""
+        return None
+
     def inspect(self, traces: list[np.ndarray]) -> None:
         """The next ``len(traces)`` gathers will request ``traces[i]`` (int64, unique ids),
         in this order. Only a source with :attr:`wants_trace` uses it."""

@@ -8,21 +8,46 @@ replacement, every neighbour when the degree is at most the fan-out or the fan-o
 C++ sampler's random choices, only the same distribution: for a given ``(seed, epoch,
 iteration)`` the blocks are the same on every call on the same device type and torch build.
 
-One layer, all on the device, no loop over destinations:
+One layer, all on the device, no loop over destinations, by one of two layer kernels
+(``choose``):
 
-1. degrees from ``indptr``; row sizes ``min(deg, fanout)``; their prefix sum is the block's
-   ``indptr``;
-2. positions: vectorised Floyd (:mod:`distmb.pipeline.sample.choose`) for rows above the
-   fan-out, the whole row otherwise, laid out by the bound ``n_dst x fanout`` (padding slots
-   carry ``dst[0]``); neighbours gathered from ``indices``;
+- ``"torch"``: PyTorch ops, random words from a ``torch.Generator`` seeded with
+  :func:`batch_seed`:
+
+  1. degrees from ``indptr``; row sizes ``min(deg, fanout)``; their prefix sum is the
+     block's ``indptr``;
+  2. positions: vectorised Floyd (:mod:`distmb.pipeline.sample.choose`) for rows above the
+     fan-out, the whole row otherwise, laid out by the bound ``n_dst x fanout`` (padding
+     slots carry ``dst[0]``); neighbours gathered from ``indices``;
+
+- ``"triton"``: steps 1-2 in one launch (:mod:`distmb.pipeline.sample.choose_triton`), with
+  counter-based random words keyed by ``(batch_seed, layer, row, step)``; then the prefix
+  sum of its row sizes;
+
+then, on both paths,
+
 3. Fused-Map (:func:`distmb.pipeline.sample.idmap.start_map`) of ``concat(dst, neighbours)``:
    the block's ``src_ids`` and every slot's source position; the valid slots are scattered
    to their CSR positions.
+
+Both kernels sample the same distribution from different random words, so their blocks for
+one triple differ. ``choose="auto"`` is Triton where it can run (CUDA, or CPU under
+``TRITON_INTERPRET=1``); by default ``choose`` follows the Fused-Map ``backend`` (the engine
+passes ``"torch"`` on the CPU, ``"auto"`` on CUDA).
 
 So a layer synchronises with the host once (:func:`distmb.core.host_reads.host_values`),
 reading the edge count, the seeds' range check and Fused-Map's counts together: the sizes
 of its outputs, which the :class:`~distmb.pipeline.sample.Block` holds as ints. Only
 :data:`FANOUT_ALL` layers (exact evaluation) read the edge count first (twice a layer).
+
+Launches of one bounded layer below the top, Triton Fused-Map, fan-out ``k``: ATen ops that
+are not views (counted with a ``TorchDispatchMode`` on CPU tensors, the Triton
+interpreter's own ops left out) plus one per Triton launch (``tests/test_choose_triton.py``,
+``test_layer_launches``). The torch path takes 3 per Floyd step: 70 at ``k = 1``, 75 at
+``k = 2``, then ``3k + 69`` (84 at 5, 99 at 10, 114 at 15); all ATen ops, views included,
+``8k + 87`` (167 at 10). The Triton path takes 51 whatever ``k`` (49 ops, 63 with views,
+and 2 Triton launches: the layer kernel and Fused-Map's). The top layer adds 5 ops on both
+(the seeds' clamp and range check).
 """
 
 from __future__ import annotations
@@ -37,6 +62,7 @@ from distmb.core.host_reads import host_values, to_host
 from distmb.core.rng import GOLDEN, finalize64
 from distmb.pipeline.sample.blocks import Block
 from distmb.pipeline.sample.choose import choose_positions
+from distmb.pipeline.sample.choose_triton import choose_layer, layer_key, resolve_choose
 from distmb.pipeline.sample.host import (
     FANOUT_ALL,
     NeighborSampler,
@@ -76,10 +102,12 @@ class DeviceNeighborSampler(PartSampler):
         placement: ``"device"`` (CSR copied to the device) or ``"host"`` (read in place from
             pinned host memory, zero-copy; :mod:`distmb.pipeline.sample.placement`).
         backend: Fused-Map back end (``"auto"``: the Triton kernel where it can run).
+        choose: the layer kernel (module docstring): ``"torch"``, ``"triton"`` or
+            ``"auto"`` (Triton where it can run); ``None``: as ``backend``.
 
     Raises:
         ValueError: the C++ sampler's checks of the CSR and fan-outs (same messages), a bad
-            placement or back end.
+            placement or back end, ``choose="triton"`` where Triton cannot run.
     """
 
     def __init__(
@@ -93,6 +121,7 @@ class DeviceNeighborSampler(PartSampler):
         device: torch.device | str = "cpu",
         placement: Placement = "device",
         backend: Backend = "auto",
+        choose: Backend | None = None,
     ) -> None:
         self.fanouts = NeighborSampler._check_fanouts(fanouts)
         self.seed = _check_counter(seed, "seed")
@@ -109,6 +138,8 @@ class DeviceNeighborSampler(PartSampler):
         self.device = torch.device(device)
         self.placement = placement
         self.backend: Backend = backend
+        #: The resolved layer kernel: ``"torch"`` or ``"triton"``.
+        self.choose = resolve_choose(backend if choose is None else choose, self.device)
         self.indptr = place(np.ascontiguousarray(indptr), self.device, placement)
         self.indices = place(np.ascontiguousarray(indices), self.device, placement)
 
@@ -144,36 +175,44 @@ class DeviceNeighborSampler(PartSampler):
         self, seeds: torch.Tensor | np.ndarray, fanouts: list[int], epoch: int, iteration: int
     ) -> list[Block]:
         dst = self._seeds(seeds)
-        generator = torch.Generator(device=self.device)
-        generator.manual_seed(
-            batch_seed(
-                self.seed, _check_counter(epoch, "epoch"), _check_counter(iteration, "iteration")
-            )
+        batch = batch_seed(
+            self.seed, _check_counter(epoch, "epoch"), _check_counter(iteration, "iteration")
         )
+        generator = None
+        if self.choose == "torch":
+            generator = torch.Generator(device=self.device)
+            generator.manual_seed(batch)
         blocks: list[Block] = [None] * len(fanouts)  # type: ignore[list-item]
         top = len(fanouts) - 1
         for layer in range(top, -1, -1):
-            block = self._layer(dst, fanouts[layer], generator, check_seeds=layer == top)
+            draws = generator if generator is not None else layer_key(batch, layer)
+            block = self._layer(dst, fanouts[layer], draws, check_seeds=layer == top)
             blocks[layer] = block
             dst = block.src_ids[: block.n_computed]
         return blocks
 
     def _layer(
-        self, dst: torch.Tensor, fanout: int, generator: torch.Generator, check_seeds: bool
+        self, dst: torch.Tensor, fanout: int, draws: torch.Generator | int, check_seeds: bool
     ) -> Block:
         """One block for destinations ``dst`` (int64[n_dst] on the device, distinct solid
-        VID_p; checked when ``check_seeds``)."""
+        VID_p; checked when ``check_seeds``). ``draws``: the batch's generator (torch
+        kernel) or the layer's key (:func:`~distmb.pipeline.sample.choose_triton.layer_key`,
+        Triton kernel)."""
         n_dst = int(dst.shape[0])
         if check_seeds and n_dst and self.n_solid == 0:
             self._raise_bad_seed(dst)
         # Out-of-range seeds are clamped for the reads below and reported at the layer's
         # sync, so that a bad seed never becomes an out-of-bounds device read.
         rows = dst.clamp(0, max(self.n_solid - 1, 0)) if check_seeds else dst
+        exact = fanout == FANOUT_ALL or not self.indices.numel()
+        if isinstance(draws, int) and not exact:
+            return self._layer_triton(dst, rows, fanout, draws, check_seeds)
         start = self.indptr[rows]
         deg = self.indptr[rows + 1] - start
-        if fanout == FANOUT_ALL or not self.indices.numel():
+        if exact:
             return self._layer_exact(dst, start, deg, fanout, check_seeds)
-        return self._layer_bounded(dst, start, deg, fanout, generator, check_seeds)
+        assert isinstance(draws, torch.Generator)  # the torch kernel's
+        return self._layer_bounded(dst, start, deg, fanout, draws, check_seeds)
 
     def _n_bad(self, dst: torch.Tensor, indptr: torch.Tensor, check_seeds: bool) -> torch.Tensor:
         """int64 scalar on the device: seeds outside the solid range (unless checked:
@@ -204,12 +243,11 @@ class DeviceNeighborSampler(PartSampler):
         generator: torch.Generator,
         check_seeds: bool,
     ) -> Block:
-        """A layer of ``fanout`` picks per row, sized by its bound ``n_dst * fanout``: every
-        row has ``fanout`` slots, the first ``min(deg, fanout)`` valid (the same picks, in the
-        same order, as the exact layout). Padding slots carry ``dst[0]``, which Fused-Map
-        has seen at position 0 already, so they never become sources; the edge count rides
-        on Fused-Map's sync (one host read per layer) and the valid slots are scattered to
-        their CSR positions."""
+        """A layer of ``fanout`` picks per row by the torch kernel, sized by its bound
+        ``n_dst * fanout``: every row has ``fanout`` slots, the first ``min(deg, fanout)``
+        valid (the same picks, in the same order, as the exact layout). Padding slots carry
+        ``dst[0]``, which Fused-Map has seen at position 0 already, so they never become
+        sources (then :meth:`_map_slots`)."""
         n_dst, device = int(dst.shape[0]), self.device
         count = torch.clamp(deg, max=fanout)
         indptr = torch.zeros(n_dst + 1, dtype=torch.int64, device=device)
@@ -222,6 +260,37 @@ class DeviceNeighborSampler(PartSampler):
         edge = (start.unsqueeze(1) + offset).flatten().clamp_(max=self.indices.numel() - 1)
         neighbours = self.indices[edge].to(device, torch.int64)
         keys = torch.cat([dst, torch.where(valid, neighbours, dst[:1])])
+        return self._map_slots(dst, indptr, keys, valid, slot, check_seeds)
+
+    def _layer_triton(
+        self, dst: torch.Tensor, rows: torch.Tensor, fanout: int, key: int, check_seeds: bool
+    ) -> Block:
+        """A bounded layer by the Triton kernel (:func:`~distmb.pipeline.sample.choose_triton.
+        choose_layer`: the slots, padding, row sizes and valid mask in one launch, ``rows``
+        the clamped ``dst``), then the block's ``indptr`` and :meth:`_map_slots`."""
+        n_dst, device = int(dst.shape[0]), self.device
+        chosen = choose_layer(self.indptr, self.indices, rows, dst, fanout, key)
+        assert chosen.valid is not None  # asked for
+        indptr = torch.zeros(n_dst + 1, dtype=torch.int64, device=device)
+        torch.cumsum(chosen.count, 0, out=indptr[1:])
+        slot = torch.arange(fanout, dtype=torch.int64, device=device)
+        return self._map_slots(dst, indptr, chosen.keys, chosen.valid, slot, check_seeds)
+
+    def _map_slots(
+        self,
+        dst: torch.Tensor,
+        indptr: torch.Tensor,
+        keys: torch.Tensor,
+        valid: torch.Tensor,
+        slot: torch.Tensor,
+        check_seeds: bool,
+    ) -> Block:
+        """The block of a bounded layer's slots: Fused-Map of ``keys`` (int64[n_dst + n_dst *
+        fanout], ``dst`` then the slots, padding ``dst[0]``); the edge count rides on its
+        sync (one host read per layer); the ``valid`` slots (bool[n_dst * fanout]) are
+        scattered to their CSR positions (``indptr``: int64[n_dst + 1], the block's;
+        ``slot``: ``arange(fanout)``)."""
+        n_dst, device = int(dst.shape[0]), self.device
         pending = start_map(keys, n_dst, self.n_solid, self.backend)
         head = torch.stack([indptr[-1], self._n_bad(dst, indptr, check_seeds)])
         nnz, n_bad, *counts = host_values(torch.cat([head, pending.counts]))  # the layer's sync

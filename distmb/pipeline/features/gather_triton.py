@@ -1,0 +1,232 @@
+"""The device feature cache's one-pass gather as a Triton kernel: cached rows and host rows
+together, in sorted id order, with no host synchronisation.
+
+Input: ``sorted_ids: int64[n]`` (ascending, repeats kept: ``torch.sort`` of the requested
+ids) and ``perm: int64[n]``, the position in the request of each sorted id (the sort's
+indices). Each program handles ``BLOCK_ROWS`` sorted ids and ``BLOCK_COLS`` columns of
+their rows: it looks every id up in the cache directory (``slot_of: int32[num_rows]``, the
+slot or -1), loads the columns from the cache row where the slot is ``>= 0`` and from the
+host row otherwise (two masked loads: a lane reads one of the two, never both), casts them
+to float32 and writes them to ``out[perm[i]]``, i.e. back in the requested order. The host
+rows are read through :attr:`~distmb.pipeline.features.zero_copy.HostRows.view` (on CUDA a
+CUDA tensor aliasing pinned host memory, so the loads cross PCIe: PyTorch-Direct's
+zero-copy; the ids are sorted so that neighbouring lanes read neighbouring rows), whose row
+stride may be padded to 128 bytes (:func:`~distmb.pipeline.features.zero_copy.aligned_width`):
+every host row then starts on a 128-byte boundary, and a program's first column block with
+it.
+
+The programs of the first column block also count, into ``stats: int64[STATS_SIZE]``
+(atomic adds, one per program and counter): the hits, the distinct misses (a missed id that
+differs from its predecessor in sorted order: the rows read from host memory), the ids
+outside ``[0, num_rows)`` and the smallest and largest id seen. The counters therefore stay
+on the device until their owner reads them (one read for many gathers).
+
+An id outside ``[0, num_rows)`` reads nothing (both loads are masked off and its address
+is clamped to row 0): its output row is NaN and it is counted in ``stats``, for the owner
+to raise a clear error when it reads them
+(:meth:`distmb.pipeline.features.device.DeviceFeatures.check`).
+
+Runs on CUDA tensors, and on CPU tensors under Triton's interpreter (``TRITON_INTERPRET=1``
+set before Triton is imported), which is how CI tests it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+try:  # optional dependency: pip install 'distmb[triton]'
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - exercised where Triton is not installed
+    triton = None
+    tl = None
+
+#: Positions in the ``stats`` tensor (int64[:data:`STATS_SIZE`]) the kernel accumulates into.
+STAT_HITS = 0
+STAT_DISTINCT_MISSES = 1
+STAT_OUT_OF_RANGE = 2
+STAT_LOW = 3
+STAT_HIGH = 4
+STATS_SIZE = 5
+#: Directory value of a row that is not cached (as in :mod:`distmb.pipeline.features.device`).
+NOT_CACHED = -1
+#: Values (rows x columns) one program moves.
+VALUES_PER_PROGRAM = 4096
+#: Widest column block: a wider row is split over several programs.
+MAX_BLOCK_COLS = 256
+
+_INT64 = torch.iinfo(torch.int64)
+
+
+def new_stats(device: torch.device) -> torch.Tensor:
+    """int64[STATS_SIZE] on ``device``: counters at zero, the smallest id seen at the int64
+    maximum and the largest at the int64 minimum (nothing seen yet)."""
+    stats = torch.zeros(STATS_SIZE, dtype=torch.int64, device=device)
+    stats[STAT_LOW] = _INT64.max
+    stats[STAT_HIGH] = _INT64.min
+    return stats
+
+
+def block_shape(dim: int) -> tuple[int, int]:
+    """``(BLOCK_ROWS, BLOCK_COLS)`` for rows of ``dim`` values: the columns rounded up to a
+    power of two (at most :data:`MAX_BLOCK_COLS`), and rows to fill
+    :data:`VALUES_PER_PROGRAM`."""
+    cols = min(triton.next_power_of_2(max(dim, 1)), MAX_BLOCK_COLS)
+    return max(1, VALUES_PER_PROGRAM // cols), cols
+
+
+if triton is not None:
+    _NOT_CACHED = tl.constexpr(NOT_CACHED)
+    _STAT_HITS = tl.constexpr(STAT_HITS)
+    _STAT_DISTINCT_MISSES = tl.constexpr(STAT_DISTINCT_MISSES)
+    _STAT_OUT_OF_RANGE = tl.constexpr(STAT_OUT_OF_RANGE)
+    _STAT_LOW = tl.constexpr(STAT_LOW)
+    _STAT_HIGH = tl.constexpr(STAT_HIGH)
+
+    # n and num_rows are never compile-time constants (n changes with every gather).
+    @triton.jit(do_not_specialize=["n", "num_rows"])
+    def _gather_kernel(
+        sorted_ids_ptr,
+        perm_ptr,
+        n,
+        slot_of_ptr,
+        cache_ptr,
+        host_ptr,
+        host_stride,
+        out_ptr,
+        dim,
+        num_rows,
+        stats_ptr,
+        HAS_CACHE: tl.constexpr,
+        BLOCK_ROWS: tl.constexpr,
+        BLOCK_COLS: tl.constexpr,
+    ):
+        """out[perm[i], cols] = float32(cache[slot] if slot >= 0 else host[id]) for the
+        program's sorted positions i and columns (contract in the module docstring)."""
+        row0 = tl.program_id(0).to(tl.int64) * BLOCK_ROWS
+        rows = row0 + tl.arange(0, BLOCK_ROWS)
+        live = rows < n
+        ids = tl.load(sorted_ids_ptr + rows, mask=live, other=0)
+        in_range = live & (ids >= 0) & (ids < num_rows)
+        safe_ids = tl.where(in_range, ids, 0)  # an address in the table whatever the id
+        if HAS_CACHE:
+            slot = tl.load(slot_of_ptr + safe_ids, mask=in_range, other=_NOT_CACHED)
+            slot = slot.to(tl.int64)
+        else:
+            slot = tl.full((BLOCK_ROWS,), _NOT_CACHED, tl.int64)
+        hit = in_range & (slot != _NOT_CACHED)
+        miss = in_range & (slot == _NOT_CACHED)
+        safe_slot = tl.where(hit, slot, 0)
+
+        cols = tl.program_id(1).to(tl.int64) * BLOCK_COLS + tl.arange(0, BLOCK_COLS)
+        col_ok = cols < dim
+        from_cache = tl.load(
+            cache_ptr + safe_slot[:, None] * dim + cols[None, :],
+            mask=hit[:, None] & col_ok[None, :],
+            other=0.0,
+        )
+        from_host = tl.load(
+            host_ptr + safe_ids[:, None] * host_stride + cols[None, :],
+            mask=miss[:, None] & col_ok[None, :],
+            other=0.0,
+        )
+        value = tl.where(hit[:, None], from_cache.to(tl.float32), from_host.to(tl.float32))
+        value = tl.where(in_range[:, None], value, float("nan"))
+        dest = tl.load(perm_ptr + rows, mask=live, other=0)
+        tl.store(
+            out_ptr + dest[:, None] * dim + cols[None, :],
+            value,
+            mask=live[:, None] & col_ok[None, :],
+        )
+
+        if tl.program_id(1) == 0:
+            previous = tl.load(sorted_ids_ptr + rows - 1, mask=live & (rows > 0), other=0)
+            distinct = (rows == 0) | (ids != previous)
+            first_id = tl.load(sorted_ids_ptr + row0)  # the program's smallest id (live)
+            seen = tl.where(live, ids, first_id)
+            tl.atomic_add(stats_ptr + _STAT_HITS, tl.sum(hit.to(tl.int64), axis=0))
+            tl.atomic_add(
+                stats_ptr + _STAT_DISTINCT_MISSES,
+                tl.sum((miss & distinct).to(tl.int64), axis=0),
+            )
+            tl.atomic_add(
+                stats_ptr + _STAT_OUT_OF_RANGE,
+                tl.sum((live & ~in_range).to(tl.int64), axis=0),
+            )
+            tl.atomic_min(stats_ptr + _STAT_LOW, tl.min(seen, axis=0))
+            tl.atomic_max(stats_ptr + _STAT_HIGH, tl.max(seen, axis=0))
+
+
+def launch(
+    sorted_ids: torch.Tensor,
+    perm: torch.Tensor,
+    slot_of: torch.Tensor | None,
+    cache: torch.Tensor,
+    host: torch.Tensor,
+    out: torch.Tensor,
+    num_rows: int,
+    stats: torch.Tensor,
+) -> None:
+    """Launch the kernel over ``n = sorted_ids.numel() > 0`` ids (see :func:`gather_rows`
+    for the arguments). The one place the kernel is launched: tests that count a gather's
+    ops count a launch here as one op (the interpreter copies tensors while it runs)."""
+    n, dim = int(sorted_ids.shape[0]), int(out.shape[1])
+    block_rows, block_cols = block_shape(dim)
+    # At least one column block: its programs count the ids even when rows have no values.
+    grid = (triton.cdiv(n, block_rows), max(1, triton.cdiv(dim, block_cols)))
+    device = out.device
+    with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+        _gather_kernel[grid](
+            sorted_ids,
+            perm,
+            n,
+            slot_of if slot_of is not None else sorted_ids,  # unread without a cache
+            cache if slot_of is not None else host,  # unread without a cache
+            host,
+            host.stride(0),
+            out,
+            dim,
+            num_rows,
+            stats,
+            HAS_CACHE=slot_of is not None,
+            BLOCK_ROWS=block_rows,
+            BLOCK_COLS=block_cols,
+        )
+
+
+def gather_rows(
+    sorted_ids: torch.Tensor,
+    perm: torch.Tensor,
+    slot_of: torch.Tensor | None,
+    cache: torch.Tensor,
+    host: torch.Tensor,
+    num_rows: int,
+    stats: torch.Tensor,
+) -> torch.Tensor:
+    """float32[n, dim] on ``host``'s device: ``out[perm[i]]`` is the row of
+    ``sorted_ids[i]``, from ``cache`` where ``slot_of`` has a slot, else from ``host``
+    (NaN for an id outside ``[0, num_rows)``, counted in ``stats``).
+
+    Args:
+        sorted_ids: int64[n], ascending (repeats allowed), contiguous.
+        perm: int64[n], a permutation of ``range(n)``: where each sorted id goes.
+        slot_of: int32[num_rows], the cache slot of each row or -1; None: no cache.
+        cache: [capacity, dim] contiguous, the cached rows (the host table's dtype).
+        host: [num_rows, dim], unit column stride, any row stride (the padded host rows).
+        num_rows: the table's rows.
+        stats: int64[STATS_SIZE] (:func:`new_stats`), accumulated into.
+
+    Raises:
+        RuntimeError: Triton is not installed.
+    """
+    if triton is None:
+        raise RuntimeError("Triton is not installed (pip install 'distmb[triton]')")
+    n, dim = int(sorted_ids.shape[0]), int(host.shape[1])
+    out = torch.empty((n, dim), dtype=torch.float32, device=host.device)
+    if n:
+        if host.stride(1) != 1 or (slot_of is not None and not cache.is_contiguous()):
+            raise ValueError("gather_rows: host rows need unit column stride, cache contiguous")
+        launch(sorted_ids, perm, slot_of, cache, host, out, num_rows, stats)
+    return out
