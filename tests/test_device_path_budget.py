@@ -17,6 +17,15 @@ miss dedup, 3); 725 ATen ops, 513 of them in the sampler (Floyd's 3 ops per step
 layer: 4 + 9 + 14 steps), 435 not views. Before the cuts: 10 host reads (2 per layer in the
 sampler, 2 in the feature cache, 2 in the loop: loss and accuracy), 751 ATen ops and 3 waits
 per iteration (a synchronize at the end of the forward, backward and optimizer phases).
+
+The GPU configuration, counted the same way on CPU tensors with the Triton back ends forced
+on under the interpreter (the sampler's layer kernel and Fused-Map, the sync-free feature
+gather, ``--kernels triton``; Triton launches counted one each, the interpreter's own ops
+not): 400 vertices, batch 30, 2 iterations. Measured per iteration: 3 host reads (the
+sampler's, one per layer) + 2 per epoch (the loss and accuracy; the feature gather's
+deferred counters and range check), 0 sync-prone ops, 1 wait per epoch, 258.5 non-view ATen
+ops + 12 Triton launches (sampler 6, gather 1, forward 3, backward 2). The goal of 60
+launches per iteration is far: the model's forward and backward alone dispatch 161 ops.
 """
 
 from __future__ import annotations
@@ -40,6 +49,13 @@ DEVICE_WAITS_BUDGET = 0.2  # measured 0.17: 1 per epoch of 6 iterations (the pha
 SYNCING_OPS_BUDGET = 6.0  # measured 6
 ATEN_OPS_BUDGET = 750.0  # measured 725
 NON_VIEW_OPS_BUDGET = 455.0  # measured 435
+#: The GPU configuration's (see the module docstring): measured + margin.
+GPU_CONFIG_BUDGETS = {
+    "host_reads": 4.0,  # measured 4.0: 3 per iteration + 2 per epoch of 2 iterations
+    "syncing_ops": 0.0,  # measured 0
+    "device_waits": 0.5,  # measured 0.5: 1 per epoch
+    "launches": 285.0,  # measured 270.5: 258.5 non-view ATen ops + 12 Triton launches
+}
 
 
 @pytest.fixture(scope="module")
@@ -119,3 +135,45 @@ def test_every_helper_counts_one_read():
     assert host_values(t) == [0, 1, 2, 3]
     assert host_scalar(t[2]) == 2
     assert HOST_READS.snapshot() == (before + 3, waits)
+
+
+@pytest.fixture(scope="module")
+def gpu_config_census() -> EpochCensus:
+    from distmb.engine.build import device_stages
+    from distmb.pipeline.sample import idmap_triton
+
+    if not idmap_triton.usable(torch.device("cpu"))[0]:
+        pytest.skip("needs Triton's interpreter (TRITON_INTERPRET=1, set by conftest)")
+    config = TrainConfig(
+        layers=len(FANOUT), fanout=FANOUT, hidden=16, batch_size=30, epochs=2,
+        progress=False, sampler="device", kernels="triton", prefetch=0, threads=1,
+        device_cache_mb=0.002,
+    )  # fmt: skip
+    graph = "synthetic:nodes=400,feat_dim=4,train_fraction=0.15,test_fraction=0.4"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(device_stages, "kernel_backend", lambda device: "triton")
+        trainer = Trainer(
+            LocalGraph.from_graph(load_dataset(graph)), config, log=lambda _: None,
+            device=torch.device("cpu"),
+        )  # fmt: skip
+    stages = trainer.parts.device_stages
+    assert stages.sampler.choose == "triton" and stages.features.backend == "triton"
+    trainer.train_epoch(0)
+    return census_epoch(trainer, 1)
+
+
+def test_the_gpu_configuration_stays_within_its_budgets(gpu_config_census):
+    each = gpu_config_census.per_iteration()
+    assert gpu_config_census.iterations == 2
+    measured = {
+        "host_reads": each["host_reads"],
+        "syncing_ops": each["syncing_ops"],
+        "device_waits": each["device_waits"],
+        "launches": each["non_view_ops"] + each["triton_launches"],
+    }
+    over = {k: v for k, v in measured.items() if v > GPU_CONFIG_BUDGETS[k]}
+    assert not over, (over, each)
+    # Every stage that has a Triton kernel launched it: the back ends really were on.
+    launches = each["triton_launches_by_stage"]
+    assert launches["sample"] == 2 * len(FANOUT)  # layer kernel + Fused-Map, per layer
+    assert launches["gather"] == 1 and launches["forward"] >= len(FANOUT)

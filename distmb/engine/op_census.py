@@ -12,6 +12,11 @@ synchronisations").
   host synchronisation on a GPU.
 - **host reads** and **device waits**: :data:`distmb.core.host_reads.HOST_READS`, the exact
   count of the device path's explicit reads and of the phase timers' waits.
+- **Triton launches**, by stage: one per kernel run (``kernel[grid](...)``), whether compiled
+  (a GPU) or interpreted (``TRITON_INTERPRET=1`` on CPU tensors); the ATen ops Triton's
+  interpreter dispatches to run a kernel on the CPU are not counted (a GPU runs none). So on
+  CPU tensors with the Triton back ends forced on, ``non_view_ops + triton_launches`` is the
+  proxy of the GPU configuration's launches.
 
 Counted on the calling thread: the census runs the loader synchronously (``--prefetch 0``).
 """
@@ -60,8 +65,13 @@ class _OpCounter(TorchDispatchMode):
         self.views: Counter[str] = Counter()
         self.syncing: Counter[str] = Counter()
         self.by_name: Counter[str] = Counter()
+        self.triton: Counter[str] = Counter()
+        #: Nesting depth of Triton kernel runs: their own ATen ops are not counted.
+        self.in_kernel = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        if self.in_kernel:
+            return func(*args, **(kwargs or {}))
         stage = self.stages[-1] if self.stages else "other"
         name = str(func.overloadpacket)
         self.ops[stage] += 1
@@ -71,6 +81,16 @@ class _OpCounter(TorchDispatchMode):
         if name in SYNCING_OPS:
             self.syncing[stage] += 1
         return func(*args, **(kwargs or {}))
+
+    @contextmanager
+    def kernel(self) -> Iterator[None]:
+        """One Triton kernel run: counted once, in the current stage; its ops are not."""
+        self.triton[self.stages[-1] if self.stages else "other"] += 1
+        self.in_kernel += 1
+        try:
+            yield
+        finally:
+            self.in_kernel -= 1
 
     @contextmanager
     def stage(self, name: str) -> Iterator[None]:
@@ -93,6 +113,7 @@ class EpochCensus:
         host_reads: explicit device-to-host reads (:func:`~distmb.core.host_reads.to_host`).
         device_waits: explicit waits for the device (the phase timers).
         top_ops: the most frequent op names and their epoch totals.
+        triton_launches: Triton kernel runs by stage, epoch totals.
     """
 
     iterations: int
@@ -102,11 +123,13 @@ class EpochCensus:
     host_reads: int
     device_waits: int
     top_ops: dict[str, int] = field(default_factory=dict)
+    triton_launches: dict[str, int] = field(default_factory=dict)
 
     def per_iteration(self) -> dict[str, Any]:
         """The counts divided by the iterations (rounded to 0.01), for a record:
         ``aten_ops`` (and by stage), ``non_view_ops`` (the launch proxy), ``syncing_ops``
-        (and by stage), ``host_reads``, ``device_waits``."""
+        (and by stage), ``host_reads``, ``device_waits``, ``triton_launches`` (and by
+        stage)."""
         n = max(self.iterations, 1)
 
         def each(value: float) -> float:
@@ -121,6 +144,8 @@ class EpochCensus:
             "syncing_ops_by_stage": {k: each(v) for k, v in self.syncing_ops.items() if v},
             "host_reads": each(self.host_reads),
             "device_waits": each(self.device_waits),
+            "triton_launches": each(sum(self.triton_launches.values())),
+            "triton_launches_by_stage": {k: each(v) for k, v in self.triton_launches.items() if v},
         }
 
 
@@ -168,6 +193,8 @@ def census_epoch(trainer: Any, epoch: int, top: int = 12) -> EpochCensus:  # noq
     _wrap(trainer.loader, "gather_batch", lambda: counter.stage("gather"), undo)
     for name in _HALO_CALLS:
         _wrap(trainer.halo, name, lambda: counter.stage("hec"), undo)
+    for kernel_class in _triton_kernel_classes():
+        _wrap(kernel_class, "run", counter.kernel, undo)
     timer = trainer.timer
     trainer.timer = _StagedTimer(timer, counter)
     reads, waits = HOST_READS.snapshot()
@@ -187,4 +214,16 @@ def census_epoch(trainer: Any, epoch: int, top: int = 12) -> EpochCensus:  # noq
         host_reads=after_reads - reads,
         device_waits=after_waits - waits,
         top_ops=dict(counter.by_name.most_common(top)),
+        triton_launches={stage: counter.triton.get(stage, 0) for stage in STAGES},
     )
+
+
+def _triton_kernel_classes() -> list[type]:
+    """The classes whose ``run`` launches a Triton kernel: the compiled kernels' and the
+    interpreter's (none when Triton is not installed)."""
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+        from triton.runtime.jit import JITFunction
+    except ImportError:  # optional dependency
+        return []
+    return [JITFunction, InterpretedFunction]

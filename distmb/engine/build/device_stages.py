@@ -74,8 +74,7 @@ def open_device_stages(
         config.seed,
         device=device,
         placement=config.graph_placement,
-        # On the CPU the Triton kernel could only run interpreted (tests): torch ops there.
-        backend="auto" if device.type == "cuda" else "torch",
+        backend=kernel_backend(device),
     )
     if host_cache is None:
         table = part_table(local)
@@ -105,6 +104,8 @@ def open_device_stages(
         reuse_previous=config.match_reorder,
         n_solid=local.n_solid,
     )
+    if host_cache is None:
+        device_cache["backend"] = kernel_backend(device)
     stages = DeviceStages(
         sampler,
         build_device_features(table, device, **device_cache)
@@ -124,6 +125,14 @@ def open_device_stages(
     )
     stages.note = note
     return stages
+
+
+def kernel_backend(device: torch.device) -> str:
+    """The back end of the device sampler's layer and Fused-Map kernels and of the device
+    feature gather: ``"auto"`` (their Triton kernels where Triton runs) on CUDA, ``"torch"``
+    on the CPU, where Triton could only run interpreted. The CPU tests of the GPU
+    configuration replace it to return ``"triton"`` (under ``TRITON_INTERPRET=1``)."""
+    return "auto" if device.type == "cuda" else "torch"
 
 
 def part_table(local: LocalGraph) -> np.ndarray | torch.Tensor:
