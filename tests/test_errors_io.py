@@ -23,9 +23,10 @@ from test_distributed import mpirun
 from distmb.cli.partition import main as partition_main
 from distmb.cli.predict import main as predict_main
 from distmb.cli.report import main as report_main
-from distmb.core.atomic import TMP_INFIX, write_atomic
+from distmb.core.atomic import write_atomic
 from distmb.core.dirlock import LOCK_FILE
 from distmb.core.errors import EXIT_BAD_INPUT, EXIT_OUTPUT_FAILED, OutputError
+from distmb.core.temporaries import TMP_INFIX, temporary_path
 
 #: A graph small enough that a run of one epoch takes well under a second.
 TINY = "synthetic:nodes=300,avg_degree=4,feat_dim=8,classes=3"
@@ -53,7 +54,7 @@ def assert_one_line(code: int, err: str, prog: str, message: str, exit_code: int
 
 
 def temporaries(directory: Path) -> list[Path]:
-    """The atomic writers' temporary files (``.NAME.tmp-PID``) under ``directory``."""
+    """The atomic writers' temporary files (``.NAME.tmp-HOST-PID``) under ``directory``."""
     return [p for p in directory.rglob(f"*{TMP_INFIX}*")]
 
 
@@ -67,8 +68,8 @@ def tree_digest(directory: Path) -> dict[str, str]:
 
 
 def fail_replace_onto(monkeypatch: pytest.MonkeyPatch, target: Callable[[Path], bool]) -> None:
-    """``os.replace`` fails with ENOSPC when renaming a temporary (``.NAME.tmp-PID``) onto a
-    path ``target`` accepts: the last step of every atomic write and of the partition
+    """``os.replace`` fails with ENOSPC when renaming a temporary (``.NAME.tmp-HOST-PID``) onto
+    a path ``target`` accepts: the last step of every atomic write and of the partition
     writer's publication."""
     real = os.replace
 
@@ -119,7 +120,7 @@ def test_write_atomic_reports_the_os_error_of_a_library_that_hides_it(tmp_path: 
     with ENOSPC, no root needed); the previous file stays and the link is removed."""
     path = tmp_path / "state.pt"
     path.write_bytes(PREVIOUS)
-    (tmp_path / f".{path.name}{TMP_INFIX}{os.getpid()}").symlink_to("/dev/full")
+    temporary_path(path).symlink_to("/dev/full")
     with pytest.raises(OutputError) as exc:
         write_atomic(path, lambda f: torch.save({"w": torch.zeros(10_000)}, f), "checkpoint")
     assert str(exc.value) == f"cannot write checkpoint {path}: {NO_SPACE}"
@@ -188,7 +189,7 @@ def test_checkpoint_on_dev_full_through_torch_save(tmp_path: Path, capsys) -> No
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
     (ckpt / "checkpoint.pt").write_bytes(PREVIOUS)
-    (ckpt / f".checkpoint.pt{TMP_INFIX}{os.getpid()}").symlink_to("/dev/full")
+    temporary_path(ckpt / "checkpoint.pt").symlink_to("/dev/full")
     argv = [*TRAIN, "--checkpoint-dir", str(ckpt), "--overwrite-checkpoint"]
     code, _, err = run_train_cli(argv, capsys)
     assert_one_line(

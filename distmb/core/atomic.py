@@ -4,6 +4,9 @@ owns a directory removes the temporaries a killed writer left there. Checkpoints
 files, JSON and PNG results and partition stamps all go through :func:`write_atomic`; writers
 that need a path (the memory-mapped arrays of ``distmb.predict``) through
 :func:`atomic_path`; records appended to a file (``--results``) through :func:`append_whole`.
+The temporary of ``NAME`` is ``.NAME.tmp-HOST-PID``
+(:func:`~distmb.core.temporaries.temporary_path`); those of dead writers are removed by
+:func:`~distmb.core.temporaries.remove_stale_temporaries`.
 
 A write that fails (no space left, a quota, a read-only filesystem, an I/O error: any
 :class:`OSError`) raises :class:`~distmb.core.errors.OutputError` naming what was written and
@@ -21,10 +24,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from distmb.core.errors import OutputError, output_error
-from distmb.core.machine import process_alive
-
-#: Infix of the temporary files :func:`write_atomic` renames into place (``.NAME.tmp-PID``).
-TMP_INFIX = ".tmp-"
+from distmb.core.temporaries import temporary_path
 
 #: What an output is called in the errors of :func:`write_atomic` when the caller names
 #: nothing more precise (``"cannot write file PATH: ..."``).
@@ -112,7 +112,7 @@ def atomic_path(path: str | Path, what: str = DEFAULT_WHAT) -> Iterator[Path]:
     path = Path(path)
     if path.exists() and not path.is_file():  # a device or a directory is never replaced
         raise OutputError(f"cannot write {what} {path}: exists and is not a regular file")
-    tmp = path.parent / f".{path.name}{TMP_INFIX}{os.getpid()}"
+    tmp = temporary_path(path)
     try:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -200,15 +200,3 @@ def _fsync_directory(directory: Path) -> None:
         pass  # some filesystems refuse fsync on a directory; the rename is still atomic
     finally:
         os.close(fd)
-
-
-def remove_stale_temporaries(directory: str | Path) -> list[Path]:
-    """Delete the temporary files a killed writer left in ``directory`` (``.NAME.tmp-PID``
-    whose process is gone); returns them. Called by the run that owns the directory."""
-    removed = []
-    for path in Path(directory).glob(f".*{TMP_INFIX}*"):
-        pid = path.name.rsplit(TMP_INFIX, 1)[-1]
-        if pid.isdigit() and int(pid) != os.getpid() and not process_alive(int(pid)):
-            path.unlink(missing_ok=True)
-            removed.append(path)
-    return removed

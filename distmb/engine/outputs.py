@@ -10,9 +10,9 @@ import socket
 import sys
 from pathlib import Path
 
-from distmb.core.atomic import remove_stale_temporaries
 from distmb.core.dirlock import hold_directory
 from distmb.core.errors import InputError
+from distmb.core.temporaries import remove_stale_temporaries
 from distmb.engine.checkpoint import BEST_FILE, CHECKPOINT_FILE
 
 
@@ -21,7 +21,11 @@ def prepare_checkpoint_dir(
 ) -> Path:
     """Create ``--checkpoint-dir`` (and its parents), check that it can be written and, with
     ``hold``, take it for this run (:func:`~distmb.core.dirlock.hold_directory`: a lock held
-    until the run ends; rank 0 of a multi-rank run holds it for the job).
+    until the run ends; rank 0 of a multi-rank run holds it for the job), then remove the
+    temporaries of dead writers in it. Only the holder, after taking the lock, also removes
+    the host-less temporaries of older versions (judged by this host's process ids, they may
+    be a live run's on another host: that run holds the lock, and this one is refused before
+    it sweeps); the other ranks remove those named after their host alone.
 
     Raises:
         InputError: it is not a directory, cannot be created or written, another run holds
@@ -29,13 +33,14 @@ def prepare_checkpoint_dir(
             (``checkpoint.pt``, or ``best.pt`` alone: a run killed in its first checkpoint)
             and the run neither resumes it nor was told to replace it.
     """
-    path = prepare_output_dir(directory, "--checkpoint-dir")
+    path = prepare_output_dir(directory, "--checkpoint-dir", sweep=False)
     if hold and not hold_directory(path, "--checkpoint-dir"):
         print(
             f"warning: --checkpoint-dir {directory}: its filesystem cannot lock files (flock), "
             "so a second run on it would not be refused",
             file=sys.stderr,
         )
+    remove_stale_temporaries(path, hostless=hold)
     held = [name for name in (CHECKPOINT_FILE, BEST_FILE) if (path / name).exists()]
     if held and not (resume or overwrite):
         raise InputError(
@@ -45,9 +50,12 @@ def prepare_checkpoint_dir(
     return path
 
 
-def prepare_output_dir(directory: str, flag: str) -> Path:
+def prepare_output_dir(directory: str, flag: str, *, sweep: bool = True) -> Path:
     """Create the output directory ``directory`` of ``flag`` (and its parents), check that
-    it can be written, and remove the temporaries a killed writer left in it.
+    it can be written and, with ``sweep``, remove the temporaries killed writers left in it
+    (:func:`~distmb.core.temporaries.remove_stale_temporaries`; the host-less names of older
+    versions too: an output directory other than a held checkpoint directory has one writer
+    at a time, ``distmb.predict``'s ``--out`` the rank 0 of one prediction).
 
     Raises:
         InputError: naming ``flag``: it is not a directory, or cannot be created or written.
@@ -60,7 +68,8 @@ def prepare_output_dir(directory: str, flag: str) -> Path:
     except OSError as exc:
         raise InputError(f"{flag} {directory}: cannot be created ({exc})") from None
     _check_writable(path, flag, directory)
-    remove_stale_temporaries(path)
+    if sweep:
+        remove_stale_temporaries(path)
     return path
 
 

@@ -45,6 +45,7 @@ from distmb.pipeline.features.cached import CachedFeatures
 from distmb.pipeline.features.device import DeviceFeatures, build_device_features
 from distmb.pipeline.features.normalize import FeatureNormalization, NormalizedFeatures
 from distmb.pipeline.features.protocol import FeatureSource, TakeBuffer
+from distmb.pipeline.features.zero_copy import resolve_device
 
 #: A host buffer grows to this many times the request that outgrew it.
 STAGING_GROWTH = 1.5
@@ -74,9 +75,7 @@ class HostCacheRows:
         normalization: FeatureNormalization | None = None,
     ) -> None:
         self.cache = cache
-        self.device = torch.device(device)
-        if self.device.type == "cuda" and self.device.index is None:
-            self.device = torch.device("cuda", torch.cuda.current_device())  # as HostRows
+        self.device = resolve_device(device)
         self.normalization = normalization
         self.num_rows, self.dim = cache.num_rows, cache.dim
         self.row_bytes = self.dim * FLOAT32_BYTES

@@ -50,6 +50,16 @@ _HOST_REGISTER_FLAGS = 1 | 2
 HOST_DTYPES: tuple[torch.dtype, ...] = (torch.float16, torch.float32, torch.float64)
 
 
+def resolve_device(device: torch.device | str) -> torch.device:
+    """``device`` as a :class:`torch.device`, a bare ``cuda`` made ``cuda:<current index>``
+    when CUDA is available (so that device tensors and streams name one GPU); any other
+    device, ``cuda:1`` or ``cpu`` among them, as given."""
+    resolved = torch.device(device)
+    if resolved.type == "cuda" and resolved.index is None and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return resolved
+
+
 def aligned_width(dim: int, itemsize: int, align: int = ROW_ALIGN_BYTES) -> int:
     """Values per padded row: ``dim`` rounded up so that a row is a multiple of ``align``
     bytes (``align`` must be a multiple of ``itemsize``)."""
@@ -136,9 +146,7 @@ class HostRows:
         align_rows: bool = True,
     ) -> None:
         source = as_host_tensor(table)
-        self.device = torch.device(device)
-        if self.device.type == "cuda" and self.device.index is None:
-            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.device = resolve_device(device)
         self.num_rows, self.dim = int(source.shape[0]), int(source.shape[1])
         self.dtype = source.dtype
         itemsize = source.element_size()
