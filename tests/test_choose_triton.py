@@ -6,8 +6,9 @@ numpy ``uint64`` splitmix64 words (``finalize64(state_0 + (q + 1) * GOLDEN)``, t
 adds ``GOLDEN`` step by step), Floyd per row with a Python set, ``sorted`` picks. The kernel
 must give exactly its slots, row sizes and valid masks on hand-built graphs (hubs, isolated
 vertices, degree == fan-out, fan-out 1, non-power-of-two fan-outs, int32 / int64 indices,
-more rows than one program), and the device sampler's Triton path must give exactly its
-neighbours for ``(seed, epoch, iteration, layer)``. A chi-square test of whole subsets
+more rows than one program, rows past a device-scalar valid count), and the device
+sampler's Triton path must give exactly its neighbours for ``(seed, epoch, iteration,
+layer)``. A chi-square test of whole subsets
 checks uniformity (biased draws fail it); a census counts a layer's launches on each
 path, and the kernel is compiled for sm_90.
 """
@@ -26,7 +27,7 @@ from test_sampler import P_MIN
 from test_sampler_contract import LocalGraph, block_neighbours, check_blocks, from_rows
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from distmb.pipeline.sample import choose_triton, idmap_triton
+from distmb.pipeline.sample import choose_triton, device_batch, idmap_triton
 from distmb.pipeline.sample.choose_triton import choose_layer, layer_key
 from distmb.pipeline.sample.device import DeviceNeighborSampler, batch_seed
 
@@ -175,6 +176,48 @@ def test_many_programs(fanout: int, n_rows: int) -> None:
     assert_matches_reference(g, rows, np.arange(n_rows), fanout, 77)
 
 
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+@pytest.mark.parametrize(("fanout", "n_rows"), [(3, 300), (16, 150)])
+def test_rows_past_the_valid_count_are_unused(dtype: type, fanout: int, n_rows: int) -> None:
+    """With ``n_valid`` (an int64 device scalar): the rows below it exactly the
+    reference's (their words keyed by their index), the rows at or past it of size 0,
+    every slot and their own key ``dst[0]``, none valid, whatever their ids hold (out of
+    range here, so a read of them would show). Counts at program boundaries."""
+    g = mixed_graph(dtype)
+    rng = np.random.default_rng(1)
+    per_program = choose_triton.rows_per_program(fanout)
+    for n_valid in (1, per_program, per_program + 1, n_rows):
+        rows = rng.integers(0, g.n_solid, n_rows)
+        dst = rows + 500
+        rows[n_valid:], dst[n_valid:] = -(10**12), -3  # unused: never read
+        out = choose_layer(torch.as_tensor(g.indptr), torch.as_tensor(g.indices),
+                           torch.as_tensor(rows), torch.as_tensor(dst), fanout, 99,
+                           n_valid=torch.tensor(n_valid))  # fmt: skip
+        assert out.valid is not None
+        keys = out.keys.numpy()
+        slots = keys[n_rows:].reshape(n_rows, fanout)
+        valid = out.valid.numpy().reshape(n_rows, fanout)
+        want = reference_layer(g.indptr, g.indices, rows[:n_valid], dst[:n_valid], fanout, 99)
+        np.testing.assert_array_equal(keys[:n_valid], dst[:n_valid])
+        np.testing.assert_array_equal(slots[:n_valid], want[0])
+        np.testing.assert_array_equal(out.count.numpy()[:n_valid], want[1])
+        np.testing.assert_array_equal(valid[:n_valid], want[2])
+        assert np.all(keys[n_valid:n_rows] == dst[0]) and np.all(slots[n_valid:] == dst[0])
+        assert np.all(out.count.numpy()[n_valid:] == 0) and not valid[n_valid:].any()
+
+
+def test_out_of_range_rows_are_clamped() -> None:
+    """A row id outside ``[0, n_rows)`` (a bad seed, reported by the caller) reads the
+    nearest row instead of memory outside ``indptr``; its key stays its own id."""
+    g = mixed_graph()
+    rows = np.array([-5, 10**9, 3, g.n_solid])
+    slots, count, valid = run_kernel(g, rows, rows, 4, 5)
+    clamped = np.clip(rows, 0, g.n_solid - 1)
+    want = reference_layer(g.indptr, g.indices, clamped, rows, 4, 5)
+    for got, expected in zip((slots, count, valid), want, strict=True):
+        np.testing.assert_array_equal(got, expected)
+
+
 def test_sampler_draws_the_reference_words() -> None:
     """The device sampler's Triton path: layer ``l`` of batch ``(seed, epoch, iteration)``
     takes the reference's neighbours under ``layer_key(batch_seed(...), l)``."""
@@ -261,6 +304,10 @@ def test_bad_arguments() -> None:
         choose_layer(indptr, indices.float(), rows, rows, 2, 1)
     with pytest.raises(ValueError, match="one shape"):
         choose_layer(indptr, indices, rows, rows[:1], 2, 1)
+    with pytest.raises(ValueError, match="n_valid must be an int64 tensor of one element"):
+        choose_layer(indptr, indices, rows, rows, 2, 1, n_valid=torch.tensor([1, 2]))
+    with pytest.raises(ValueError, match="at least one row"):
+        choose_layer(indptr[:1], indices, rows, rows, 2, 1)
     empty = choose_layer(indptr, indices, rows[:0], rows[:0], 3, 1)  # no launch
     assert empty.keys.shape == (0,) and empty.count.shape == (0,)
     with pytest.raises(ValueError, match="layer back end 'bogus'"):
@@ -325,14 +372,31 @@ class _Census(TorchDispatchMode):
         return _Counted()
 
 
-def layer_launches(choose: str, fanout: int, monkeypatch: pytest.MonkeyPatch) -> int:
-    """Non-view ATen ops + Triton launches of one layer below the top (Triton Fused-Map)."""
+def layer_launches(
+    choose: str, fanout: int, monkeypatch: pytest.MonkeyPatch, one_read: bool = False
+) -> int:
+    """Non-view ATen ops + Triton launches of one layer below the top (Triton Fused-Map),
+    on the per-layer path or (``one_read``, the Triton kernel only) on a one-read batch."""
     g = mixed_graph()
     sampler = DeviceNeighborSampler(g.indptr, g.indices, g.n_solid, g.n_local, [fanout, 1], 3,
                                     backend="triton", choose=choose)  # fmt: skip
     census = _Census()
     for module, name in ((choose_triton, "_choose_kernel"), (idmap_triton, "_insert_kernel")):
         monkeypatch.setattr(module, name, census.launcher(getattr(module, name)))
+    seeds = np.array([8, 6, 0, 4])
+    if one_read:
+        assert sampler.reads_once(sampler.fanouts, len(seeds))
+        counted_bounded = device_batch.sample_layer_bounded
+
+        def bounded(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+            if not isinstance(args[3], torch.Tensor):  # the top layer (a host n_dst)
+                return counted_bounded(*args, **kwargs)
+            with census:
+                return counted_bounded(*args, **kwargs)
+
+        monkeypatch.setattr(device_batch, "sample_layer_bounded", bounded)
+        sampler.sample(seeds, 0, 0)
+        return census.non_view_ops + census.triton_launches
     counted = sampler._layer
 
     def layer(dst, fanout, draws, check_seeds):  # noqa: ANN001, ANN202
@@ -342,34 +406,40 @@ def layer_launches(choose: str, fanout: int, monkeypatch: pytest.MonkeyPatch) ->
             return counted(dst, fanout, draws, check_seeds)
 
     monkeypatch.setattr(sampler, "_layer", layer)
-    sampler.sample(np.array([8, 6, 0, 4]), 0, 0)
+    sampler._run(seeds, sampler.fanouts, 0, 0, one_read=False)
     return census.non_view_ops + census.triton_launches
 
 
 def test_layer_launches(monkeypatch: pytest.MonkeyPatch) -> None:
     """The torch path takes 3 ops per Floyd step; the Triton path the same launches
-    whatever the fan-out, fewer than the torch path at fan-out 2 (numbers in
-    :mod:`distmb.pipeline.sample.device`)."""
+    whatever the fan-out, fewer than the torch path at fan-out 2, on one-read batches and
+    read per layer (numbers in :mod:`distmb.pipeline.sample.device`)."""
     torch_path = {k: layer_launches("torch", k, monkeypatch) for k in (2, 5)}
     triton_path = {k: layer_launches("triton", k, monkeypatch) for k in (1, 16)}
+    one_read = {k: layer_launches("triton", k, monkeypatch, one_read=True) for k in (1, 16)}
     assert torch_path[5] - torch_path[2] == 3 * 3
     assert triton_path[1] == triton_path[16] < torch_path[2]
+    assert one_read[1] == one_read[16] < torch_path[2]
+    assert one_read[1] > 2, "the census must have seen the one-read layer"
+    print(f"launches: torch {torch_path}, triton {triton_path}, one-read {one_read}")
 
 
 # -- the compiler --------------------------------------------------------------------------
 def test_kernel_compiles_for_hopper() -> None:
     """The interpreter accepts code the compiler rejects: compile the kernel (both index
-    dtypes) to a cubin for sm_90, no GPU needed."""
+    dtypes, with and without a valid count) to a cubin for sm_90, no GPU needed."""
     code = """
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from distmb.pipeline.sample.choose_triton import _choose_kernel
-for indices in ("*i32", "*i64"):
-    sig = {n: "*i64" for n in ("indptr_ptr", "rows_ptr", "dst_ptr", "keys_ptr", "count_ptr")}
-    sig.update(indices_ptr=indices, valid_ptr="*i1", n_dst="i64", fanout="i64", key="i64",
-               ROWS="constexpr", SLOTS="constexpr", WRITE_VALID="constexpr")
-    constexprs = {"ROWS": 64, "SLOTS": 16, "WRITE_VALID": True}
+names = ("indptr_ptr", "rows_ptr", "dst_ptr", "keys_ptr", "count_ptr", "n_valid_ptr")
+for indices, valid_count in (("*i32", False), ("*i64", True)):
+    sig = {n: "*i64" for n in names}
+    sig.update(indices_ptr=indices, valid_ptr="*i1", n_dst="i64", n_rows="i64", fanout="i64",
+               key="i64", ROWS="constexpr", SLOTS="constexpr", WRITE_VALID="constexpr",
+               VALID_COUNT="constexpr")
+    constexprs = {"ROWS": 64, "SLOTS": 16, "WRITE_VALID": True, "VALID_COUNT": valid_count}
     src = ASTSource(_choose_kernel, sig, constexprs=constexprs)
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32))
     assert len(kernel.asm["cubin"]) > 0

@@ -1,6 +1,6 @@
 """Fused-Map (distmb.pipeline.sample.idmap): the Triton hash-table kernel (under the interpreter on
-CPU)
-and the torch-ops version against a Python-dict reference of unique + first-seen relabel."""
+CPU) and the torch-ops version against a Python-dict reference of unique + first-seen relabel,
+with the destination count on the host or as a device scalar (no host read)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,15 @@ import pytest
 import torch
 from conftest import compile_triton_in_subprocess
 
+from distmb.core.host_reads import HOST_READS
 from distmb.pipeline.sample import idmap_triton
-from distmb.pipeline.sample.idmap import RepeatedDestinationError, fused_map, resolve_backend
+from distmb.pipeline.sample.idmap import (
+    RepeatedDestinationError,
+    fused_map,
+    raise_map_errors,
+    resolve_backend,
+    start_map,
+)
 
 #: Devices every test runs on: CPU here, CUDA under ``pytest -m cuda`` on a GPU node.
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
@@ -110,6 +117,70 @@ def test_errors(backend: str, device: str) -> None:
         fused_map(torch.tensor([1, 2, 3], device=device), 4)
     with pytest.raises(ValueError, match="expected one of"):
         fused_map(torch.tensor([1], device=device), 0, backend="cuckoo")  # type: ignore[arg-type]
+
+
+def map_on_device(keys: list[int], n_dst: int, n_solid: int | None, backend: str,
+                  device: str) -> tuple[list[int], list[int], list[int], int]:  # fmt: skip
+    """Fused-Map with ``n_dst`` as a device scalar, relabelled without a host read:
+    (sources, local, counts, n_computed), read back after; checks the outputs' sizes."""
+    t = torch.tensor(keys, dtype=torch.int64, device=device)
+    before = HOST_READS.snapshot()[0]
+    pending = start_map(t, torch.tensor(n_dst, device=device), n_solid, backend)  # type: ignore[arg-type]
+    mapped = pending.finish_on_device()
+    assert HOST_READS.snapshot()[0] == before, "no host read before the caller's"
+    m = len(keys)
+    assert mapped.src_ids.shape == (m + 1,) and mapped.local.shape == (m,)
+    counts = mapped.counts.cpu().tolist()
+    n_src = n_dst + counts[0] + counts[1]
+    src = mapped.src_ids[:n_src].cpu().tolist()
+    return src, mapped.local.cpu().tolist(), counts, int(mapped.n_computed)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("n_solid", [None, 300])
+def test_device_destination_count(backend: str, device: str, n_solid: int | None) -> None:
+    """``n_dst`` as a device scalar: the reference's sources (in the first ``n_src`` of
+    ``m + 1`` slots), positions and counts, for counts that put the boundary between a
+    destination and a later key equal to it (that key is no repeat) and for the keys of a
+    bounded sampler layer (padding ``keys[0]`` past the destinations)."""
+    require(backend, device)
+    rng = np.random.default_rng(2)
+    dst = rng.choice(400, 30, replace=False).tolist()
+    others = rng.integers(0, 400, 300).tolist()
+    for n_dst in (1, 12, 30):
+        padded = dst[:n_dst] + [dst[0]] * (30 - n_dst) + others  # a bounded layer's layout
+        boundary = dst[:n_dst] + dst[n_dst - 1 : n_dst] + others  # a repeat right after
+        for keys in (padded, boundary):
+            src, local, counts, n_computed = map_on_device(keys, n_dst, n_solid, backend, device)
+            want_src, want_local, want_halo = reference_map(keys, n_dst, n_solid)
+            assert src == want_src and local == want_local
+            assert counts == [len(want_src) - n_dst - want_halo, want_halo, 0, 0]
+            assert n_computed == n_dst + counts[0]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_device_destination_count_errors(backend: str, device: str) -> None:
+    """Repeated destinations are counted below the device ``n_dst`` only, negative keys
+    anywhere; :func:`raise_map_errors` names them as :func:`fused_map` does."""
+    require(backend, device)
+    keys = [4, 2, 4, 1, 2, 2, 9]
+    for n_dst, repeated in ((2, 0), (3, 1), (6, 3)):
+        _, _, counts, _ = map_on_device(keys, n_dst, None, backend, device)
+        assert counts[2:] == [repeated, 0]
+    t = torch.tensor(keys, device=device)
+    pending = start_map(t, torch.tensor(6, device=device), None, backend)  # type: ignore[arg-type]
+    with pytest.raises(RepeatedDestinationError, match="id 4 occurs more than once"):
+        raise_map_errors(t, pending.first, 6, *pending.counts.cpu().tolist()[2:])
+    _, _, counts, _ = map_on_device([3, -2, 5, -7], 1, None, "torch", device)
+    assert counts[3] == 2
+    with pytest.raises(ValueError, match=r"non-negative \(got -2\)"):
+        raise_map_errors(torch.tensor([3, -2, 5], device=device), t[:3] > 0, 1, 0, 2)
+    with pytest.raises(ValueError, match="one int64 value on the keys' device"):
+        start_map(t, torch.tensor([1, 2], device=device), None, backend)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="finish needs n_dst on the host"):
+        pending.finish([0, 0, 0, 0])
 
 
 def test_bad_capacity() -> None:

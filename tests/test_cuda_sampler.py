@@ -5,8 +5,9 @@ its device blocks), on CPU tensors here and on CUDA under ``pytest -m cuda``.
 The block contract it shares with the C++ sampler is checked in ``test_sampler_contract.py``;
 the distribution is tested by chi-square statistics that a biased sampler cannot pass, and
 against the C++ sampler on the same graph, for the torch layer kernel and, on CUDA, the
-one-launch Triton kernel (``choose="triton"``), which is also compared there with the numpy
-reference of ``test_choose_triton.py`` (under the interpreter on the CPU).
+one-launch Triton kernel (``choose="triton"``, whose batches are sampled with one host read,
+``test_sampler_one_read.py``), which is also compared there with the numpy reference of
+``test_choose_triton.py`` (under the interpreter on the CPU).
 """
 
 from __future__ import annotations

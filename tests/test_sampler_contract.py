@@ -4,6 +4,10 @@ Triton Fused-Map, the graph on the device or read in place from host memory; the
 torch ops or by the one-launch Triton kernel, :mod:`distmb.pipeline.sample.choose_triton`)
 on CPU tensors here (Triton under its interpreter), on CUDA under ``pytest -m cuda``.
 
+The Triton layer kernel's entries sample a whole mini-batch with one host read
+(:mod:`distmb.pipeline.sample.device_batch`); the others read once per layer
+(``test_host_reads_per_batch``).
+
 One parametrised set checks every implementation against a brute-force reference on
 hand-built graphs with hubs and halo vertices: destinations a prefix of the sources, then the
 new solid sources, then the halo leaves, never expanded; ``min(deg, fanout)`` distinct
@@ -21,6 +25,7 @@ import numpy as np
 import pytest
 import torch
 
+from distmb.core.host_reads import HOST_READS
 from distmb.pipeline.sample import (
     FANOUT_ALL,
     BatchSampler,
@@ -313,6 +318,25 @@ def test_declares_the_protocol(impl: Implementation) -> None:
     assert sampler.uses_collectives is False  # safe on the loader's prefetch thread
     assert sampler.num_layers == 3 and sampler.fanouts == [2, FANOUT_ALL, 3]
     assert (sampler.n_solid, sampler.n_local) == (5, 7)
+
+
+def test_host_reads_per_batch(impl: Implementation) -> None:
+    """The device sampler reads the host once per mini-batch with the Triton layer kernel
+    (every layer sized by a bound), once per layer otherwise; the C++ sampler never."""
+    fanouts = [2, 3, 2]
+    sampler = impl.make(hub_graph(), fanouts)
+    seeds = np.array([5, 0, 2])
+    before, _ = HOST_READS.snapshot()
+    blocks = sampler.sample(impl.seeds(seeds), 0, 0)
+    reads = HOST_READS.snapshot()[0] - before
+    if impl.backend is None:
+        assert reads == 0
+    else:
+        assert isinstance(sampler, DeviceNeighborSampler)
+        one_read = impl.choose == "triton"
+        assert sampler.reads_once(fanouts, len(seeds)) == one_read
+        assert reads == (1 if one_read else len(fanouts))
+    check_blocks(hub_graph(), seeds, fanouts, on_cpu(blocks, impl.device))
 
 
 # -- the block contract --------------------------------------------------------------------

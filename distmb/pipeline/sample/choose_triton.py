@@ -17,6 +17,15 @@ The same launch also writes the Fused-Map keys' destination prefix (``dst``), th
 ``min(deg, k)`` and, optionally, the valid-slot mask, so a layer needs no other op to lay
 out its slots (:mod:`distmb.pipeline.sample.device`).
 
+**Rows past a valid count.** Given ``n_valid`` (an int64 device scalar, never read on the
+host), only the rows ``i < n_valid`` are sampled; the others, up to the layer's bound
+``n_dst``, behave as rows of degree 0 whose key is ``dst[0]``: row size 0, every slot
+``dst[0]``, none valid, their own ``dst`` entry never read. Fused-Map has seen ``dst[0]``
+at position 0, so they add no source (:mod:`distmb.pipeline.sample.device_batch` samples a
+whole mini-batch this way, sized by bounds). Row ids are clamped into ``[0, n_rows)`` before
+they index ``indptr``, so that a bad seed (reported by the caller's check) or an unused
+entry never becomes an out-of-bounds read.
+
 **Random words** are counter based, a pure function of the key ``(batch seed, layer, row
 index within the layer, step)``, so they depend on no launch order, grid or device:
 
@@ -124,7 +133,7 @@ if triton is not None:
 
     # Sizes and the key are never compile-time constants: Triton would otherwise specialise
     # a value of 1 into a constexpr (and recompile).
-    @triton.jit(do_not_specialize=["n_dst", "fanout", "key"])
+    @triton.jit(do_not_specialize=["n_dst", "n_rows", "fanout", "key"])
     def _choose_kernel(
         indptr_ptr,
         indices_ptr,
@@ -133,22 +142,33 @@ if triton is not None:
         keys_ptr,
         count_ptr,
         valid_ptr,
+        n_valid_ptr,
         n_dst,
+        n_rows,
         fanout,
         key,
         ROWS: tl.constexpr,
         SLOTS: tl.constexpr,
         WRITE_VALID: tl.constexpr,
+        VALID_COUNT: tl.constexpr,
     ):
-        """Rows ``[pid*ROWS, pid*ROWS + ROWS)`` of the layer (contract in the module doc)."""
+        """Rows ``[pid*ROWS, pid*ROWS + ROWS)`` of the layer (contract in the module doc);
+        with ``VALID_COUNT``, rows at or past ``*n_valid_ptr`` are unused rows."""
         i = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)  # row in the layer
         live = i < n_dst
-        row = tl.load(rows_ptr + i, mask=live, other=0)
-        start = tl.load(indptr_ptr + row, mask=live, other=0)
-        deg = tl.load(indptr_ptr + row + 1, mask=live, other=0) - start
+        if VALID_COUNT:
+            used = live & (i < tl.load(n_valid_ptr))
+        else:
+            used = live
+        row = tl.load(rows_ptr + i, mask=used, other=0)
+        row = tl.minimum(tl.maximum(row, 0), n_rows - 1)
+        start = tl.load(indptr_ptr + row, mask=used, other=0)
+        deg = tl.load(indptr_ptr + row + 1, mask=used, other=0) - start
         count = tl.minimum(deg, fanout)
         tl.store(count_ptr + i, count, mask=live)
-        tl.store(keys_ptr + i, tl.load(dst_ptr + i, mask=live, other=0), mask=live)
+        first_dst = tl.load(dst_ptr)
+        own_dst = tl.load(dst_ptr + i, mask=used, other=0)
+        tl.store(keys_ptr + i, tl.where(used, own_dst, first_dst), mask=live)
 
         col = tl.arange(0, SLOTS).to(tl.int64)[None, :]  # [1, SLOTS]
         # Floyd over [0, deg) for every row (rows with deg <= fanout run it on [0, fanout)
@@ -175,7 +195,6 @@ if triton is not None:
         in_tile = live[:, None] & (col < fanout)
         valid = in_tile & (rank < count[:, None])
         neighbour = tl.load(indices_ptr + start[:, None] + position, mask=valid, other=0)
-        first_dst = tl.load(dst_ptr)
         slot = i[:, None] * fanout + rank
         tl.store(keys_ptr + n_dst + slot, tl.where(valid, neighbour.to(tl.int64), first_dst),
                  mask=in_tile)  # fmt: skip
@@ -191,18 +210,22 @@ def choose_layer(
     fanout: int,
     key: int,
     with_valid: bool = True,
+    n_valid: torch.Tensor | None = None,
 ) -> ChosenLayer:
     """The slots of one bounded layer in one launch (see the module docstring).
 
     Args:
-        indptr: int64[n_rows + 1], CSR row pointers.
+        indptr: int64[n_rows + 1], CSR row pointers, ``n_rows >= 1``.
         indices: int32 or int64[indptr[-1]], the rows' neighbours.
-        rows: int64[n_dst], the rows to sample, in ``[0, n_rows)`` (out-of-range seeds are
-            clamped by the caller).
+        rows: int64[n_dst], the rows to sample; ids outside ``[0, n_rows)`` are clamped
+            into it (the caller reports bad seeds).
         dst: int64[n_dst], the destinations' ids: the keys' prefix, ``dst[0]`` the padding.
         fanout: slots per row, ``>= 1``.
         key: the layer's uint64 key (:func:`layer_key`), ``[0, 2^64)``.
         with_valid: also write :attr:`ChosenLayer.valid`.
+        n_valid: int64 tensor of one element on the device: only rows ``i < n_valid`` are
+            sampled, the others are unused rows (module docstring); ``n_valid >= 1`` when
+            ``n_dst >= 1``. ``None``: every row.
 
     Returns:
         :class:`ChosenLayer` on the device of the inputs (all on one device: CUDA, or CPU
@@ -214,7 +237,7 @@ def choose_layer(
     """
     if triton is None:
         raise RuntimeError("Triton is not installed (pip install 'distmb[triton]')")
-    _check_args(indptr, indices, rows, dst, fanout, key)
+    _check_args(indptr, indices, rows, dst, fanout, key, n_valid)
     n_dst, device = int(dst.shape[0]), dst.device
     keys = torch.empty(n_dst * (fanout + 1), dtype=torch.int64, device=device)
     count = torch.empty(n_dst, dtype=torch.int64, device=device)
@@ -226,8 +249,10 @@ def choose_layer(
             _choose_kernel[grid](
                 indptr, indices, rows.contiguous(), dst.contiguous(), keys, count,
                 count if valid is None else valid,  # never written without WRITE_VALID
-                n_dst, fanout, to_signed(key),
+                count if n_valid is None else n_valid,  # never read without VALID_COUNT
+                n_dst, int(indptr.shape[0]) - 1, fanout, to_signed(key),
                 ROWS=rows_each, SLOTS=padded_slots(fanout), WRITE_VALID=with_valid,
+                VALID_COUNT=n_valid is not None,
             )  # fmt: skip
     return ChosenLayer(keys, count, valid)
 
@@ -239,6 +264,7 @@ def _check_args(
     dst: torch.Tensor,
     fanout: int,
     key: int,
+    n_valid: torch.Tensor | None = None,
 ) -> None:
     """The argument checks of :func:`choose_layer` (metadata only: no device read)."""
     if fanout < 1:
@@ -252,8 +278,20 @@ def _check_args(
         raise ValueError(f"indices must be a 1-D int32 or int64 tensor (got {indices.dtype})")
     if rows.shape != dst.shape:
         raise ValueError(f"rows and dst must have one shape (got {rows.shape} and {dst.shape})")
+    if indptr.shape[0] < 2 and dst.shape[0]:
+        raise ValueError("indptr must have at least one row (got an empty CSR)")
     if not indptr.is_contiguous() or not indices.is_contiguous():
         raise ValueError("indptr and indices must be contiguous")
-    devices = {t.device for t in (indptr, indices, rows, dst)}
+    tensors = [indptr, indices, rows, dst]
+    if n_valid is not None:
+        if n_valid.dtype != torch.int64 or n_valid.numel() != 1:
+            raise ValueError(
+                f"n_valid must be an int64 tensor of one element (got {n_valid.dtype}, "
+                f"{n_valid.numel()} elements)"
+            )
+        tensors.append(n_valid)
+    devices = {t.device for t in tensors}
     if len(devices) != 1:
-        raise ValueError(f"indptr, indices, rows and dst must be on one device (got {devices})")
+        raise ValueError(
+            f"indptr, indices, rows, dst and n_valid must be on one device (got {devices})"
+        )

@@ -35,19 +35,32 @@ one triple differ. ``choose="auto"`` is Triton where it can run (CUDA, or CPU un
 ``TRITON_INTERPRET=1``); by default ``choose`` follows the Fused-Map ``backend`` (the engine
 passes ``"torch"`` on the CPU, ``"auto"`` on CUDA).
 
-So a layer synchronises with the host once (:func:`distmb.core.host_reads.host_values`),
-reading the edge count, the seeds' range check and Fused-Map's counts together: the sizes
-of its outputs, which the :class:`~distmb.pipeline.sample.Block` holds as ints. Only
-:data:`FANOUT_ALL` layers (exact evaluation) read the edge count first (twice a layer).
+**Host synchronisations** (:func:`distmb.core.host_reads.host_values`):
+
+- **one per mini-batch** on the Triton path (the Triton layer kernel, the Triton Fused-Map,
+  every fan-out bounded): every layer is sized by a bound known before any read, and the
+  sizes and error counts of all layers are read together at the end
+  (:mod:`distmb.pipeline.sample.device_batch`; the same blocks as reading once per layer).
+  A batch whose bounds exceed
+  :data:`~distmb.pipeline.sample.device_batch.MAX_ONE_READ_KEYS` keys in a layer, or with
+  no seed, reads once per layer instead;
+- **one per layer** otherwise (the torch layer kernel, whose random words depend on the row
+  count; the torch Fused-Map, whose ``torch.unique`` reads its own size): the edge count,
+  the seeds' range check and Fused-Map's counts together, the sizes of the layer's outputs,
+  which the :class:`~distmb.pipeline.sample.Block` holds as ints; the next layer is sized
+  by them. :data:`FANOUT_ALL` layers (exact evaluation) read the edge count first (twice a
+  layer).
 
 Launches of one bounded layer below the top, Triton Fused-Map, fan-out ``k``: ATen ops that
 are not views (counted with a ``TorchDispatchMode`` on CPU tensors, the Triton
 interpreter's own ops left out) plus one per Triton launch (``tests/test_choose_triton.py``,
 ``test_layer_launches``). The torch path takes 3 per Floyd step: 70 at ``k = 1``, 75 at
 ``k = 2``, then ``3k + 69`` (84 at 5, 99 at 10, 114 at 15); all ATen ops, views included,
-``8k + 87`` (167 at 10). The Triton path takes 51 whatever ``k`` (49 ops, 63 with views,
-and 2 Triton launches: the layer kernel and Fused-Map's). The top layer adds 5 ops on both
-(the seeds' clamp and range check).
+``8k + 87`` (167 at 10). The Triton path takes 49 whatever ``k`` on a one-read batch (51
+when it reads once per layer), 2 of them Triton launches: the layer kernel and Fused-Map's.
+The top layer adds 5 ops on every path: the seeds' range check (4), and the clamp (per
+layer) or one more Fused-Map op for its host-int destination count (one read). A one-read
+batch takes 2 more for its read (stacking the counts).
 """
 
 from __future__ import annotations
@@ -63,6 +76,7 @@ from distmb.core.rng import GOLDEN, finalize64
 from distmb.pipeline.sample.blocks import Block
 from distmb.pipeline.sample.choose import choose_positions
 from distmb.pipeline.sample.choose_triton import choose_layer, layer_key, resolve_choose
+from distmb.pipeline.sample.device_batch import fits_one_read, sample_one_read
 from distmb.pipeline.sample.host import (
     FANOUT_ALL,
     NeighborSampler,
@@ -74,6 +88,7 @@ from distmb.pipeline.sample.idmap import (
     MappedIds,
     PendingMap,
     RepeatedDestinationError,
+    resolve_backend,
     start_map,
 )
 from distmb.pipeline.sample.placement import Placement, place
@@ -171,13 +186,45 @@ class DeviceNeighborSampler(PartSampler):
             return seeds.to(self.device, torch.int64)
         return torch.from_numpy(_index_array(seeds, "seeds")).to(self.device)
 
+    def reads_once(self, fanouts: Sequence[int], n_seeds: int) -> bool:
+        """Whether a batch of ``n_seeds`` seeds and these ``fanouts`` is sampled with one host
+        read (module docstring; :mod:`distmb.pipeline.sample.device_batch`), not one per
+        layer.
+
+        Raises:
+            ValueError: a Fused-Map back end that cannot run here.
+        """
+        return (
+            self.choose == "triton"
+            and FANOUT_ALL not in fanouts
+            and n_seeds > 0
+            and self.indices.numel() > 0
+            and resolve_backend(self.backend, self.device) == "triton"
+            and fits_one_read(n_seeds, fanouts, self.n_solid)
+        )
+
     def _run(
-        self, seeds: torch.Tensor | np.ndarray, fanouts: list[int], epoch: int, iteration: int
+        self,
+        seeds: torch.Tensor | np.ndarray,
+        fanouts: list[int],
+        epoch: int,
+        iteration: int,
+        one_read: bool = True,
     ) -> list[Block]:
+        """The blocks; ``one_read=False`` forces one read per layer (the reference the
+        tests hold the one-read path to)."""
         dst = self._seeds(seeds)
         batch = batch_seed(
             self.seed, _check_counter(epoch, "epoch"), _check_counter(iteration, "iteration")
         )
+        if one_read and self.reads_once(fanouts, int(dst.shape[0])):
+            try:
+                return sample_one_read(
+                    self.indptr, self.indices, dst, fanouts, batch, self.n_solid,
+                    self.backend, self._raise_bad_seed,
+                )  # fmt: skip
+            except RepeatedDestinationError as exc:  # only seeds can repeat
+                raise _repeated_seed(exc) from None
         generator = None
         if self.choose == "torch":
             generator = torch.Generator(device=self.device)
@@ -230,9 +277,7 @@ class DeviceNeighborSampler(PartSampler):
         try:
             return pending.finish(counts)
         except RepeatedDestinationError as exc:  # only seeds can repeat
-            raise ValueError(
-                f"seeds must be distinct; VID_p {exc.key} occurs more than once"
-            ) from None
+            raise _repeated_seed(exc) from None
 
     def _layer_bounded(
         self,
@@ -352,3 +397,8 @@ class DeviceNeighborSampler(PartSampler):
         raise ValueError(
             f"seed VID_p {s} (position {at}) is outside the solid range [0, {self.n_solid})"
         )
+
+
+def _repeated_seed(exc: RepeatedDestinationError) -> ValueError:
+    """The sampler's error for a repeated seed (Fused-Map's repeated destination)."""
+    return ValueError(f"seeds must be distinct; VID_p {exc.key} occurs more than once")

@@ -27,6 +27,16 @@ halo sources, repeated destinations, negative keys) that size the output, throug
 :func:`distmb.core.host_reads.host_values`; :func:`start_map` stops before it, so that a
 caller reads its own values in the same sync (``torch.unique`` of the ``"torch"`` back end
 adds its own, internal, for the number of distinct keys).
+
+**Without reading the counts** (:meth:`PendingMap.finish_on_device`): the number of
+destinations may be an int64 device scalar (positions ``< n_dst`` are destinations), and the
+outputs are sized by the key count ``m`` instead of the source count: ``src_ids:
+int64[m + 1]`` whose first ``n_src`` entries are the sources (the rest unspecified, slot
+``m`` the spare that non-first keys write to), with ``n_src`` and the other counts left on
+the device. A caller that maps several layers reads all their counts in one sync and checks
+them with :func:`raise_map_errors` (:mod:`distmb.pipeline.sample.device_batch`). With the
+Triton back end the grouping needs no host value either (its group ids are hash slots, their
+number the table's capacity).
 """
 
 from __future__ import annotations
@@ -52,6 +62,11 @@ class RepeatedDestinationError(ValueError):
         self.key = key
 
 
+#: The number of destinations: a host int, or an int64 device scalar (0-d or one element)
+#: that is never read on the host.
+DestinationCount = int | torch.Tensor
+
+
 @dataclass
 class MappedIds:
     """Result of :func:`fused_map`.
@@ -65,6 +80,27 @@ class MappedIds:
     src_ids: torch.Tensor
     local: torch.Tensor
     n_halo: int
+
+
+@dataclass
+class BoundedIds:
+    """Result of :meth:`PendingMap.finish_on_device`: sized by the key count ``m``, no host
+    read.
+
+    Attributes:
+        src_ids: int64[m + 1], the block's sources in their first ``n_src`` entries (module
+            doc), the rest unspecified.
+        local: int64[m], ``src_ids[local[i]] == keys[i]``.
+        n_computed: int64 device scalar, ``n_dst + n_new_solid`` (sources that are not
+            halo leaves).
+        counts: int64[4] on the device: new solid sources, new halo sources, repeated
+            destinations, negative keys (:attr:`PendingMap.counts`).
+    """
+
+    src_ids: torch.Tensor
+    local: torch.Tensor
+    n_computed: torch.Tensor
+    counts: torch.Tensor
 
 
 def torch_groups(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -129,7 +165,7 @@ def fused_map(
 
 def start_map(
     keys: torch.Tensor,
-    n_dst: int,
+    n_dst: DestinationCount,
     n_solid: int | None = None,
     backend: Backend = "auto",
     capacity: int | None = None,
@@ -137,12 +173,22 @@ def start_map(
     """:func:`fused_map` up to its host sync: the grouping and the counts on the device.
 
     A caller that reads other device values too reads them together with
-    :attr:`PendingMap.counts` (one sync), then calls :meth:`PendingMap.finish`. Arguments
-    and checks as :func:`fused_map` (the data checks happen in ``finish``)."""
+    :attr:`PendingMap.counts` (one sync), then calls :meth:`PendingMap.finish`; or it
+    relabels without reading, :meth:`PendingMap.finish_on_device`. Arguments and checks as
+    :func:`fused_map` (the data checks happen in ``finish``, or by :func:`raise_map_errors`
+    on the counts read back), except that ``n_dst`` may be an int64 device scalar
+    (:data:`DestinationCount`), which is not checked: the caller keeps it in ``[0, m]``."""
     if keys.dim() != 1 or keys.dtype != torch.int64:
         raise ValueError(f"keys must be a 1-D int64 tensor (got {keys.dtype}, {keys.dim()}-D)")
     m = int(keys.shape[0])
-    if not 0 <= n_dst <= m:
+    if isinstance(n_dst, torch.Tensor):
+        if n_dst.dtype != torch.int64 or n_dst.numel() != 1 or n_dst.device != keys.device:
+            raise ValueError(
+                f"n_dst as a tensor must be one int64 value on the keys' device (got "
+                f"{n_dst.dtype}, {n_dst.numel()} elements, on {n_dst.device})"
+            )
+        n_dst = n_dst.reshape(())
+    elif not 0 <= n_dst <= m:
         raise ValueError(f"n_dst={n_dst} is outside [0, len(keys)={m}]")
     if m == 0:
         group = torch.zeros(0, dtype=torch.int64, device=keys.device)
@@ -159,12 +205,13 @@ def start_map(
 class PendingMap:
     """A grouping of ``keys`` (group int64[m] in ``[0, n_groups)``, first bool[m]) waiting
     for its counts: :attr:`counts` is int64[4] on the device (new solid sources, new halo
-    sources, repeated destinations, negative keys), :meth:`finish` takes them read back."""
+    sources, repeated destinations, negative keys), :meth:`finish` takes them read back;
+    :meth:`finish_on_device` relabels without them."""
 
     def __init__(
         self,
         keys: torch.Tensor,
-        n_dst: int,
+        n_dst: DestinationCount,
         n_solid: int | None,
         group: torch.Tensor,
         first: torch.Tensor,
@@ -172,8 +219,19 @@ class PendingMap:
     ) -> None:
         self.keys, self.n_dst, self.n_solid = keys, n_dst, n_solid
         self.group, self.first, self.n_groups = group, first, n_groups
-        new = first.clone()
-        new[:n_dst] = False
+        self._positions: torch.Tensor | None = None
+        self._is_dst: torch.Tensor | None = None
+        if isinstance(n_dst, torch.Tensor):  # a device scalar: positions < n_dst, no read
+            self._positions = torch.arange(keys.shape[0], dtype=torch.int64, device=keys.device)
+            self._is_dst = self._positions < n_dst
+            # On bools, a > b is a & ~b in one op: first occurrences past the destinations,
+            # and destinations that are not first occurrences.
+            new = first > self._is_dst
+            repeated = (self._is_dst > first).sum()
+        else:
+            new = first.clone()
+            new[:n_dst] = False
+            repeated = (~first[:n_dst]).sum()
         solid = torch.ones_like(new) if n_solid is None else keys < n_solid
         self.new_solid, self.new_halo = new & solid, new & ~solid
         self.rank_solid = torch.cumsum(self.new_solid, 0)
@@ -182,39 +240,80 @@ class PendingMap:
             new_counts = [self.rank_solid[-1], self.rank_halo[-1]]
         else:
             new_counts = [torch.zeros((), dtype=torch.int64, device=keys.device)] * 2
-        self.counts = torch.stack([*new_counts, (~first[:n_dst]).sum(), (keys < 0).sum()])
+        self.counts = torch.stack([*new_counts, repeated, (keys < 0).sum()])
 
     def finish(self, counts: list[int]) -> MappedIds:
-        """The positions, from :attr:`counts` read back (``counts``: their 4 values).
+        """The positions, from :attr:`counts` read back (``counts``: their 4 values), for a
+        host ``n_dst``.
 
         Raises:
             RepeatedDestinationError, ValueError: as :func:`fused_map`.
+            TypeError: ``n_dst`` is a device scalar (use :meth:`finish_on_device`).
         """
-        keys, n_dst, first, group = self.keys, self.n_dst, self.first, self.group
+        keys, n_dst = self.keys, self.n_dst
+        if isinstance(n_dst, torch.Tensor):
+            raise TypeError("finish needs n_dst on the host; with a device n_dst, finish_on_device")
         n_new_solid, n_halo, repeated, negative = counts
-        if negative:
-            bad = host_scalar(keys[keys < 0][0])
-            raise ValueError(f"keys must be non-negative (got {bad})")
-        if repeated:
-            at = host_scalar(torch.nonzero(~first[:n_dst])[0, 0])
-            raise RepeatedDestinationError(host_scalar(keys[at]))
+        raise_map_errors(keys, self.first, n_dst, repeated, negative)
         m, device = keys.shape[0], keys.device
         if m == 0:
             empty = torch.zeros(0, dtype=torch.int64, device=device)
             return MappedIds(empty, empty.clone(), 0)
-        positions = torch.arange(m, dtype=torch.int64, device=device)
+        n_src = n_dst + n_new_solid + n_halo
+        local, src_ids = self._relabel(n_dst + n_new_solid, n_src)
+        return MappedIds(src_ids[:n_src], local, int(n_halo))
+
+    def finish_on_device(self) -> BoundedIds:
+        """The positions without a host read, sized by the key count (module docstring).
+
+        The data checks are the caller's: it reads :attr:`counts` (with its own values)
+        and passes them to :func:`raise_map_errors` before it trusts the result."""
+        n_computed = self.n_dst + self.counts[0]  # destinations + new solid sources
+        local, src_ids = self._relabel(n_computed, int(self.keys.shape[0]))
+        return BoundedIds(src_ids, local, n_computed, self.counts)
+
+    def _relabel(
+        self, n_computed: int | torch.Tensor, spare: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(local int64[m], src_ids int64[spare + 1])``: every key's position, and the
+        sources written by their first occurrences (the others write to slot ``spare``);
+        ``n_computed``: ``n_dst`` + the new solid sources (where the halo ones start)."""
+        keys, n_dst, first, group = self.keys, self.n_dst, self.first, self.group
+        m, device = keys.shape[0], keys.device
+        positions, is_dst = self._positions, self._is_dst
+        if positions is None or is_dst is None:
+            positions = torch.arange(m, dtype=torch.int64, device=device)
+            is_dst = positions < n_dst
         local_new = torch.where(
             self.new_solid,
             n_dst + self.rank_solid - 1,
-            n_dst + n_new_solid + self.rank_halo - 1,
+            n_computed + self.rank_halo - 1,
         )
-        first_local = torch.where(positions < n_dst, positions, local_new)
+        first_local = torch.where(is_dst, positions, local_new)
         # Every group's position, written by its first occurrence; the others write to a
-        # spare slot (index n_groups / n_src) that is dropped.
+        # spare slot (index n_groups / spare) that is dropped.
         group_local = torch.empty(self.n_groups + 1, dtype=torch.int64, device=device)
         group_local.scatter_(0, torch.where(first, group, self.n_groups), first_local)
         local = group_local[group]
-        n_src = n_dst + n_new_solid + n_halo
-        src_ids = torch.empty(n_src + 1, dtype=torch.int64, device=device)
-        src_ids.scatter_(0, torch.where(first, local, n_src), keys)
-        return MappedIds(src_ids[:n_src], local, int(n_halo))
+        src_ids = torch.empty(spare + 1, dtype=torch.int64, device=device)
+        src_ids.scatter_(0, torch.where(first, local, spare), keys)
+        return local, src_ids
+
+
+def raise_map_errors(
+    keys: torch.Tensor, first: torch.Tensor, n_dst: int, repeated: int, negative: int
+) -> None:
+    """Raise :func:`fused_map`'s data errors from the counts read back (``repeated``
+    destinations, ``negative`` keys), naming the first bad key (a host read, on the error
+    path only); ``first``: the grouping's first-occurrence flags, bool[m].
+
+    Raises:
+        ValueError: a negative key.
+        RepeatedDestinationError: a destination that occurs twice in ``keys[:n_dst]``.
+    """
+    if negative:
+        bad = host_scalar(keys[keys < 0][0])
+        raise ValueError(f"keys must be non-negative (got {bad})")
+    if repeated:
+        at = host_scalar(torch.nonzero(~first[:n_dst])[0, 0])
+        raise RepeatedDestinationError(host_scalar(keys[at]))

@@ -1,0 +1,242 @@
+"""A whole mini-batch of the device sampler with one host read (the Triton path).
+
+:class:`~distmb.pipeline.sample.device.DeviceNeighborSampler` reads the host once per layer
+when it sizes each layer by the one above (:mod:`distmb.pipeline.sample.device`). Here every
+layer is sized by a **bound** known before anything is read, so all layers are sampled first
+and every size and error count of the batch is read back in one
+:func:`~distmb.core.host_reads.host_values` at the end.
+
+**Bounds.** The top layer's destinations are the seeds, ``D_top = n_seeds``. A layer of
+``D`` destinations with fan-out ``f`` has ``m = D x (1 + f)`` Fused-Map keys (the
+destinations, then ``f`` slots a row), so at most ``m`` sources; its computed sources (the
+next layer's destinations) are distinct solid ids, so at most ``n_solid`` of them too:
+
+    ``D_below = min(D x (1 + f), n_solid)``
+
+(:func:`destination_bounds`). A layer is laid out over ``D`` rows whatever its true size:
+the valid rows are a prefix, ``[0, n_valid)``, with ``n_valid`` an int64 device scalar
+(the layer above's ``n_dst + n_new_solid``, never read on the host), and the rows past it
+are unused rows of degree 0 whose key is ``dst[0]`` (the layer kernel's ``n_valid``,
+:func:`~distmb.pipeline.sample.choose_triton.choose_layer`): Fused-Map has seen ``dst[0]``
+at position 0, so an unused row is never a source, never new and never a repeat. Per layer:
+
+- the layer kernel writes the keys (``D`` destinations, then ``D x f`` slots), row sizes
+  (0 for unused rows) and the valid mask in one launch; the block's ``indptr:
+  int64[D + 1]`` is their prefix sum (unused rows add 0);
+- Fused-Map with the device-scalar ``n_dst`` (:meth:`~distmb.pipeline.sample.idmap.
+  PendingMap.finish_on_device`): ``src_ids: int64[m + 1]`` and every key's position, its
+  counts left on the device; the Triton grouping needs no host value (its group ids are
+  hash slots, their number the table's capacity);
+- the valid slots are scattered to their CSR positions in ``indices: int64[D x f + 1]``
+  (the last slot the spare that the invalid slots write to);
+- the next layer's destinations are the first ``D_below`` entries of ``src_ids``.
+
+Then one read takes the seeds' range check, every layer's edge count and Fused-Map's four
+counts (new solid, new halo, repeated destinations, negative keys); errors are raised as the
+per-layer path raises them (bad seed, then per layer from the top: negative key, repeated
+destination), and the blocks are views of the buffers cut to their exact sizes
+(``indptr[:n_dst + 1]``, ``indices[:nnz]``, ``src_ids[:n_src]``). A bad or repeated seed
+is only known at the read, after the layers below have run on its consequences (an
+out-of-range id as a destination, a ``src_ids`` entry never written): the layer kernel
+clamps row ids into the CSR, so nothing is read outside it, and the top layer's counts are
+checked first, so the error is the seed's.
+
+**The same blocks as the per-layer path.** The layer kernel's random words are keyed by
+``(batch seed, layer, row index, step)`` and the valid rows are a prefix in both layouts, so
+every valid row draws the same words; Fused-Map numbers keys by first appearance, and the
+padding and unused rows only repeat ``dst[0]``, so the sources come out in the same order.
+The blocks are equal (``tests/test_sampler_one_read.py``). The torch layer kernel, whose
+random words depend on the row count, keeps the per-layer path, as do ``FANOUT_ALL`` layers
+(their size is the data's) and the torch Fused-Map (``torch.unique`` reads its size).
+
+**Memory and work** grow with the bounds, not the sampled sizes: the input layer of a
+3-layer batch of ``B`` seeds has ``B (1 + f_3)(1 + f_2)(1 + f_1)`` keys unless ``n_solid``
+caps it (fan-out 15, 10, 5 and ``B = 1024``: 1,081,344 keys, where a sampled batch holds
+fewer distinct sources); each key costs the layer kernel's work (``O(f^2)`` a row) and
+Fused-Map's insert, sampled or not. Above :data:`MAX_ONE_READ_KEYS` keys in any layer the
+sampler reads once per layer instead (:func:`fits_one_read`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from distmb.core.host_reads import host_values
+from distmb.pipeline.sample.blocks import Block
+from distmb.pipeline.sample.choose_triton import choose_layer, layer_key
+from distmb.pipeline.sample.idmap import Backend, DestinationCount, raise_map_errors, start_map
+
+#: The most Fused-Map keys (``D x (1 + fanout)``, :func:`destination_bounds`) any layer of a
+#: one-read batch may have (16,777,216); a batch whose bounds go above it is sampled one read
+#: per layer. At the limit a layer allocates up to about 3.8 GB while it runs (about 225 bytes
+#: a key, :func:`fits_one_read`).
+MAX_ONE_READ_KEYS = 1 << 24
+
+
+def destination_bounds(n_seeds: int, fanouts: Sequence[int], n_solid: int) -> list[int]:
+    """The bound on every layer's destination count (index: the layer, as ``fanouts``):
+    ``n_seeds`` at the top, then ``min(D x (1 + fanout), n_solid)`` below a layer of ``D``
+    destinations (module docstring). ``fanouts``: positive (no ``FANOUT_ALL``)."""
+    bounds = [0] * len(fanouts)
+    d = n_seeds
+    for layer in range(len(fanouts) - 1, -1, -1):
+        bounds[layer] = d
+        d = min(d * (1 + fanouts[layer]), n_solid)
+    return bounds
+
+
+def fits_one_read(n_seeds: int, fanouts: Sequence[int], n_solid: int) -> bool:
+    """Whether every layer's key count ``D x (1 + fanout)`` is at most
+    :data:`MAX_ONE_READ_KEYS` (read at call time, so a test may lower it).
+
+    Memory of a layer below the top, per key: its ops' outputs add up to about 225 bytes
+    (223 at fan-out 5, 229 at 10, summed over the ATen ops of a layer on CPU tensors: the
+    hash table at 2 to 4 slots a key, positions, ranks, the relabel's temporaries; the peak
+    is lower, as temporaries are freed on the way), and 25 bytes stay until the batch's read
+    (``keys`` and ``src_ids`` 8 each, ``indices`` with ``indptr`` 8, the first-occurrence
+    flags 1)."""
+    bounds = destination_bounds(n_seeds, fanouts, n_solid)
+    keys = (d * (1 + f) for d, f in zip(bounds, fanouts, strict=True))
+    return max(keys, default=0) <= MAX_ONE_READ_KEYS
+
+
+@dataclass
+class BoundedLayer:
+    """One layer sampled by its bound ``D`` (``m = D x (1 + fanout)`` keys), before the read.
+
+    Attributes:
+        indptr: int64[D + 1], the block's CSR (unused rows add 0).
+        indices: int64[D x fanout + 1], the block's edges in their first ``nnz`` entries.
+        src_ids: int64[m + 1], the block's sources in their first ``n_src`` entries.
+        n_computed: int64 device scalar, ``n_dst + n_new_solid``: the next layer's valid
+            rows.
+        keys: int64[m], the Fused-Map keys, and ``first``: bool[m], their first-occurrence
+            flags, kept for the error messages.
+        counts: int64[4] on the device, Fused-Map's (new solid, new halo, repeated
+            destinations, negative keys).
+    """
+
+    indptr: torch.Tensor
+    indices: torch.Tensor
+    src_ids: torch.Tensor
+    n_computed: torch.Tensor
+    keys: torch.Tensor
+    first: torch.Tensor
+    counts: torch.Tensor
+
+
+def sample_layer_bounded(
+    csr_indptr: torch.Tensor,
+    csr_indices: torch.Tensor,
+    dst: torch.Tensor,
+    n_dst: DestinationCount,
+    fanout: int,
+    key: int,
+    n_solid: int,
+    backend: Backend,
+) -> BoundedLayer:
+    """One layer over the ``D`` rows of ``dst`` (int64[D] on the device, ``D >= 1``), of
+    which the first ``n_dst`` are its destinations (a host int, or an int64 device scalar
+    in ``[1, D]``); ``key``: the layer's random key; the CSR as the sampler's."""
+    d, device = int(dst.shape[0]), dst.device
+    n_valid = n_dst if isinstance(n_dst, torch.Tensor) else None
+    chosen = choose_layer(csr_indptr, csr_indices, dst, dst, fanout, key, n_valid=n_valid)
+    assert chosen.valid is not None  # asked for
+    indptr = torch.zeros(d + 1, dtype=torch.int64, device=device)
+    torch.cumsum(chosen.count, 0, out=indptr[1:])
+    pending = start_map(chosen.keys, n_dst, n_solid, backend)
+    mapped = pending.finish_on_device()
+    spare = d * fanout
+    slot = torch.arange(fanout, dtype=torch.int64, device=device)
+    position = torch.where(chosen.valid, (indptr[:-1].unsqueeze(1) + slot).flatten(), spare)
+    indices = torch.empty(spare + 1, dtype=torch.int64, device=device)
+    indices.scatter_(0, position, mapped.local[d:])
+    return BoundedLayer(
+        indptr, indices, mapped.src_ids, mapped.n_computed, chosen.keys, pending.first,
+        mapped.counts,
+    )  # fmt: skip
+
+
+def sample_one_read(
+    csr_indptr: torch.Tensor,
+    csr_indices: torch.Tensor,
+    seeds: torch.Tensor,
+    fanouts: Sequence[int],
+    batch: int,
+    n_solid: int,
+    backend: Backend,
+    raise_bad_seed: Callable[[torch.Tensor], None],
+) -> list[Block]:
+    """The blocks of one mini-batch (``blocks[l]`` for ``fanouts[l]``) with one host read.
+
+    Args:
+        csr_indptr, csr_indices: the part's CSR on the device (as the sampler holds it),
+            with at least one edge.
+        seeds: int64[n_seeds] on the device, ``n_seeds >= 1``; checked here (range,
+            distinct).
+        fanouts: positive fan-outs (no ``FANOUT_ALL``); the top layer is the last.
+        batch: the batch's seed (:func:`~distmb.pipeline.sample.device.batch_seed`), keying
+            each layer's words (:func:`~distmb.pipeline.sample.choose_triton.layer_key`).
+        n_solid: rows of the CSR; sources ``>= n_solid`` are halo leaves.
+        backend: Fused-Map's back end, ``"triton"`` (or ``"auto"`` resolving to it).
+        raise_bad_seed: raises the error of the first seed outside ``[0, n_solid)``.
+
+    Raises:
+        ValueError: a seed out of range (from ``raise_bad_seed``).
+        RepeatedDestinationError: a repeated seed (the caller words the message).
+    """
+    bounds = destination_bounds(int(seeds.shape[0]), fanouts, n_solid)
+    n_bad = ((seeds < 0) | (seeds >= n_solid)).sum()
+    layers: dict[int, BoundedLayer] = {}
+    dst, n_dst = seeds, int(seeds.shape[0])
+    for layer in range(len(fanouts) - 1, -1, -1):
+        if layer < len(fanouts) - 1:
+            above = layers[layer + 1]
+            dst, n_dst = above.src_ids[: bounds[layer]], above.n_computed
+        layers[layer] = sample_layer_bounded(
+            csr_indptr, csr_indices, dst, n_dst, fanouts[layer], layer_key(batch, layer),
+            n_solid, backend,
+        )  # fmt: skip
+    top_down = [layers[layer] for layer in range(len(fanouts) - 1, -1, -1)]
+    heads = torch.stack([n_bad, *(layer.indptr[-1] for layer in top_down)])
+    values = host_values(torch.cat([heads, *(layer.counts for layer in top_down)]))  # the read
+    return _blocks(seeds, bounds, top_down, values, raise_bad_seed)
+
+
+def _blocks(
+    seeds: torch.Tensor,
+    bounds: list[int],
+    top_down: list[BoundedLayer],
+    values: list[int],
+    raise_bad_seed: Callable[[torch.Tensor], None],
+) -> list[Block]:
+    """The batch's errors raised, then its blocks cut to size, from the values read back:
+    ``[n_bad, nnz per layer (top first), Fused-Map's 4 counts per layer (top first)]``."""
+    n_layers = len(top_down)
+    n_bad, nnzs, counts = values[0], values[1 : 1 + n_layers], values[1 + n_layers :]
+    if n_bad:
+        raise_bad_seed(seeds)
+    blocks: list[Block] = []
+    n_dst = int(seeds.shape[0])
+    for at, layer in enumerate(top_down):
+        bound = bounds[n_layers - 1 - at]
+        if n_dst > bound:  # the bounds are an invariant: never true unless they are wrong
+            raise RuntimeError(f"{n_dst} destinations exceed the layer's bound {bound}")
+        n_new_solid, n_halo, repeated, negative = counts[4 * at : 4 * at + 4]
+        raise_map_errors(layer.keys, layer.first, n_dst, repeated, negative)
+        n_src, nnz = n_dst + n_new_solid + n_halo, nnzs[at]
+        blocks.append(
+            Block(
+                n_dst=n_dst,
+                n_src=n_src,
+                n_halo=n_halo,
+                indptr=layer.indptr[: n_dst + 1],
+                indices=layer.indices[:nnz],
+                src_ids=layer.src_ids[:n_src],
+            )
+        )
+        n_dst += n_new_solid
+    return blocks[::-1]
