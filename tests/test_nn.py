@@ -536,3 +536,26 @@ def test_parameter_count_matches_the_built_model(name, aggr, layers):
     model = build_model(name, 13, 8, 5, layers, heads=3, aggr=aggr)
     expected = sum(p.numel() for p in model.parameters())
     assert parameter_count(name, 13, 8, 5, layers, heads=3, aggr=aggr) == expected
+
+
+def test_transposed_indptr_and_edge_destinations_against_a_brute_force():
+    """The transposed CSR (sort + binary search, no bincount) and the CSR expanded to
+    per-edge destinations, on random blocks with repeated, missing and last sources."""
+    import numpy as np
+
+    from distmb.pipeline.sample.blocks import transposed_indptr
+
+    rng = np.random.default_rng(0)
+    for n_dst, n_src, n_edges in [(1, 1, 0), (3, 5, 7), (10, 40, 200), (5, 9, 1)]:
+        counts = rng.multinomial(n_edges, np.ones(n_dst) / n_dst)
+        indptr = torch.from_numpy(np.concatenate([[0], np.cumsum(counts)]).astype(np.int64))
+        indices = torch.from_numpy(rng.integers(0, n_src, n_edges).astype(np.int64))
+        block = Block(n_dst=n_dst, n_src=n_src, n_halo=0, indptr=indptr, indices=indices,
+                      src_ids=torch.arange(n_src))  # fmt: skip
+        dst = block.dst_of_edges()
+        assert dst.tolist() == [v for v in range(n_dst) for _ in range(counts[v])]
+        t_indptr, order = transposed_indptr(indices, n_src)
+        for u in range(n_src):
+            edges = order[t_indptr[u] : t_indptr[u + 1]].tolist()
+            assert edges == [e for e in range(n_edges) if indices[e] == u]  # CSR order
+        assert t_indptr[-1] == n_edges

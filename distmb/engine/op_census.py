@@ -8,8 +8,10 @@ synchronisations").
   own: loss bookkeeping). On a GPU nearly every one is a kernel launch (views and metadata
   ops are not, a few composite ops launch several), so fewer ops is fewer launches.
 - **sync-prone ops**: the aten ops among them whose output size or value the host must read
-  back (:data:`SYNCING_OPS`: ``nonzero``, ``unique``, an ``item`` ...); each is a hidden
-  host synchronisation on a GPU.
+  back on a GPU (:data:`SYNCING_OPS`: ``nonzero``, ``unique``, ``bincount``, an ``item``
+  ...; and, by their arguments, ``repeat_interleave`` without ``output_size`` and boolean-mask
+  indexing: :func:`syncs_on_a_gpu`); each is a hidden host synchronisation on a GPU, even
+  where the CPU runs it without one.
 - **host reads** and **device waits**: :data:`distmb.core.host_reads.HOST_READS`, the exact
   count of the device path's explicit reads and of the phase timers' waits.
 - **Triton launches**, by stage: one per kernel run (``kernel[grid](...)``), whether compiled
@@ -29,6 +31,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from distmb.core.host_reads import HOST_READS
@@ -45,8 +48,29 @@ SYNCING_OPS = frozenset(
         "aten._unique",
         "aten.is_nonzero",
         "aten.equal",
+        "aten.bincount",  # its output size is the input's maximum: read back on a GPU
     }
 )
+#: Ops that read back a data-dependent size on a GPU only in some calls: ``repeat_interleave``
+#: without ``output_size`` (it sums the repeats on the host), indexing with a boolean mask
+#: (a hidden ``nonzero``). On CPU tensors none of them is a wait, so the census inspects the
+#: arguments: see :func:`syncs_on_a_gpu`.
+SOMETIMES_SYNCING_OPS = frozenset({"aten.repeat_interleave", "aten.index", "aten.index_put_"})
+
+
+def syncs_on_a_gpu(name: str, args: tuple, kwargs: dict) -> bool:
+    """Whether the ATen op ``name`` called with ``args``/``kwargs`` would make the host wait
+    for a GPU (a device value or a data-dependent size read back)."""
+    if name in SYNCING_OPS:
+        return True
+    if name == "aten.repeat_interleave":
+        return kwargs.get("output_size") is None
+    if name in ("aten.index", "aten.index_put_"):
+        indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
+        return any(
+            getattr(i, "dtype", None) in (torch.bool, torch.uint8) for i in indices or ()
+        )
+    return False
 #: The stages ops are counted by (``other``: outside every stage).
 STAGES = ("sample", "gather", "hec", "forward", "backward", "allreduce", "optimizer", "other")
 #: The trainer's phase timer names, as stages.
@@ -78,8 +102,9 @@ class _OpCounter(TorchDispatchMode):
         if func.is_view:
             self.views[stage] += 1
         self.by_name[name] += 1
-        if name in SYNCING_OPS:
-            self.syncing[stage] += 1
+        if name in SOMETIMES_SYNCING_OPS or name in SYNCING_OPS:
+            if syncs_on_a_gpu(name, args, kwargs or {}):
+                self.syncing[stage] += 1
         return func(*args, **(kwargs or {}))
 
     @contextmanager

@@ -55,6 +55,7 @@ from distmb.nn.kernels import triton_aggregate as aggregate_triton
 from distmb.nn.kernels import triton_gat as gat_triton
 from distmb.nn.kernels.dispatch import get_kernels
 from distmb.pipeline.sample import Block
+from distmb.pipeline.sample.blocks import transposed_indptr
 
 #: Aggregator names accepted by :func:`aggregate`.
 AGGREGATORS = ("mean", "sum", "gcn")
@@ -112,12 +113,12 @@ class _CSRMatMul(torch.autograd.Function):
             return None, None, None, None
         indptr, indices, values = ctx.saved_tensors
         n_dst, n_src = indptr.numel() - 1, ctx.n_src
-        order = torch.sort(indices, stable=True).indices
-        t_indptr = torch.zeros(n_src + 1, dtype=torch.int64, device=indptr.device)
-        torch.cumsum(torch.bincount(indices, minlength=n_src), 0, out=t_indptr[1:])
+        t_indptr, order = transposed_indptr(indices, n_src)
         counts = indptr[1:] - indptr[:-1]
         dst = torch.repeat_interleave(
-            torch.arange(n_dst, dtype=torch.int64, device=indptr.device), counts
+            torch.arange(n_dst, dtype=torch.int64, device=indptr.device),
+            counts,
+            output_size=indices.numel(),
         )
         a_t = _csr(t_indptr, dst[order], values[order], (n_src, n_dst))
         return None, None, None, a_t @ grad_out.contiguous()
@@ -187,7 +188,9 @@ def _torch_aggregate(block: Block, x_src: Tensor, kind: str) -> Tensor:
         values = torch.ones(block.num_edges, dtype=x2d.dtype, device=x2d.device)
     else:
         denom = deg.clamp(min=1) if kind == "mean" else deg + 1
-        values = torch.repeat_interleave(1.0 / denom.to(x2d.dtype), deg)
+        values = torch.repeat_interleave(
+            1.0 / denom.to(x2d.dtype), deg, output_size=block.num_edges
+        )
     out = _CSRMatMul.apply(block.indptr, block.indices, values, x2d)
     if kind == "gcn":
         out = out + x2d[: block.n_dst] / (deg + 1).to(x2d.dtype).unsqueeze(1)

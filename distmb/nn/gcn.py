@@ -28,7 +28,9 @@ from distmb.pipeline.sample import Block
 def symmetric_norms(block: Block, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
     """``(d_out^-1/2 [n_src, 1], d_in^-1/2 [n_dst, 1])`` of ``block``'s edges, each degree
     clamped to at least 1 (a vertex without edges gets norm 1), in ``dtype``."""
-    out_deg = torch.bincount(block.indices, minlength=block.n_src)
+    # Counted with a scatter, not bincount, whose output size a GPU would read back.
+    out_deg = torch.zeros(block.n_src, dtype=torch.int64, device=block.indices.device)
+    out_deg.index_add_(0, block.indices, torch.ones_like(block.indices))
     src_norm = out_deg.clamp(min=1).to(dtype).pow(-0.5).unsqueeze(1)
     dst_norm = in_degrees(block).clamp(min=1).to(dtype).pow(-0.5).unsqueeze(1)
     return src_norm, dst_norm

@@ -40,6 +40,7 @@ from torch import Tensor
 from torch.autograd.function import FunctionCtx, once_differentiable
 
 from distmb.pipeline.sample import Block
+from distmb.pipeline.sample.blocks import transposed_indptr
 from distmb.pipeline.sample.idmap_triton import triton, usable
 
 if triton is not None:
@@ -212,9 +213,7 @@ def transposed_csr_edges(block: Block) -> tuple[Tensor, Tensor, Tensor]:
     cached = getattr(block, _TRANSPOSE_ATTR, None)
     if cached is not None and cached[0] == key:
         return cached[1], cached[2], cached[3]
-    order = torch.sort(block.indices, stable=True).indices
-    t_indptr = torch.zeros(block.n_src + 1, dtype=torch.int64, device=block.device)
-    torch.cumsum(torch.bincount(block.indices, minlength=block.n_src), 0, out=t_indptr[1:])
+    t_indptr, order = transposed_indptr(block.indices, block.n_src)
     t_dst = block.dst_of_edges()[order]
     setattr(block, _TRANSPOSE_ATTR, (key, t_indptr, order, t_dst))
     return t_indptr, order, t_dst

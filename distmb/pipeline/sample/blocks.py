@@ -45,10 +45,11 @@ class Block:
         return self.src_ids[: self.n_dst]
 
     def dst_of_edges(self) -> torch.Tensor:
-        """int64[num_edges]: destination position of every edge (CSR expanded)."""
+        """int64[num_edges]: destination position of every edge (CSR expanded). The output
+        size is given, so a GPU does not read the counts' sum back."""
         counts = self.indptr[1:] - self.indptr[:-1]
         positions = torch.arange(self.n_dst, dtype=torch.int64, device=self.indptr.device)
-        return torch.repeat_interleave(positions, counts)
+        return torch.repeat_interleave(positions, counts, output_size=self.num_edges)
 
     @property
     def device(self) -> torch.device:
@@ -90,3 +91,14 @@ class Block:
         return Block(
             self.n_dst, self.n_src, self.n_halo, counts, self.indices[edge_keep], self.src_ids
         )
+
+
+def transposed_indptr(indices: torch.Tensor, n_src: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The transposed CSR's row pointers and edge order of a CSR whose column indices are
+    ``indices`` (int64[E] in ``[0, n_src)``): ``(t_indptr int64[n_src + 1], order
+    int64[E])``, ``order`` the stable sort of ``indices``, so source ``u``'s edges are
+    ``order[t_indptr[u]:t_indptr[u + 1]]`` in CSR order. A sort and a binary search, not
+    ``bincount``, whose output size (the maximum index) a GPU would read back."""
+    sorted_indices, order = torch.sort(indices, stable=True)
+    bounds = torch.arange(n_src + 1, dtype=indices.dtype, device=indices.device)
+    return torch.searchsorted(sorted_indices, bounds), order
