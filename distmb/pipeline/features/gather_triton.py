@@ -36,12 +36,10 @@ import contextlib
 
 import torch
 
-try:  # optional dependency: pip install 'distmb[triton]'
-    import triton
+from distmb.pipeline.sample.idmap_triton import triton
+
+if triton is not None:  # optional dependency: pip install 'distmb[triton]'
     import triton.language as tl
-except ImportError:  # pragma: no cover - exercised where Triton is not installed
-    triton = None
-    tl = None
 
 #: Positions in the ``stats`` tensor (int64[:data:`STATS_SIZE`]) the kernel accumulates into.
 STAT_HITS = 0
