@@ -1,4 +1,4 @@
-"""Sampling throughput: the device sampler (distmb.cuda) vs the C++ sampler, same graph.
+"""Sampling throughput: the device sampler vs the C++ sampler, same graph.
 
 Samples ``--batches`` mini-batches of ``--batch-size`` random seeds with fan-outs
 ``--fanouts`` (input -> output layer) on a synthetic power-law graph (all vertices solid)
@@ -8,9 +8,13 @@ back (interleaved, so that load from other processes hits all alike):
 - ``cpp``: the C++ sampler on ``--threads`` OpenMP threads;
 - ``device/<dev>/<backend>/<placement>``:
 :class:`~distmb.pipeline.sample.device.DeviceNeighborSampler` on
-  ``cpu`` and, where torch sees one, ``cuda`` (Fused-Map back end ``torch`` or ``triton``;
-  CSR placement ``device`` or, on CUDA, ``host`` = zero-copy pinned memory). Triton runs on
-  CUDA only here (its CPU interpreter is a test vehicle, not a performance path).
+  ``cpu`` and, where torch sees one, ``cuda`` (back end ``torch``: PyTorch-ops layers,
+  ``torch.unique`` Fused-Map, one read per layer; or ``triton``: the one-launch layer kernel,
+  the Triton Fused-Map and one read per batch; CSR placement ``device`` or, on CUDA,
+  ``host`` = zero-copy pinned memory). Triton runs on CUDA only here (its CPU interpreter is
+  a test vehicle, not a performance path);
+- ``device/cuda/triton-map/device``: the Triton Fused-Map behind the PyTorch-ops layers (one
+  read per layer), the configuration before the layer kernel, to measure what it gains.
 
 Reports per configuration the median, p10 and p90 milliseconds per batch and the sampled
 edges per second (all layers' edges of a batch / its time; median over batches). On CUDA
@@ -64,6 +68,13 @@ def configurations(args: argparse.Namespace, graph) -> dict[str, object]:
                     graph.indptr, graph.indices, n, n, args.fanouts, args.seed,
                     device=device, placement=placement, backend=backend,  # type: ignore[arg-type]
                 )  # fmt: skip
+        if "triton" in backends:
+            # The Triton Fused-Map behind the torch layer (one read per layer): what the
+            # one-launch layer kernel and the one read per batch of "triton" gain over it.
+            samplers[f"device/{device}/triton-map/device"] = DeviceNeighborSampler(
+                graph.indptr, graph.indices, n, n, args.fanouts, args.seed,
+                device=device, placement="device", backend="triton", choose="torch",
+            )  # fmt: skip
     return samplers
 
 
