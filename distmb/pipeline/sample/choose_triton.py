@@ -53,7 +53,8 @@ from dataclasses import dataclass
 import torch
 
 from distmb.core.rng import GOLDEN, MIX1, MIX2, SHIFT1, SHIFT2, SHIFT3, hash_chain, to_signed
-from distmb.pipeline.sample.idmap_triton import triton, usable
+from distmb.pipeline.sample.idmap import resolve_backend
+from distmb.pipeline.sample.idmap_triton import triton
 
 if triton is not None:
     import triton.language as tl
@@ -64,25 +65,16 @@ if triton is not None:
 WORD_BITS = 64
 #: Slots of one program's register tile (rows per program = this // SLOTS, at least 1).
 TILE_SLOTS = 1024
-#: The layer-kernel back ends of :class:`~distmb.pipeline.sample.device.DeviceNeighborSampler`
-#: (``"auto"``: Triton where :func:`~distmb.pipeline.sample.idmap_triton.usable`).
-CHOOSE_BACKENDS: tuple[str, ...] = ("auto", "triton", "torch")
 
 
 def resolve_choose(backend: str, device: torch.device) -> str:
-    """``"triton"`` or ``"torch"``: the layer kernel for ``backend`` on ``device``.
+    """``"triton"`` or ``"torch"``: the layer kernel for ``backend`` (``"auto"``,
+    ``"triton"`` or ``"torch"``) on ``device``, resolved as Fused-Map's back end is.
 
     Raises:
         ValueError: an unknown back end, or ``"triton"`` where it cannot run.
     """
-    if backend not in CHOOSE_BACKENDS:
-        raise ValueError(f"layer back end {backend!r}: expected one of {CHOOSE_BACKENDS}")
-    ok, why = usable(device)
-    if backend == "auto":
-        return "triton" if ok else "torch"
-    if backend == "triton" and not ok:
-        raise ValueError(f"layer back end 'triton' cannot run on {device}: {why}")
-    return backend
+    return resolve_backend(backend, device, "layer back end")
 
 
 def layer_key(batch_seed: int, layer: int) -> int:

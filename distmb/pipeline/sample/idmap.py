@@ -114,8 +114,10 @@ def torch_groups(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
     return inverse, first_pos[inverse] == positions, n_groups
 
 
-def resolve_backend(backend: str, device: torch.device) -> str:
-    """``"triton"`` or ``"torch"`` for ``backend`` on ``device``.
+def resolve_backend(backend: str, device: torch.device, what: str = "Fused-Map back end") -> str:
+    """``"triton"`` or ``"torch"`` for ``backend`` (one of :data:`BACKENDS`) on ``device``:
+    ``"auto"`` is Triton where it can run. ``what`` names the choice in errors (the device
+    sampler's layer kernel resolves its back end here too).
 
     Raises:
         ValueError: an unknown back end, or ``"triton"`` where it cannot run.
@@ -123,12 +125,12 @@ def resolve_backend(backend: str, device: torch.device) -> str:
     from distmb.pipeline.sample import idmap_triton
 
     if backend not in BACKENDS:
-        raise ValueError(f"Fused-Map back end {backend!r}: expected one of {BACKENDS}")
+        raise ValueError(f"{what} {backend!r}: expected one of {BACKENDS}")
     usable, why = idmap_triton.usable(device)
     if backend == "auto":
         return "triton" if usable else "torch"
     if backend == "triton" and not usable:
-        raise ValueError(f"Fused-Map back end 'triton' cannot run on {device}: {why}")
+        raise ValueError(f"{what} 'triton' cannot run on {device}: {why}")
     return backend
 
 
