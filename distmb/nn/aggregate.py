@@ -55,7 +55,7 @@ from distmb.nn.kernels import triton_aggregate as aggregate_triton
 from distmb.nn.kernels import triton_gat as gat_triton
 from distmb.nn.kernels.dispatch import get_kernels
 from distmb.pipeline.sample import Block
-from distmb.pipeline.sample.blocks import transposed_indptr
+from distmb.pipeline.sample.blocks import edge_destinations, transposed_indptr
 
 #: Aggregator names accepted by :func:`aggregate`.
 AGGREGATORS = ("mean", "sum", "gcn")
@@ -114,12 +114,7 @@ class _CSRMatMul(torch.autograd.Function):
         indptr, indices, values = ctx.saved_tensors
         n_dst, n_src = indptr.numel() - 1, ctx.n_src
         t_indptr, order = transposed_indptr(indices, n_src)
-        counts = indptr[1:] - indptr[:-1]
-        dst = torch.repeat_interleave(
-            torch.arange(n_dst, dtype=torch.int64, device=indptr.device),
-            counts,
-            output_size=indices.numel(),
-        )
+        dst = edge_destinations(indptr, indices.numel())
         a_t = _csr(t_indptr, dst[order], values[order], (n_src, n_dst))
         return None, None, None, a_t @ grad_out.contiguous()
 

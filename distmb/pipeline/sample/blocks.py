@@ -45,11 +45,8 @@ class Block:
         return self.src_ids[: self.n_dst]
 
     def dst_of_edges(self) -> torch.Tensor:
-        """int64[num_edges]: destination position of every edge (CSR expanded). The output
-        size is given, so a GPU does not read the counts' sum back."""
-        counts = self.indptr[1:] - self.indptr[:-1]
-        positions = torch.arange(self.n_dst, dtype=torch.int64, device=self.indptr.device)
-        return torch.repeat_interleave(positions, counts, output_size=self.num_edges)
+        """int64[num_edges]: destination position of every edge (CSR expanded)."""
+        return edge_destinations(self.indptr, self.num_edges)
 
     @property
     def device(self) -> torch.device:
@@ -91,6 +88,14 @@ class Block:
         return Block(
             self.n_dst, self.n_src, self.n_halo, counts, self.indices[edge_keep], self.src_ids
         )
+
+
+def edge_destinations(indptr: torch.Tensor, num_edges: int) -> torch.Tensor:
+    """int64[num_edges]: the row of every entry of the CSR ``indptr`` (int64[n_rows + 1]).
+    The output size is given, so a GPU does not read the counts' sum back."""
+    counts = indptr[1:] - indptr[:-1]
+    rows = torch.arange(indptr.numel() - 1, dtype=torch.int64, device=indptr.device)
+    return torch.repeat_interleave(rows, counts, output_size=num_edges)
 
 
 def transposed_indptr(indices: torch.Tensor, n_src: int) -> tuple[torch.Tensor, torch.Tensor]:
