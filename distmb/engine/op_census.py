@@ -51,26 +51,25 @@ SYNCING_OPS = frozenset(
         "aten.bincount",  # its output size is the input's maximum: read back on a GPU
     }
 )
-#: Ops that read back a data-dependent size on a GPU only in some calls: ``repeat_interleave``
-#: without ``output_size`` (it sums the repeats on the host), indexing with a boolean mask
-#: (a hidden ``nonzero``). On CPU tensors none of them is a wait, so the census inspects the
-#: arguments: see :func:`syncs_on_a_gpu`.
-SOMETIMES_SYNCING_OPS = frozenset({"aten.repeat_interleave", "aten.index", "aten.index_put_"})
 
 
 def syncs_on_a_gpu(name: str, args: tuple, kwargs: dict) -> bool:
     """Whether the ATen op ``name`` called with ``args``/``kwargs`` would make the host wait
-    for a GPU (a device value or a data-dependent size read back)."""
+    for a GPU (a device value or a data-dependent size read back): every op of
+    :data:`SYNCING_OPS`, and by their arguments ``repeat_interleave`` without
+    ``output_size`` (it sums the repeats on the host) and indexing with a boolean mask (a
+    hidden ``nonzero``). On CPU tensors none of them waits, so the census inspects the
+    call."""
     if name in SYNCING_OPS:
         return True
     if name == "aten.repeat_interleave":
         return kwargs.get("output_size") is None
     if name in ("aten.index", "aten.index_put_"):
         indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
-        return any(
-            getattr(i, "dtype", None) in (torch.bool, torch.uint8) for i in indices or ()
-        )
+        return any(getattr(i, "dtype", None) in (torch.bool, torch.uint8) for i in indices or ())
     return False
+
+
 #: The stages ops are counted by (``other``: outside every stage).
 STAGES = ("sample", "gather", "hec", "forward", "backward", "allreduce", "optimizer", "other")
 #: The trainer's phase timer names, as stages.
@@ -102,9 +101,8 @@ class _OpCounter(TorchDispatchMode):
         if func.is_view:
             self.views[stage] += 1
         self.by_name[name] += 1
-        if name in SOMETIMES_SYNCING_OPS or name in SYNCING_OPS:
-            if syncs_on_a_gpu(name, args, kwargs or {}):
-                self.syncing[stage] += 1
+        if syncs_on_a_gpu(name, args, kwargs or {}):
+            self.syncing[stage] += 1
         return func(*args, **(kwargs or {}))
 
     @contextmanager
