@@ -63,15 +63,23 @@ GPU_CONFIG_BUDGETS = {
 }
 
 
+def device_path_trainer(graph: str, **config) -> Trainer:  # noqa: ANN003 - TrainConfig's
+    """A one-rank Trainer of the device path on CPU tensors, its loader synchronous (the
+    census needs it): 3 layers of ``FANOUT``, hidden 16, 2 epochs, ``--kernels torch``, but
+    for ``config``."""
+    base = dict(
+        layers=len(FANOUT), fanout=FANOUT, hidden=16, epochs=2, progress=False,
+        sampler="device", kernels="torch", prefetch=0, threads=1,
+    )  # fmt: skip
+    local = LocalGraph.from_graph(load_dataset(graph))
+    return Trainer(
+        local, TrainConfig(**{**base, **config}), log=lambda _: None, device=torch.device("cpu")
+    )
+
+
 @pytest.fixture(scope="module")
 def trainer() -> Trainer:
-    config = TrainConfig(
-        layers=len(FANOUT), fanout=FANOUT, hidden=16, batch_size=100, epochs=2,
-        progress=False, sampler="device", kernels="torch", prefetch=0, threads=1,
-        device_cache_mb=0.05,
-    )  # fmt: skip
-    local = LocalGraph.from_graph(load_dataset(GRAPH))
-    trainer = Trainer(local, config, log=lambda _: None, device=torch.device("cpu"))
+    trainer = device_path_trainer(GRAPH, batch_size=100, device_cache_mb=0.05)
     trainer.train_epoch(0)  # warm-up: caches filled, buffers sized
     return trainer
 
@@ -149,18 +157,10 @@ def gpu_config_trainer() -> Trainer:
 
     if not idmap_triton.usable(torch.device("cpu"))[0]:
         pytest.skip("needs Triton's interpreter (TRITON_INTERPRET=1, set by conftest)")
-    config = TrainConfig(
-        layers=len(FANOUT), fanout=FANOUT, hidden=16, batch_size=30, epochs=2,
-        progress=False, sampler="device", kernels="triton", prefetch=0, threads=1,
-        device_cache_mb=0.002,
-    )  # fmt: skip
     graph = "synthetic:nodes=400,feat_dim=4,train_fraction=0.15,test_fraction=0.4"
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(device_stages, "kernel_backend", lambda device: "triton")
-        trainer = Trainer(
-            LocalGraph.from_graph(load_dataset(graph)), config, log=lambda _: None,
-            device=torch.device("cpu"),
-        )  # fmt: skip
+        trainer = device_path_trainer(graph, batch_size=30, kernels="triton", device_cache_mb=0.002)
     stages = trainer.parts.device_stages
     assert stages.sampler.choose == "triton" and stages.features.backend == "triton"
     trainer.train_epoch(0)
@@ -205,15 +205,10 @@ def test_forward_and_backward_make_no_hidden_sync(model):
     """No op of a model's forward or backward on the device path would read a size back on a
     GPU (``bincount``, ``repeat_interleave`` without ``output_size``, a boolean mask ...),
     even where the CPU runs it without a wait."""
-    config = TrainConfig(
-        layers=2, fanout=(4, 6), hidden=8, batch_size=60, epochs=1, progress=False,
-        sampler="device", kernels="torch", prefetch=0, threads=1, model=model,
-    )  # fmt: skip
     graph = "synthetic:nodes=500,feat_dim=4,train_fraction=0.3,test_fraction=0.5"
-    trainer = Trainer(
-        LocalGraph.from_graph(load_dataset(graph)), config, log=lambda _: None,
-        device=torch.device("cpu"),
-    )  # fmt: skip
+    trainer = device_path_trainer(
+        graph, layers=2, fanout=(4, 6), hidden=8, batch_size=60, epochs=1, model=model
+    )
     census = census_epoch(trainer, 0)
     assert census.aten_ops["forward"] > 0 and census.aten_ops["backward"] > 0
     assert census.syncing_ops["forward"] == census.syncing_ops["backward"] == 0, census
