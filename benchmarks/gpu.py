@@ -301,11 +301,18 @@ def precision_part(args: argparse.Namespace, graph) -> list[dict[str, Any]]:
     return records
 
 
+def profiled_kernels(args: argparse.Namespace) -> str:
+    """The ``--kernels`` value the profile and the census run: ``triton`` where it is among
+    ``--kernels`` (the GPU configuration: its aggregation kernels), else the first."""
+    kernels = args.kernels.split(",")
+    return "triton" if "triton" in kernels else kernels[0]
+
+
 def profile_part(args: argparse.Namespace, graph) -> dict[str, Any]:
-    """One whole-table epoch (``--prefetch 0``, the first ``--kernels``) under torch.profiler
+    """One whole-table epoch (``--prefetch 0``, :func:`profiled_kernels`) under torch.profiler
     after a warm-up epoch: launches, syncs, kernel time and GPU busy
     (``benchmarks/gpu_profile.py``)."""
-    kernels = args.kernels.split(",")[0]
+    kernels = profiled_kernels(args)
     trainer = make_trainer(args, graph, kernels, cache_percent=WHOLE_TABLE_PERCENT, prefetch=0,
                            precision=args.precision, epochs=2)  # fmt: skip
     trainer.train_epoch(0)
@@ -320,19 +327,24 @@ def profile_part(args: argparse.Namespace, graph) -> dict[str, Any]:
 
 def launches_part(args: argparse.Namespace, graph) -> dict[str, Any]:
     """The CPU proxies of launches and syncs (:mod:`distmb.engine.op_census`): ATen ops,
-    sync-prone ops, host reads and device waits per iteration of one epoch after a warm-up
-    one, on the loader's synchronous path (``--prefetch 0``). On CPU tensors the layers run
-    ``--kernels torch``, the PyTorch ops a GPU's ``fused`` runs."""
-    config = TrainConfig(
-        layers=len(args.fanouts), fanout=tuple(args.fanouts), hidden=args.hidden,
-        batch_size=args.batch_size, epochs=2, seed=args.seed, progress=False,
-        device=args.device, sampler="device", prefetch=0, threads=args.threads,
-        kernels="fused" if args.device == "cuda" else "torch", precision=args.precision,
-    )  # fmt: skip
-    trainer = Trainer(LocalGraph.from_graph(graph), config, log=lambda _: None)
+    launches, sync-prone ops, host reads and device waits per iteration of one epoch after a
+    warm-up one, in the profile's configuration (the whole table on the device,
+    :func:`profiled_kernels`) on the loader's synchronous path (``--prefetch 0``). On a GPU
+    they sit beside the profile's measured launches and syncs. On the CPU the layers run
+    ``--kernels torch`` (``fused`` would run the C++ kernels, whose work the census does not
+    see), or ``triton`` when asked for (under the interpreter)."""
+    kernels = profiled_kernels(args)
+    if args.device == "cpu" and kernels != "triton":
+        kernels = "torch"
+    trainer = make_trainer(args, graph, kernels, cache_percent=WHOLE_TABLE_PERCENT, prefetch=0,
+                           precision=args.precision, epochs=2)  # fmt: skip
     trainer.train_epoch(0)
     census = census_epoch(trainer, 1)
-    record = {**census.per_iteration(), "top_ops_per_epoch": census.top_ops}
+    record = {
+        "kernels": kernels,
+        **census.per_iteration(),
+        "top_ops_per_epoch": census.top_ops,
+    }
     print(f"launches: {census.per_iteration()}", flush=True)
     return record
 

@@ -104,7 +104,11 @@ def test_quick_cpu_run_writes_a_consistent_record(tmp_path):
     assert launches["iterations"] > 0 and launches["host_reads"] >= 3
     # One device wait per epoch: the phase timers read their CUDA events at its end.
     assert launches["device_waits"] == round(1 / launches["iterations"], 2)
-    assert launches["non_view_ops"] < launches["aten_ops"]
+    assert launches["non_view_ops"] < launches["aten_ops"] and launches["kernels"] == "torch"
+    # Allocations and views launch nothing: the launch proxy is below the non-view ops.
+    assert 0 < launches["launch_ops"] < launches["non_view_ops"]
+    total = launches["launch_ops"] + launches["triton_launches"]
+    assert launches["launches"] == pytest.approx(total, abs=0.02)  # each rounded to 0.01
     assert all(launches["aten_ops_by_stage"][s] > 0 for s in ("sample", "forward", "backward"))
     by_name = {r["sampler"]: r for r in result["sampling"]}
     assert set(by_name) == {"cpp", "device/cpu/torch/device"}

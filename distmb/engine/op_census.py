@@ -5,8 +5,12 @@ synchronisations").
 - **aten ops**: every ATen operator dispatched (a :class:`TorchDispatchMode` below autograd,
   so backward ops count too), by stage: ``sample``, ``gather``, ``hec`` (the halo scheme's
   calls), ``forward``, ``backward``, ``allreduce``, ``optimizer`` and ``other`` (the loop's
-  own: loss bookkeeping). On a GPU nearly every one is a kernel launch (views and metadata
-  ops are not, a few composite ops launch several), so fewer ops is fewer launches.
+  own: loss bookkeeping). On a GPU nearly every one is a kernel launch, so fewer ops is
+  fewer launches. Not launches: views, and the ops of :data:`LAUNCH_FREE_OPS` (an
+  allocation without a fill, the profiler's markers); ``launch_ops`` counts the others.
+  Where the CPU decomposes an op that CUDA runs as one kernel (``dropout``: ``bernoulli_``,
+  ``div_``, ``mul`` on the CPU, one ``native_dropout`` on CUDA) the proxy counts more than a
+  GPU launches.
 - **sync-prone ops**: the aten ops among them whose output size or value the host must read
   back on a GPU (:data:`SYNCING_OPS`: ``nonzero``, ``unique``, ``bincount``, an ``item``
   ...; and, by their arguments, ``repeat_interleave`` without ``output_size`` and boolean-mask
@@ -17,8 +21,8 @@ synchronisations").
 - **Triton launches**, by stage: one per kernel run (``kernel[grid](...)``), whether compiled
   (a GPU) or interpreted (``TRITON_INTERPRET=1`` on CPU tensors); the ATen ops Triton's
   interpreter dispatches to run a kernel on the CPU are not counted (a GPU runs none). So on
-  CPU tensors with the Triton back ends forced on, ``non_view_ops + triton_launches`` is the
-  proxy of the GPU configuration's launches.
+  CPU tensors with the Triton back ends forced on, ``launches`` (``launch_ops +
+  triton_launches``) is the proxy of the GPU configuration's launches.
 
 Counted on the calling thread: the census runs the loader synchronously (``--prefetch 0``).
 """
@@ -49,6 +53,22 @@ SYNCING_OPS = frozenset(
         "aten.is_nonzero",
         "aten.equal",
         "aten.bincount",  # its output size is the input's maximum: read back on a GPU
+    }
+)
+
+
+#: ATen ops that launch no kernel on a GPU (besides views): allocations without a fill and
+#: the profiler's ``record_function`` markers (the optimizer's step opens one).
+LAUNCH_FREE_OPS = frozenset(
+    {
+        "aten.empty",
+        "aten.empty_like",
+        "aten.empty_strided",
+        "aten.new_empty",
+        "aten.new_empty_strided",
+        "profiler._record_function_enter",
+        "profiler._record_function_enter_new",
+        "profiler._record_function_exit",
     }
 )
 
@@ -86,6 +106,7 @@ class _OpCounter(TorchDispatchMode):
         self.stages: list[str] = []
         self.ops: Counter[str] = Counter()
         self.views: Counter[str] = Counter()
+        self.launch_free: Counter[str] = Counter()
         self.syncing: Counter[str] = Counter()
         self.by_name: Counter[str] = Counter()
         self.triton: Counter[str] = Counter()
@@ -100,6 +121,8 @@ class _OpCounter(TorchDispatchMode):
         self.ops[stage] += 1
         if func.is_view:
             self.views[stage] += 1
+        elif name in LAUNCH_FREE_OPS:
+            self.launch_free[stage] += 1
         self.by_name[name] += 1
         if syncs_on_a_gpu(name, args, kwargs or {}):
             self.syncing[stage] += 1
@@ -132,6 +155,8 @@ class EpochCensus:
         iterations: training iterations of the epoch.
         aten_ops: ATen ops by stage (:data:`STAGES`), epoch totals.
         view_ops: those of them that are views (no kernel on a GPU), by stage.
+        launch_free_ops: those of them in :data:`LAUNCH_FREE_OPS` (no kernel either), by
+            stage.
         syncing_ops: sync-prone ops (:data:`SYNCING_OPS`) by stage, epoch totals.
         host_reads: explicit device-to-host reads (:func:`~distmb.core.host_reads.to_host`).
         device_waits: explicit waits for the device (the phase timers).
@@ -147,13 +172,24 @@ class EpochCensus:
     device_waits: int
     top_ops: dict[str, int] = field(default_factory=dict)
     triton_launches: dict[str, int] = field(default_factory=dict)
+    launch_free_ops: dict[str, int] = field(default_factory=dict)
+
+    def launch_ops(self) -> dict[str, int]:
+        """ATen ops that launch a kernel on a GPU (neither views nor
+        :data:`LAUNCH_FREE_OPS`), by stage, epoch totals."""
+        return {
+            stage: ops - self.view_ops.get(stage, 0) - self.launch_free_ops.get(stage, 0)
+            for stage, ops in self.aten_ops.items()
+        }
 
     def per_iteration(self) -> dict[str, Any]:
         """The counts divided by the iterations (rounded to 0.01), for a record:
-        ``aten_ops`` (and by stage), ``non_view_ops`` (the launch proxy), ``syncing_ops``
-        (and by stage), ``host_reads``, ``device_waits``, ``triton_launches`` (and by
-        stage)."""
+        ``aten_ops`` (and by stage), ``non_view_ops``, ``launch_ops`` (and by stage: the
+        launch proxy, :meth:`launch_ops`), ``syncing_ops`` (and by stage), ``host_reads``,
+        ``device_waits``, ``triton_launches`` (and by stage), and ``launches``: launch ops
+        plus Triton launches."""
         n = max(self.iterations, 1)
+        launch_ops = self.launch_ops()
 
         def each(value: float) -> float:
             return round(value / n, 2)
@@ -163,12 +199,15 @@ class EpochCensus:
             "aten_ops": each(sum(self.aten_ops.values())),
             "aten_ops_by_stage": {k: each(v) for k, v in self.aten_ops.items()},
             "non_view_ops": each(sum(self.aten_ops.values()) - sum(self.view_ops.values())),
+            "launch_ops": each(sum(launch_ops.values())),
+            "launch_ops_by_stage": {k: each(v) for k, v in launch_ops.items()},
             "syncing_ops": each(sum(self.syncing_ops.values())),
             "syncing_ops_by_stage": {k: each(v) for k, v in self.syncing_ops.items() if v},
             "host_reads": each(self.host_reads),
             "device_waits": each(self.device_waits),
             "triton_launches": each(sum(self.triton_launches.values())),
             "triton_launches_by_stage": {k: each(v) for k, v in self.triton_launches.items() if v},
+            "launches": each(sum(launch_ops.values()) + sum(self.triton_launches.values())),
         }
 
 
@@ -238,6 +277,7 @@ def census_epoch(trainer: Any, epoch: int, top: int = 12) -> EpochCensus:  # noq
         device_waits=after_waits - waits,
         top_ops=dict(counter.by_name.most_common(top)),
         triton_launches={stage: counter.triton.get(stage, 0) for stage in STAGES},
+        launch_free_ops={stage: counter.launch_free.get(stage, 0) for stage in STAGES},
     )
 
 
