@@ -1,7 +1,8 @@
 """The training loss and accuracy of one epoch, kept where the model runs.
 
-Each step writes its summed loss and its count of correct predictions into a slot of two
-device tensors (no host read per step); they are read back once, at the end of the epoch
+Each step keeps its summed loss (the loss's own scalar) and writes its count of correct
+predictions into a slot of a device tensor (no host read per step); they are read back
+once, at the end of the epoch
 (:meth:`EpochLoss.finish`), or when a progress line prints the latest loss
 (:meth:`EpochLoss.latest`). The epoch's mean loss is summed on the host in step order from
 the same float32 values as a per-step ``.item()`` would give, so the records are unchanged.
@@ -32,8 +33,9 @@ class EpochLoss:
     """
 
     def __init__(self, num_steps: int, device: torch.device) -> None:
-        #: float32[num_steps]: step ``i``'s loss summed over its seeds.
-        self.loss_sums = torch.zeros(num_steps, dtype=torch.float32, device=device)
+        #: Step ``i``'s loss summed over its seeds (float32 scalars on ``device``), kept as
+        #: the loss computed them: copying each into a slot would be a launch per step.
+        self.loss_sums: list[torch.Tensor] = []
         #: int64[num_steps]: step ``i``'s correct predictions.
         self.correct = torch.zeros(num_steps, dtype=torch.int64, device=device)
         #: Seeds of each step added so far.
@@ -43,9 +45,12 @@ class EpochLoss:
         self, step: int, loss_sum: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor
     ) -> None:
         """Record step ``step`` (the next one): ``loss_sum`` float32 scalar, ``logits``
-        float[n, classes], ``labels`` int64[n]."""
-        self.loss_sums[step] = loss_sum.detach()
-        self.correct[step] = (logits.detach().argmax(1) == labels).sum()
+        float[n, classes], ``labels`` int64[n]. Three launches on a GPU (argmax, compare,
+        a sum written into the step's slot), no read."""
+        if step != len(self.sizes):
+            raise ValueError(f"EpochLoss.add: step {step} given, {len(self.sizes)} expected")
+        self.loss_sums.append(loss_sum.detach())
+        torch.sum(logits.detach().argmax(1) == labels, dim=0, out=self.correct[step])
         self.sizes.append(int(labels.shape[0]))
 
     def latest(self) -> LatestLoss:
@@ -65,7 +70,8 @@ class EpochLoss:
         n = len(self.sizes)
         if not n:
             return 0.0, 0, 0
-        values = host_values(torch.cat([self.loss_sums[:n].double(), self.correct[:n].double()]))
+        losses = torch.stack(self.loss_sums).double()
+        values = host_values(torch.cat([losses, self.correct[:n].double()]))
         total, correct = 0.0, 0
         for step, size in enumerate(self.sizes):
             loss_value = values[step] / max(size, 1)
