@@ -27,7 +27,7 @@ from test_sampler import P_MIN
 from test_sampler_contract import LocalGraph, block_neighbours, check_blocks, from_rows
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from distmb.pipeline.sample import choose_triton, device_batch, idmap_triton
+from distmb.pipeline.sample import choose_triton, device_batch, idmap_triton, relabel_triton
 from distmb.pipeline.sample.choose_triton import choose_layer, layer_key
 from distmb.pipeline.sample.device import DeviceNeighborSampler, batch_seed
 
@@ -381,7 +381,12 @@ def layer_launches(
     sampler = DeviceNeighborSampler(g.indptr, g.indices, g.n_solid, g.n_local, [fanout, 1], 3,
                                     backend="triton", choose=choose)  # fmt: skip
     census = _Census()
-    for module, name in ((choose_triton, "_choose_kernel"), (idmap_triton, "_insert_kernel")):
+    kernels = (
+        (choose_triton, "_choose_kernel"), (idmap_triton, "_insert_kernel"),
+        (relabel_triton, "_count_kernel"), (relabel_triton, "_scan_kernel"),
+        (relabel_triton, "_relabel_kernel"),
+    )  # fmt: skip
+    for module, name in kernels:
         monkeypatch.setattr(module, name, census.launcher(getattr(module, name)))
     seeds = np.array([8, 6, 0, 4])
     if one_read:
@@ -421,6 +426,7 @@ def test_layer_launches(monkeypatch: pytest.MonkeyPatch) -> None:
     assert triton_path[1] == triton_path[16] < torch_path[2]
     assert one_read[1] == one_read[16] < torch_path[2]
     assert one_read[1] > 2, "the census must have seen the one-read layer"
+    assert one_read[1] <= 14, one_read  # 5 launches and 9 allocations (no launch on a GPU)
     print(f"launches: torch {torch_path}, triton {triton_path}, one-read {one_read}")
 
 

@@ -28,7 +28,7 @@ from test_sampler_contract import (
 )
 
 from distmb.core.host_reads import HOST_READS
-from distmb.pipeline.sample import FANOUT_ALL, device_batch, idmap_triton
+from distmb.pipeline.sample import FANOUT_ALL, device_batch, idmap_triton, relabel_triton
 from distmb.pipeline.sample.choose_triton import rows_per_program
 from distmb.pipeline.sample.device import DeviceNeighborSampler
 from distmb.pipeline.sample.device_batch import destination_bounds
@@ -148,10 +148,55 @@ def test_layers_of_several_programs(device: str, placement: str, dtype: type) ->
     seeds = np.random.default_rng(5).choice(g.n_solid, 60, replace=False)
     bound = destination_bounds(len(seeds), fanouts, g.n_solid)[0]
     assert bound == 180 > 2 * rows_per_program(16)
+    assert bound * (1 + 16) > 2 * relabel_triton.BLOCK  # 3 programs of Fused-Map's kernels
     blocks = assert_one_read_equals_per_layer(
         make(g, fanouts, 3, device, placement), g, seeds, 0, 4
     )
     assert rows_per_program(16) < blocks[0].n_dst < bound
+
+
+@pytest.mark.parametrize(("device", "placement"), PLACES_ONE_CPU)
+def test_fused_map_of_many_programs(
+    device: str, placement: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fused-Map's count and relabel kernels at 16 keys a program and the scan at 4
+    partial sums a pass: every layer spans many programs (a key's first occurrence often in
+    another one) and the scan several passes; the blocks stay the per-layer path's."""
+    monkeypatch.setattr(relabel_triton, "BLOCK", 16)
+    monkeypatch.setattr(relabel_triton, "SCAN_CHUNK", 4)
+    g = random_local_graph(300, 40, 12, seed=3)
+    sampler = make(g, [3, 2, 4], 2, device, placement)
+    rng = np.random.default_rng(8)
+    for it in range(2):
+        seeds = rng.choice(g.n_solid, 20, replace=False)
+        blocks = assert_one_read_equals_per_layer(sampler, g, seeds, 1, it)
+        assert blocks[0].n_src > 4 * 16 and blocks[-1].n_dst * 5 > 4 * 16
+
+
+@pytest.mark.parametrize(("device", "placement"), PLACES_ONE_CPU)
+def test_torch_fused_map_in_a_one_read_batch(device: str, placement: str) -> None:
+    """:func:`~distmb.pipeline.sample.device_batch.sample_one_read` with the PyTorch-ops
+    Fused-Map (its second implementation, not the sampler's): the same blocks as with the
+    Triton kernels, and the same errors."""
+    g = random_local_graph(300, 40, 12, seed=1)
+    sampler = make(g, [4, 3, 6], 11, device, placement)
+    seeds = torch.as_tensor(np.random.default_rng(2).choice(g.n_solid, 25, replace=False),
+                            device=device)  # fmt: skip
+
+    def one_read(backend: str, seeds: torch.Tensor = seeds) -> list:
+        return device_batch.sample_one_read(
+            sampler.indptr, sampler.indices, seeds, sampler.fanouts, 77, g.n_solid, backend,
+            sampler._raise_bad_seed,
+        )  # fmt: skip
+
+    want = on_cpu(one_read("triton"), device)
+    got, n_reads = reads(one_read, "torch")
+    assert n_reads == 1
+    assert_same_blocks(on_cpu(got, device), want)
+    check_blocks(g, seeds.cpu().numpy(), sampler.fanouts, want)
+    for backend in ("triton", "torch"):
+        with pytest.raises(ValueError, match="outside the solid range"):
+            one_read(backend, torch.tensor([3, g.n_local + 4], device=device))
 
 
 @pytest.mark.parametrize(("device", "placement"), PLACES)

@@ -56,11 +56,13 @@ are not views (counted with a ``TorchDispatchMode`` on CPU tensors, the Triton
 interpreter's own ops left out) plus one per Triton launch (``tests/test_choose_triton.py``,
 ``test_layer_launches``). The torch path takes 3 per Floyd step: 70 at ``k = 1``, 75 at
 ``k = 2``, then ``3k + 69`` (84 at 5, 99 at 10, 114 at 15); all ATen ops, views included,
-``8k + 87`` (167 at 10). The Triton path takes 49 whatever ``k`` on a one-read batch (51
-when it reads once per layer), 2 of them Triton launches: the layer kernel and Fused-Map's.
-The top layer adds 5 ops on every path: the seeds' range check (4), and the clamp (per
-layer) or one more Fused-Map op for its host-int destination count (one read). A one-read
-batch takes 2 more for its read (stacking the counts).
+``8k + 87`` (167 at 10). The Triton path takes 51 whatever ``k`` when it reads once per
+layer, 2 of them Triton launches: the layer kernel and Fused-Map's insert. On a one-read
+batch a layer is 5 Triton launches and no other op that launches (9 allocations): the layer
+kernel, then :mod:`distmb.pipeline.sample.relabel_triton`'s insert, count, scan and relabel;
+the batch adds 1 launch (every layer's hash table filled at once) and 2 allocations, and
+nothing for its read. The top layer adds 5 ops on the per-layer paths: the seeds' range
+check (4), and the clamp.
 """
 
 from __future__ import annotations

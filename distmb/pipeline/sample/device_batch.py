@@ -18,21 +18,34 @@ the valid rows are a prefix, ``[0, n_valid)``, with ``n_valid`` an int64 device 
 (the layer above's ``n_dst + n_new_solid``, never read on the host), and the rows past it
 are unused rows of degree 0 whose key is ``dst[0]`` (the layer kernel's ``n_valid``,
 :func:`~distmb.pipeline.sample.choose_triton.choose_layer`): Fused-Map has seen ``dst[0]``
-at position 0, so an unused row is never a source, never new and never a repeat. Per layer:
+at position 0, so an unused row is never a source, never new and never a repeat.
 
-- the layer kernel writes the keys (``D`` destinations, then ``D x f`` slots), row sizes
-  (0 for unused rows) and the valid mask in one launch; the block's ``indptr:
-  int64[D + 1]`` is their prefix sum (unused rows add 0);
-- Fused-Map with the device-scalar ``n_dst`` (:meth:`~distmb.pipeline.sample.idmap.
-  PendingMap.finish_on_device`): ``src_ids: int64[m + 1]`` and every key's position, its
-  counts left on the device; the Triton grouping needs no host value (its group ids are
-  hash slots, their number the table's capacity);
-- the valid slots are scattered to their CSR positions in ``indices: int64[D x f + 1]``
-  (the last slot the spare that the invalid slots write to);
-- the next layer's destinations are the first ``D_below`` entries of ``src_ids``.
+**Per layer, five launches** (the Triton Fused-Map; :mod:`distmb.pipeline.sample.
+relabel_triton`), none of them waiting for the host:
 
-Then one read takes the seeds' range check, every layer's edge count and Fused-Map's four
-counts (new solid, new halo, repeated destinations, negative keys); errors are raised as the
+1. the layer kernel writes the keys (``D`` destinations, then ``D x f`` slots) and the row
+   sizes (0 for unused rows);
+2. the hash-table insert of the keys, into the layer's table (every layer's table is cut
+   from one buffer filled by one launch at the batch's start);
+3. the count kernel: first occurrences, their class (destination, new solid, new halo) and
+   rank within their program, per-program counts;
+4. the scan, one program: the per-program counts' prefix sums and the layer's counts
+   (:data:`~distmb.pipeline.sample.relabel_triton.STATS`, a row of the batch's ``stats``);
+5. the relabel kernel: every key's source position, ``src_ids: int64[m + 1]`` (its first
+   ``n_src`` entries), the block's ``indptr: int64[D + 1]`` (unused rows add 0) and
+   ``indices: int64[D x f + 1]`` (its first ``nnz`` entries);
+
+the next layer's destinations are the first ``D_below`` entries of ``src_ids``, their count
+``n_dst + n_new_solid`` a view of the ``stats`` row. The batch adds one launch, the tables'
+fill, and allocations (``torch.empty``, no launch). With the torch Fused-Map
+(``backend="torch"``; the sampler reads once per layer then, :func:`sample_one_read` keeps
+it as a second implementation) steps 2 to 5 are
+:meth:`~distmb.pipeline.sample.idmap.PendingMap.finish_on_device` and the CSR's scatter in
+PyTorch ops.
+
+Then one read takes the batch's ``stats`` (every layer's counts: new solid, new halo,
+repeated destinations, negative keys, ``n_dst + n_new_solid``, edges, and destinations
+outside the solid range, which in the top layer are the bad seeds); errors are raised as the
 per-layer path raises them (bad seed, then per layer from the top: negative key, repeated
 destination), and the blocks are views of the buffers cut to their exact sizes
 (``indptr[:n_dst + 1]``, ``indices[:nnz]``, ``src_ids[:n_src]``). A bad or repeated seed
@@ -52,9 +65,10 @@ random words depend on the row count, keeps the per-layer path, as do ``FANOUT_A
 **Memory and work** grow with the bounds, not the sampled sizes: the input layer of a
 3-layer batch of ``B`` seeds has ``B (1 + f_3)(1 + f_2)(1 + f_1)`` keys unless ``n_solid``
 caps it (fan-out 15, 10, 5 and ``B = 1024``: 1,081,344 keys, where a sampled batch holds
-fewer distinct sources); each key costs the layer kernel's work (``O(f^2)`` a row) and
-Fused-Map's insert, sampled or not. Above :data:`MAX_ONE_READ_KEYS` keys in any layer the
-sampler reads once per layer instead (:func:`fits_one_read`).
+fewer distinct sources); each key costs the layer kernel's work (``O(f^2)`` a row),
+Fused-Map's insert and a few reads and writes of the three kernels after it, sampled or
+not. Above :data:`MAX_ONE_READ_KEYS` keys in any layer the sampler reads once per layer
+instead (:func:`fits_one_read`).
 """
 
 from __future__ import annotations
@@ -67,12 +81,32 @@ import torch
 from distmb.core.host_reads import host_values
 from distmb.pipeline.sample.blocks import Block
 from distmb.pipeline.sample.choose_triton import choose_layer, layer_key
-from distmb.pipeline.sample.idmap import Backend, DestinationCount, raise_map_errors, start_map
+from distmb.pipeline.sample.idmap import (
+    Backend,
+    DestinationCount,
+    raise_map_errors,
+    resolve_backend,
+    start_map,
+)
+from distmb.pipeline.sample.relabel_triton import (
+    BAD_DST,
+    EDGES,
+    N_COMPUTED,
+    N_COUNTS,
+    NEGATIVE,
+    NEW_HALO,
+    NEW_SOLID,
+    REPEATED,
+    STATS_WIDTH,
+    Table,
+    empty_tables,
+    relabel_layer,
+)
 
 #: The most Fused-Map keys (``D x (1 + fanout)``, :func:`destination_bounds`) any layer of a
 #: one-read batch may have (16,777,216); a batch whose bounds go above it is sampled one read
-#: per layer. At the limit a layer allocates up to about 3.8 GB while it runs (about 225 bytes
-#: a key, :func:`fits_one_read`).
+#: per layer. At the limit the largest layer holds up to about 1.7 GB until the batch's read
+#: (about 57 to 100 bytes a key, :func:`fits_one_read`).
 MAX_ONE_READ_KEYS = 1 << 24
 
 
@@ -92,12 +126,12 @@ def fits_one_read(n_seeds: int, fanouts: Sequence[int], n_solid: int) -> bool:
     """Whether every layer's key count ``D x (1 + fanout)`` is at most
     :data:`MAX_ONE_READ_KEYS` (read at call time, so a test may lower it).
 
-    Memory of a layer below the top, per key: its ops' outputs add up to about 225 bytes
-    (223 at fan-out 5, 229 at 10, summed over the ATen ops of a layer on CPU tensors: the
-    hash table at 2 to 4 slots a key, positions, ranks, the relabel's temporaries; the peak
-    is lower, as temporaries are freed on the way), and 25 bytes stay until the batch's read
-    (``keys`` and ``src_ids`` 8 each, ``indices`` with ``indptr`` 8, the first-occurrence
-    flags 1)."""
+    Memory per key of a layer (the Triton Fused-Map), ``f`` its fan-out: until the batch's
+    read, 57 to 89 bytes: ``keys`` and ``src_ids`` 8 each, ``indices`` with ``indptr``
+    8 (+ ``8 / (1 + f)``), the first-occurrence flags 1, and the layer's hash table at 2 to
+    4 slots of 16 bytes (every layer's table is cut from one buffer of the batch); while
+    the layer runs, ``8 + 16 / (1 + f)`` more (the keys' slots, the row sizes and their
+    in-program sums)."""
     bounds = destination_bounds(n_seeds, fanouts, n_solid)
     keys = (d * (1 + f) for d, f in zip(bounds, fanouts, strict=True))
     return max(keys, default=0) <= MAX_ONE_READ_KEYS
@@ -117,6 +151,9 @@ class BoundedLayer:
             flags, kept for the error messages.
         counts: int64[4] on the device, Fused-Map's (new solid, new halo, repeated
             destinations, negative keys).
+        stats: int64[STATS_WIDTH] on the device, all the counts the batch reads
+            (:data:`~distmb.pipeline.sample.relabel_triton.STATS`); ``counts`` and
+            ``n_computed`` are views of it.
     """
 
     indptr: torch.Tensor
@@ -126,6 +163,7 @@ class BoundedLayer:
     keys: torch.Tensor
     first: torch.Tensor
     counts: torch.Tensor
+    stats: torch.Tensor
 
 
 def sample_layer_bounded(
@@ -137,10 +175,46 @@ def sample_layer_bounded(
     key: int,
     n_solid: int,
     backend: Backend,
+    table: Table | None = None,
+    stats: torch.Tensor | None = None,
 ) -> BoundedLayer:
     """One layer over the ``D`` rows of ``dst`` (int64[D] on the device, ``D >= 1``), of
     which the first ``n_dst`` are its destinations (a host int, or an int64 device scalar
-    in ``[1, D]``); ``key``: the layer's random key; the CSR as the sampler's."""
+    in ``[1, D]``); ``key``: the layer's random key; the CSR as the sampler's.
+
+    ``table``: the layer's empty hash table (:func:`~distmb.pipeline.sample.relabel_triton.
+    empty_tables`; ``None``: allocated here), for the Triton Fused-Map (five launches,
+    module docstring); ``stats``: int64[STATS_WIDTH] to write the layer's counts to
+    (``None``: allocated here)."""
+    if resolve_backend(backend, dst.device) != "triton":
+        return _layer_bounded_torch(csr_indptr, csr_indices, dst, n_dst, fanout, key, n_solid,
+                                    backend, stats)  # fmt: skip
+    n_valid = n_dst if isinstance(n_dst, torch.Tensor) else None
+    chosen = choose_layer(
+        csr_indptr, csr_indices, dst, dst, fanout, key, with_valid=False, n_valid=n_valid
+    )
+    mapped = relabel_layer(chosen.keys, chosen.count, fanout, n_dst, n_solid, table, stats)
+    stats = mapped.stats
+    return BoundedLayer(
+        mapped.indptr, mapped.indices, mapped.src_ids, stats[N_COMPUTED], chosen.keys,
+        mapped.first, stats[:N_COUNTS], stats,
+    )  # fmt: skip
+
+
+def _layer_bounded_torch(
+    csr_indptr: torch.Tensor,
+    csr_indices: torch.Tensor,
+    dst: torch.Tensor,
+    n_dst: DestinationCount,
+    fanout: int,
+    key: int,
+    n_solid: int,
+    backend: Backend,
+    stats: torch.Tensor | None,
+) -> BoundedLayer:
+    """:func:`sample_layer_bounded` with Fused-Map by PyTorch ops
+    (:meth:`~distmb.pipeline.sample.idmap.PendingMap.finish_on_device`); its counts
+    stacked into ``stats``."""
     d, device = int(dst.shape[0]), dst.device
     n_valid = n_dst if isinstance(n_dst, torch.Tensor) else None
     chosen = choose_layer(csr_indptr, csr_indices, dst, dst, fanout, key, n_valid=n_valid)
@@ -154,9 +228,13 @@ def sample_layer_bounded(
     position = torch.where(chosen.valid, (indptr[:-1].unsqueeze(1) + slot).flatten(), spare)
     indices = torch.empty(spare + 1, dtype=torch.int64, device=device)
     indices.scatter_(0, position, mapped.local[d:])
+    outside = (dst < 0) | (dst >= n_solid)
+    in_dst = torch.arange(d, device=device) < n_dst  # host int or device scalar
+    row = torch.stack([*mapped.counts, mapped.n_computed, indptr[-1], (outside & in_dst).sum()])
+    stats = row if stats is None else stats.copy_(row)
     return BoundedLayer(
-        indptr, indices, mapped.src_ids, mapped.n_computed, chosen.keys, pending.first,
-        mapped.counts,
+        indptr, indices, mapped.src_ids, stats[N_COMPUTED], chosen.keys, pending.first,
+        stats[:N_COUNTS], stats,
     )  # fmt: skip
 
 
@@ -181,7 +259,8 @@ def sample_one_read(
         batch: the batch's seed (:func:`~distmb.pipeline.sample.device.batch_seed`), keying
             each layer's words (:func:`~distmb.pipeline.sample.choose_triton.layer_key`).
         n_solid: rows of the CSR; sources ``>= n_solid`` are halo leaves.
-        backend: Fused-Map's back end, ``"triton"`` (or ``"auto"`` resolving to it).
+        backend: Fused-Map's back end, ``"triton"`` (or ``"auto"`` resolving to it; the
+            sampler's one-read configuration), or ``"torch"`` (the PyTorch-ops relabel).
         raise_bad_seed: raises the error of the first seed outside ``[0, n_solid)``.
 
     Raises:
@@ -189,35 +268,40 @@ def sample_one_read(
         RepeatedDestinationError: a repeated seed (the caller words the message).
     """
     bounds = destination_bounds(int(seeds.shape[0]), fanouts, n_solid)
-    n_bad = ((seeds < 0) | (seeds >= n_solid)).sum()
-    layers: dict[int, BoundedLayer] = {}
+    n_layers, device = len(fanouts), seeds.device
+    top_first = range(n_layers - 1, -1, -1)
+    # Row ``at``: the counts of the ``at``-th layer from the top, read back in one go.
+    stats = torch.empty((n_layers, STATS_WIDTH), dtype=torch.int64, device=device)
+    tables: list[Table | None] = [None] * n_layers
+    if resolve_backend(backend, device) == "triton":
+        key_counts = [bounds[layer] * (1 + fanouts[layer]) for layer in top_first]
+        tables = list(empty_tables(key_counts, device))
+    layers: list[BoundedLayer] = []
     dst, n_dst = seeds, int(seeds.shape[0])
-    for layer in range(len(fanouts) - 1, -1, -1):
-        if layer < len(fanouts) - 1:
-            above = layers[layer + 1]
-            dst, n_dst = above.src_ids[: bounds[layer]], above.n_computed
-        layers[layer] = sample_layer_bounded(
+    for at, layer in enumerate(top_first):
+        if layers:
+            dst, n_dst = layers[-1].src_ids[: bounds[layer]], layers[-1].n_computed
+        bounded = sample_layer_bounded(
             csr_indptr, csr_indices, dst, n_dst, fanouts[layer], layer_key(batch, layer),
-            n_solid, backend,
+            n_solid, backend, tables[at], stats[at],
         )  # fmt: skip
-    top_down = [layers[layer] for layer in range(len(fanouts) - 1, -1, -1)]
-    heads = torch.stack([n_bad, *(layer.indptr[-1] for layer in top_down)])
-    values = host_values(torch.cat([heads, *(layer.counts for layer in top_down)]))  # the read
-    return _blocks(seeds, bounds, top_down, values, raise_bad_seed)
+        layers.append(bounded)
+    values = host_values(stats)  # the read
+    return _blocks(seeds, bounds, layers, values, raise_bad_seed)
 
 
 def _blocks(
     seeds: torch.Tensor,
     bounds: list[int],
     top_down: list[BoundedLayer],
-    values: list[int],
+    values: list[list[int]],
     raise_bad_seed: Callable[[torch.Tensor], None],
 ) -> list[Block]:
     """The batch's errors raised, then its blocks cut to size, from the values read back:
-    ``[n_bad, nnz per layer (top first), Fused-Map's 4 counts per layer (top first)]``."""
+    every layer's :data:`~distmb.pipeline.sample.relabel_triton.STATS` (top first); the top
+    layer's destinations outside the solid range are the bad seeds."""
     n_layers = len(top_down)
-    n_bad, nnzs, counts = values[0], values[1 : 1 + n_layers], values[1 + n_layers :]
-    if n_bad:
+    if values[0][BAD_DST]:
         raise_bad_seed(seeds)
     blocks: list[Block] = []
     n_dst = int(seeds.shape[0])
@@ -225,9 +309,10 @@ def _blocks(
         bound = bounds[n_layers - 1 - at]
         if n_dst > bound:  # the bounds are an invariant: never true unless they are wrong
             raise RuntimeError(f"{n_dst} destinations exceed the layer's bound {bound}")
-        n_new_solid, n_halo, repeated, negative = counts[4 * at : 4 * at + 4]
-        raise_map_errors(layer.keys, layer.first, n_dst, repeated, negative)
-        n_src, nnz = n_dst + n_new_solid + n_halo, nnzs[at]
+        row = values[at]
+        n_new_solid, n_halo, nnz = row[NEW_SOLID], row[NEW_HALO], row[EDGES]
+        raise_map_errors(layer.keys, layer.first, n_dst, row[REPEATED], row[NEGATIVE])
+        n_src = n_dst + n_new_solid + n_halo
         blocks.append(
             Block(
                 n_dst=n_dst,

@@ -36,7 +36,9 @@ int64[m + 1]`` whose first ``n_src`` entries are the sources (the rest unspecifi
 the device. A caller that maps several layers reads all their counts in one sync and checks
 them with :func:`raise_map_errors` (:mod:`distmb.pipeline.sample.device_batch`). With the
 Triton back end the grouping needs no host value either (its group ids are hash slots, their
-number the table's capacity).
+number the table's capacity). The one-read sampler's Triton path numbers the keys in Triton
+kernels instead of this module's PyTorch ops, with the same numbering and counts
+(:mod:`distmb.pipeline.sample.relabel_triton`).
 """
 
 from __future__ import annotations

@@ -11,6 +11,11 @@ atomic counter inside the same kernel, which gives a different numbering on ever
 first-appearance record lets :meth:`distmb.pipeline.sample.idmap.PendingMap.finish` number
 them in input order instead, exactly as the C++ sampler does.
 
+:func:`triton_groups` is the grouping of :func:`distmb.pipeline.sample.idmap.start_map`;
+:func:`insert_keys`, the launch alone into a table the caller allocated, is also the first of
+the one-read sampler's four Fused-Map launches (:mod:`distmb.pipeline.sample.relabel_triton`,
+which numbers the keys in Triton kernels too, from ``table_pos``).
+
 Runs on CUDA tensors, and on CPU tensors under Triton's interpreter (``TRITON_INTERPRET=1``
 set before Triton is imported), which is how CI tests it.
 """
@@ -129,11 +134,31 @@ def triton_groups(
     table_keys = torch.full((cap,), EMPTY, dtype=torch.int64, device=device)
     table_pos = torch.full((cap,), NO_POSITION, dtype=torch.int64, device=device)
     slot_of = torch.zeros(m, dtype=torch.int64, device=device)
+    insert_keys(keys, table_keys, table_pos, slot_of)
+    first = table_pos[slot_of] == torch.arange(m, dtype=torch.int64, device=device)
+    return slot_of, first, cap
+
+
+def insert_keys(
+    keys: torch.Tensor,
+    table_keys: torch.Tensor,
+    table_pos: torch.Tensor,
+    slot_of: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Insert ``keys`` (int64[m], on CUDA or under the interpreter) into the table
+    ``table_keys``, ``table_pos`` (int64[capacity] each, a power of two ``>= m``, filled
+    with :data:`EMPTY` and :data:`NO_POSITION`, or holding earlier inserts) in one launch
+    (module docstring); returns ``slot_of``: int64[m], every key's slot (written into
+    ``slot_of`` when given, else into a new tensor). The capacity is not checked here
+    (:func:`table_capacity`)."""
+    m, device = int(keys.shape[0]), keys.device
+    if slot_of is None:
+        slot_of = torch.empty(m, dtype=torch.int64, device=device)
     if m:
         grid = (triton.cdiv(m, BLOCK),)
         with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
             _insert_kernel[grid](
-                keys.contiguous(), m, table_keys, table_pos, slot_of, cap - 1, BLOCK=BLOCK
-            )
-    first = table_pos[slot_of] == torch.arange(m, dtype=torch.int64, device=device)
-    return slot_of, first, cap
+                keys.contiguous(), m, table_keys, table_pos, slot_of,
+                int(table_keys.shape[0]) - 1, BLOCK=BLOCK,
+            )  # fmt: skip
+    return slot_of
