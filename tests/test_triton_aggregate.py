@@ -13,6 +13,7 @@ from distmb.nn.aggregate import _torch_aggregate, aggregate
 from distmb.nn.kernels import triton_aggregate as aggregate_triton
 from distmb.nn.kernels.dispatch import get_kernels, set_kernels
 from distmb.pipeline.sample import Block
+from distmb.pipeline.sample.blocks import transposed_indptr
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 KINDS = ["mean", "sum", "gcn"]
@@ -220,6 +221,89 @@ def test_transposed_csr_is_cached_and_rebuilt_when_stale():
     assert aggregate_triton.transposed_csr(block)[0] is not t_indptr
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", ["mean", "gcn"])
+def test_in_kernel_factors_are_pytorchs(device, kind):
+    """The factors computed in the kernel from the row pointers are PyTorch's ``1.0 / d``
+    values: the scaled forward equals the unscaled kernel times the factors of PyTorch's
+    ops (bit for bit under the interpreter; on a GPU up to the float32 rounding of a fused
+    multiply-add in the backward's sum), and so does the backward's column scale."""
+    require(device)
+    block = random_block(8, 40, 90, max_deg=9, hub=35).to(device)
+    deg = block.indptr[1:] - block.indptr[:-1]
+    factor = 1.0 / (deg.clamp(min=1) if kind == "mean" else deg + 1).to(torch.float32)
+    n_self = block.n_dst if kind == "gcn" else 0
+    gen = torch.Generator().manual_seed(8)
+    x = torch.randn(block.n_src, 19, generator=gen).to(device)
+    g = torch.randn(block.n_dst, 19, generator=gen).to(device)
+    out = aggregate_triton.csr_gather(block.indptr, block.indices, x, row_scale=kind, n_self=n_self)
+    unscaled = aggregate_triton.csr_gather(block.indptr, block.indices, x, n_self=n_self)
+    assert torch.equal(out, unscaled * factor[:, None])
+    t_indptr, t_dst = aggregate_triton.transposed_csr(block)
+    grad = aggregate_triton.csr_gather(
+        t_indptr, t_dst, g, col_scale=kind, col_indptr=block.indptr, n_self=n_self
+    )
+    ref = aggregate_triton.csr_gather(t_indptr, t_dst, g * factor[:, None], n_self=n_self)
+    if device == "cpu":
+        assert torch.equal(grad, ref)
+    else:
+        torch.testing.assert_close(grad, ref, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", KINDS)
+def test_addend_rows_and_broadcast_row(device, kind):
+    """``addend`` against the brute force plus the added rows: a [n_add, F] block on the
+    first rows, a broadcast [F] row (``expand``: row stride 0) on every row, a column slice
+    (made contiguous); and in the backward, on the first sources, the unchanged gradient
+    plus the addend (one float32 addition: bit for bit under the interpreter)."""
+    require(device)
+    block = random_block(9, 17, 33, max_deg=6, hub=12)
+    rng = np.random.default_rng(9)
+    x_np = rng.standard_normal((33, 21)).astype(np.float32)
+    rows_np = rng.standard_normal((11, 21)).astype(np.float32)
+    wide_np = rng.standard_normal((17, 42)).astype(np.float32)
+    dev_block = block.to(device)
+    x = torch.tensor(x_np, device=device)
+    expected = brute_force(block, x_np, kind)
+    bias = torch.tensor(rows_np[0], device=device)
+    for addend_np, addend in [
+        (np.pad(rows_np, ((0, 6), (0, 0))), torch.tensor(rows_np, device=device)),
+        (np.broadcast_to(rows_np[0], (17, 21)), bias.expand(17, -1)),
+        (wide_np[:, ::2], torch.tensor(wide_np, device=device)[:, ::2]),
+    ]:
+        out = aggregate_triton.aggregate_forward(dev_block, x, kind, addend)
+        np.testing.assert_allclose(out.cpu().numpy(), expected + addend_np, rtol=1e-5, atol=1e-5)
+    g = torch.tensor(rows_np[:, :5].repeat(2, 0)[:17], device=device)
+    bare = aggregate_triton.aggregate_backward(dev_block, kind, g)
+    self_grad = torch.tensor(x_np[:17, :5], device=device)
+    grad = aggregate_triton.aggregate_backward(dev_block, kind, g, self_grad)
+    assert torch.equal(grad[17:], bare[17:])
+    if device == "cpu":
+        assert torch.equal(grad[:17], bare[:17] + self_grad)
+    else:  # the compiler may contract the kernels' sums differently
+        torch.testing.assert_close(grad[:17], bare[:17] + self_grad, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    ("seed", "n_dst", "n_src", "max_deg", "hub"),
+    [(10, 30, 200, 6, 40), (11, 1, 1, 0, 0), (12, 5, 5, 3, 0), (13, 3, 2500, 2, 1500)],
+)
+def test_transposed_csr_is_pytorchs_construction(device, seed, n_dst, n_src, max_deg, hub):
+    """The sort + binary-search kernel against the PyTorch ops it replaced (a stable sort,
+    ``searchsorted`` over every source, the CSR's expansion permuted): the same three
+    tensors, for blocks with sources without edges, destinations without edges, no edges at
+    all, and more than one program's worth of sources and edges."""
+    require(device)
+    block = random_block(seed, n_dst, n_src, max_deg=max_deg, hub=hub).to(device)
+    t_indptr, order, t_dst = aggregate_triton.transposed_csr_edges(block)
+    ref_indptr, ref_order = transposed_indptr(block.indices, block.n_src)
+    assert torch.equal(t_indptr, ref_indptr)
+    assert torch.equal(order, ref_order)
+    assert torch.equal(t_dst, block.dst_of_edges()[ref_order])
+
+
 def test_feature_tile():
     assert [aggregate_triton.block_f(f) for f in (1, 16, 17, 100, 128, 129, 602)] == [
         16, 16, 32, 128, 128, 128, 128,
@@ -227,26 +311,38 @@ def test_feature_tile():
 
 
 def test_kernel_compiles_for_hopper():
-    """Compile every variant (forward mean/sum/gcn, backward with column scales and own row)
-    for sm_90 in float32, bf16 and fp16 without a GPU: no atomics, global loads and stores."""
+    """Compile every variant (forward mean/sum/gcn with and without an addend, backward with
+    column scales, own row and addend) for sm_90 in float32, bf16 and fp16, and the
+    transposed CSR's kernel, without a GPU: no atomics, global loads and stores; the
+    in-kernel factors' division rounded to nearest (``div.rn``, not an approximation)."""
     code = """
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from distmb.nn.kernels.triton_aggregate import MAX_BLOCK_F, ROWS, _csr_gather_kernel
-variants = [(True, False, False), (True, False, True), (False, True, True), (False, False, False)]
+from distmb.nn.kernels.triton_aggregate import (
+    MAX_BLOCK_F, ROWS, SCALES, TRANSPOSE_BLOCK, _csr_gather_kernel, _transpose_kernel)
+def build(fn, sig, cx):
+    sig.update({k: "constexpr" for k in cx})
+    kernel = triton.compile(ASTSource(fn, sig, constexprs=cx), target=GPUTarget("cuda", 90, 32))
+    ptx = kernel.asm["ptx"]
+    assert "atom." not in ptx and "ld.global" in ptx and "st.global" in ptx, ptx
+    assert len(kernel.asm["cubin"]) > 0
+    return ptx
+variants = [("mean", "sum", False, False), ("gcn", "sum", True, True), ("sum", "sum", False, True),
+            ("sum", "mean", False, True), ("sum", "gcn", True, False)]
 for dt in ("fp32", "bf16", "fp16"):
-    for row_scale, col_scale, self_loop in variants:
+    for row_scale, col_scale, self_loop, addend in variants:
         sig = {"indptr_ptr": "*i64", "cols_ptr": "*i64", "x_ptr": f"*{dt}", "out_ptr": f"*{dt}",
-               "row_scale_ptr": "*fp32", "col_scale_ptr": "*fp32", "n_rows": "i64",
-               "n_self": "i64", "feat": "i64", "stride_x": "i64", "stride_out": "i64"}
-        cx = dict(ROWS=ROWS, BLOCK_F=MAX_BLOCK_F, HAS_ROW_SCALE=row_scale,
-                  HAS_COL_SCALE=col_scale, SELF_LOOP=self_loop)
-        sig.update({k: "constexpr" for k in cx})
-        kernel = triton.compile(ASTSource(_csr_gather_kernel, sig, constexprs=cx),
-                                target=GPUTarget("cuda", 90, 32))
-        ptx = kernel.asm["ptx"]
-        assert "atom." not in ptx and "ld.global" in ptx and "st.global" in ptx, ptx
-        assert len(kernel.asm["cubin"]) > 0
+               "col_indptr_ptr": "*i64", "addend_ptr": f"*{dt}", "n_rows": "i64",
+               "n_self": "i64", "n_add": "i64", "feat": "i64", "stride_x": "i64",
+               "stride_out": "i64", "stride_add": "i64"}
+        cx = dict(ROWS=ROWS, BLOCK_F=MAX_BLOCK_F, ROW_SCALE=SCALES[row_scale],
+                  COL_SCALE=SCALES[col_scale], SELF_LOOP=self_loop, HAS_ADDEND=addend)
+        ptx = build(_csr_gather_kernel, sig, cx)
+        assert ("div.rn.f32" in ptx) == (row_scale != "sum" or col_scale != "sum"), ptx
+sig = {"sorted_cols_ptr": "*i64", "order_ptr": "*i64", "indptr_ptr": "*i64",
+       "t_indptr_ptr": "*i64", "t_dst_ptr": "*i64", "n_edges": "i64", "n_src": "i64",
+       "n_dst": "i64", "edge_steps": "i64", "row_steps": "i64"}
+build(_transpose_kernel, sig, dict(BLOCK=TRANSPOSE_BLOCK))
 """
     compile_triton_in_subprocess(code)

@@ -16,7 +16,7 @@ from conftest import compile_triton_in_subprocess
 from torch import Tensor
 
 from distmb.nn import GAT, GATConv
-from distmb.nn.aggregate import attention_aggregate
+from distmb.nn.aggregate import add_self_loops, attention_aggregate
 from distmb.nn.kernels import triton_aggregate as aggregate_triton
 from distmb.nn.kernels import triton_gat as gat_triton
 from distmb.nn.kernels.dispatch import get_kernels, set_kernels
@@ -182,6 +182,87 @@ def test_gradient_of_z_alone_and_a_block_without_edges(device: str) -> None:
     assert not out.any() and not any(g.any() for g in grads)
 
 
+def self_loop_blocks(heads: int) -> dict[str, Block]:
+    """Blocks for the in-kernel self loops: the hand-built one (a destination reading itself,
+    rows without edges), destinations whose sources come before, after and at their own
+    position (repeated), sources beyond the destinations, and a block without edges."""
+    return {
+        "hand_built": hand_built(heads),
+        "around_own": block_from_rows(9, [[5, 0, 8], [1, 1, 0, 7], [3, 2, 2], [], [4, 0, 6]]),
+        # Every source has edges into destinations before, at and after its own position.
+        "dense": block_from_rows(8, [[(5 * v + 3 * k) % 8 for k in range(13)] for v in range(6)]),
+        "no_edges": block_from_rows(6, [[]] * 4),
+    }
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", ["hand_built", "around_own", "dense", "no_edges"])
+@pytest.mark.parametrize("need_scores", [True, False])
+def test_self_loops_in_kernel_equal_the_looped_block(device: str, case: str, need_scores):
+    """``self_loops=True`` on a block gives what the kernels give on ``add_self_loops``'
+    block (the own edge summed in the same place: the same float additions), bit for bit
+    under the interpreter; on a GPU up to the compiler's fused multiply-adds. Checked
+    against the float64 brute force on the looped block too."""
+    require(device)
+    heads, dim = 2, 19
+    block = self_loop_blocks(heads)[case]
+    looped = add_self_loops(block)
+    gen = torch.Generator().manual_seed(17)
+    el = torch.randn(block.n_src, heads, generator=gen)
+    er = torch.randn(block.n_dst, heads, generator=gen)
+    z = torch.randn(block.n_src, heads, dim, generator=gen)
+    grad_out = torch.randn(block.n_dst, heads, dim, generator=gen)
+    results = []
+    for b, loops in ((block, True), (looped, False)):
+        inputs = [t.to(device).requires_grad_(need_scores or t is z) for t in (el, er, z)]
+        out = gat_triton.attention_aggregate(b.to(device), *inputs, SLOPE, loops)
+        wrt = inputs if need_scores else inputs[2:]
+        results.append([out, *torch.autograd.grad(out, wrt, grad_out.to(device))])
+    for got, want in zip(*results, strict=True):
+        if device == "cpu":
+            assert torch.equal(got, want)
+        else:
+            torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    if need_scores:
+        want_out, want_grads = reference(looped, el, er, z, grad_out)
+        bounds = error_bounds(looped, el, er, z, grad_out)
+        check_within(results[0][0], want_out, bounds[0], "out")
+        for name, got, want, bound in zip(
+            ("el", "er", "z"), results[0][1:], want_grads, bounds[1:], strict=True
+        ):
+            check_within(got, want, bound, f"grad_{name}")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", ["hand_built", "dense", "no_edges"])
+@pytest.mark.parametrize("self_loops", [False, True])
+def test_attention_layer_matches_float64_autograd(device: str, case: str, self_loops: bool):
+    """:func:`attention_layer` (the scores kernel, the attention, the scores' terms of z's
+    gradient folded into the source kernel) against autograd through PyTorch's scores and
+    the brute force in float64: the output and the gradients of z, a_l and a_r."""
+    require(device)
+    heads, dim = 3, 21
+    block = self_loop_blocks(heads)[case]
+    gen = torch.Generator().manual_seed(23)
+    z = torch.randn(block.n_src, heads, dim, generator=gen)
+    attn_l, attn_r = 0.3 * torch.randn(2, heads, dim, generator=gen)
+    grad_out = torch.randn(block.n_dst, heads, dim, generator=gen)
+    inputs = [t.to(device).requires_grad_() for t in (z, attn_l, attn_r)]
+    out = gat_triton.attention_layer(block.to(device), *inputs, SLOPE, self_loops)
+    grads = torch.autograd.grad(out, inputs, grad_out.to(device))
+    z64, l64, r64 = (t.double().requires_grad_() for t in (z, attn_l, attn_r))
+    el, er = (z64 * l64).sum(-1), (z64[: block.n_dst] * r64).sum(-1)
+    ref = brute_force(add_self_loops(block) if self_loops else block, el, er, z64)
+    if ref.requires_grad:
+        ref_grads = torch.autograd.grad(ref, [z64, l64, r64], grad_out.double())
+    else:  # no edges and no loops: the output is 0 whatever the inputs
+        ref_grads = tuple(torch.zeros_like(t) for t in (z64, l64, r64))
+    assert out.dtype == torch.float32 and out.shape == ref.shape
+    torch.testing.assert_close(out.cpu().double(), ref.detach(), rtol=1e-5, atol=1e-5)
+    for name, got, want in zip(("z", "a_l", "a_r"), grads, ref_grads, strict=True):
+        torch.testing.assert_close(got.cpu().double(), want, rtol=1e-5, atol=1e-5, msg=name)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_low_precision_inputs_accumulate_in_float32(device: str, dtype: torch.dtype) -> None:
@@ -245,11 +326,14 @@ def add_random_block(n_dst: int, n_src: int, gen: torch.Generator) -> Block:
 
 def test_dispatch_only_where_the_kernel_applies(monkeypatch: pytest.MonkeyPatch) -> None:
     """The Triton path is taken with ``--kernels triton`` on tensors it takes, never under
-    attention dropout in training, and ``--kernels torch`` / float64 use PyTorch ops."""
-    calls = []
-    real = gat_triton.attention_aggregate
+    attention dropout in training, and ``--kernels torch`` / float64 use PyTorch ops;
+    GATConv takes it as :func:`attention_layer` (scores and attention as one node)."""
+    calls, layer_calls = [], []
+    real, real_layer = gat_triton.attention_aggregate, gat_triton.attention_layer
     monkeypatch.setattr(gat_triton, "attention_aggregate",
                         lambda *a: calls.append(a) or real(*a))  # fmt: skip
+    monkeypatch.setattr(gat_triton, "attention_layer",
+                        lambda *a: layer_calls.append(a) or real_layer(*a))  # fmt: skip
     block = hand_built(1)
     el, er, z = torch.randn(11, 2), torch.randn(7, 2), torch.randn(11, 2, 3)
     before = get_kernels()
@@ -264,9 +348,9 @@ def test_dispatch_only_where_the_kernel_applies(monkeypatch: pytest.MonkeyPatch)
         assert len(calls) == 1
         conv = GATConv(4, 3, heads=2, attn_dropout=0.5)
         conv.train()(block, torch.randn(11, 4))
-        assert len(calls) == 1
+        assert len(calls) == 1 and layer_calls == []
         conv.eval()(block, torch.randn(11, 4))
-        assert len(calls) == 2
+        assert len(calls) == 1 and len(layer_calls) == 1
         with pytest.raises(ValueError, match=r"expected z \[n_src, H=2, D\]"):
             attention_aggregate(block, el, er, z[:, :1], SLOPE)
     finally:
@@ -274,7 +358,8 @@ def test_dispatch_only_where_the_kernel_applies(monkeypatch: pytest.MonkeyPatch)
 
 
 def test_kernels_compile_for_hopper() -> None:
-    """Every kernel (forward, both backward passes, with and without grad_el) compiles to a
+    """Every kernel (the scores, forward, both backward passes, with and without grad_el,
+    with and without self loops, with and without the scores' terms folded) compiles to a
     cubin for sm_90 in float32 and bf16 (fp16 takes bf16's conversions) without a GPU, with
     no atomics."""
     code = """
@@ -282,24 +367,30 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from distmb.nn.kernels import triton_gat as k
-common = {"n": "i64", "heads": "i32", "dim": "i32", "negative_slope": "fp32"}
+common = {"heads": "i32", "dim": "i32", "negative_slope": "fp32"}
 for dt in ("fp32", "bf16"):
     p = f"*{dt}"
     fwd = {"indptr_ptr": "*i64", "cols_ptr": "*i64", "el_ptr": p, "er_ptr": p, "z_ptr": p,
-           "out_ptr": p, "max_ptr": "*fp32", "sum_ptr": "*fp32"}
+           "out_ptr": p, "max_ptr": "*fp32", "sum_ptr": "*fp32", "n_dst": "i64"}
     dst = {"indptr_ptr": "*i64", "cols_ptr": "*i64", "el_ptr": p, "er_ptr": p, "z_ptr": p,
            "grad_out_ptr": p, "max_ptr": "*fp32", "sum_ptr": "*fp32", "dpre_ptr": "*fp32",
-           "grad_er_ptr": p}
+           "dpre_self_ptr": "*fp32", "grad_er_ptr": p, "n_dst": "i64"}
     src = {"t_indptr_ptr": "*i64", "t_edges_ptr": "*i64", "t_dst_ptr": "*i64", "el_ptr": p,
            "er_ptr": p, "grad_out_ptr": p, "max_ptr": "*fp32", "sum_ptr": "*fp32",
-           "dpre_ptr": "*fp32", "grad_z_ptr": p, "grad_el_ptr": p}
-    variants = [(k._gat_forward_kernel, fwd, "n_dst", {}),
-                (k._gat_backward_dst_kernel, dst, "n_dst", {}),
-                (k._gat_backward_src_kernel, src, "n_src", {"GRAD_EL": True}),
-                (k._gat_backward_src_kernel, src, "n_src", {"GRAD_EL": False})]
-    for kernel, sig, n_name, flags in variants:
-        sig = dict(sig)
-        sig.update({n_name if a == "n" else a: t for a, t in common.items()})
+           "dpre_ptr": "*fp32", "dpre_self_ptr": "*fp32", "grad_z_ptr": p, "grad_el_ptr": p,
+           "grad_er_ptr": "*fp32", "attn_l_ptr": p, "attn_r_ptr": p, "n_src": "i64",
+           "n_dst": "i64"}
+    scores = {"z_ptr": p, "attn_l_ptr": p, "attn_r_ptr": p, "el_ptr": "*fp32",
+              "er_ptr": "*fp32", "n_src": "i64", "n_dst": "i64"}
+    variants = [(k._gat_scores_kernel, scores, {})]
+    for loop in (False, True):
+        variants += [(k._gat_forward_kernel, fwd, {"SELF_LOOP": loop}),
+                     (k._gat_backward_dst_kernel, dst, {"SELF_LOOP": loop})]
+        for grad_el, fold in ((True, True), (True, False), (False, False)):
+            flags = {"GRAD_EL": grad_el, "SELF_LOOP": loop, "FOLD_SCORES": fold}
+            variants.append((k._gat_backward_src_kernel, src, flags))
+    for kernel, sig, flags in variants:
+        sig = {**sig, **{a: t for a, t in common.items() if a in kernel.arg_names}}
         cx = dict(ROWS=k.ROWS, BLOCK_F=64, **flags)
         sig.update({c: "constexpr" for c in cx})
         compiled = triton.compile(ASTSource(kernel, sig, constexprs=cx),

@@ -297,14 +297,21 @@ def _check_scores(block: Block, el: Tensor, er: Tensor) -> None:
 
 
 def attention_aggregate(
-    block: Block, el: Tensor, er: Tensor, z: Tensor, negative_slope: float
+    block: Block,
+    el: Tensor,
+    er: Tensor,
+    z: Tensor,
+    negative_slope: float,
+    self_loops: bool = False,
 ) -> Tensor:
     """GAT's aggregation: ``weighted_aggregate(block, attention_softmax(block, el, er,
-    negative_slope), z)``, i.e. ``out[v, h] = sum_u alpha_uv[h] z[u, h]`` of equation 2.
+    negative_slope), z)``, i.e. ``out[v, h] = sum_u alpha_uv[h] z[u, h]`` of equation 2, over
+    ``add_self_loops(block)`` with ``self_loops``.
 
     With ``"triton"`` kernels (and tensors they take) one Triton kernel computes the softmax
-    and the weighted sum without materialising the attention coefficients
-    (:mod:`distmb.nn.kernels.triton_gat`); otherwise the two functions are called.
+    and the weighted sum without materialising the attention coefficients, and adds the self
+    loops without building the looped block (:mod:`distmb.nn.kernels.triton_gat`);
+    otherwise the block is built and the two functions are called.
 
     Args:
         block: the message-flow graph.
@@ -312,6 +319,7 @@ def attention_aggregate(
         er: float[n_dst, H], the destination term ``<a_r, z_v>`` of every destination.
         z: float[n_src, H, D], the source rows per head.
         negative_slope: slope of the LeakyReLU on the logits.
+        self_loops: every destination also attends to itself (:func:`add_self_loops`).
 
     Returns:
         float[n_dst, H, D]; 0 for a destination without edges.
@@ -324,7 +332,9 @@ def attention_aggregate(
     if z.dim() != 3 or tuple(z.shape[:2]) != tuple(el.shape):
         raise ValueError(f"expected z [n_src, H={el.shape[1]}, D]; got {tuple(z.shape)}")
     if _use_triton(el, er, z):
-        return gat_triton.attention_aggregate(block, el, er, z, negative_slope)
+        return gat_triton.attention_aggregate(block, el, er, z, negative_slope, self_loops)
+    if self_loops:
+        block = add_self_loops(block)
     return weighted_aggregate(block, attention_softmax(block, el, er, negative_slope), z)
 
 

@@ -22,6 +22,8 @@ from distmb.nn.aggregate import (
     weighted_aggregate,
 )
 from distmb.nn.kernels import cpu_update as fused_update
+from distmb.nn.kernels import triton_aggregate as aggregate_triton
+from distmb.nn.kernels import triton_gat as gat_triton
 from distmb.nn.kernels.dispatch import get_kernels
 from distmb.pipeline.sample import Block
 
@@ -65,7 +67,12 @@ class GATConv(nn.Module):
     :func:`distmb.nn.kernels.cpu_update.gat_projection`; with ``"torch"`` (or another dtype) from
     ``nn.Linear``, ReLU and two reductions. Same parameters either way. With ``"triton"``
     (CUDA tensors), the softmax and the weighted sum are one Triton kernel
-    (:func:`distmb.nn.aggregate.attention_aggregate`) unless attention dropout is active.
+    (:func:`distmb.nn.aggregate.attention_aggregate`) unless attention dropout is active,
+    which also adds the self loops without building the looped block; and where
+    :func:`~distmb.nn.kernels.triton_aggregate.takes_layer` holds (no autocast), ``W x + b``
+    is one ``addmm`` and the scores and the attention one node
+    (:func:`~distmb.nn.kernels.triton_gat.attention_layer`: the scores a Triton kernel in
+    float32, their part of ``z``'s gradient summed in the attention's backward kernel).
 
     Args:
         in_dim: input width.
@@ -134,26 +141,48 @@ class GATConv(nn.Module):
             raise ValueError(
                 f"x_src has {x_src.shape[0]} rows but the block has n_src={block.n_src} sources"
             )
-        if self.self_loops:
+        attention_dropout = self.training and self.attn_dropout.p > 0
+        if self.self_loops and attention_dropout:
             block = add_self_loops(block)
-        if get_kernels() == "fused" and fused_update.supported(x_src, *self.parameters()):
+        params = list(self.parameters())
+        if get_kernels() == "fused" and fused_update.supported(x_src, *params):
             z, el, er = fused_update.gat_projection(
                 x_src, self.fc.weight, self.bias, self.attn_l, self.attn_r, self.activation
             )
             z = z.view(block.n_src, self.heads, self.out_dim)
             er = er[: block.n_dst]
+        elif aggregate_triton.takes_layer(x_src, params):
+            z = torch.addmm(self.bias, x_src, self.fc.weight.t())  # one launch for W x + b
+            if self.activation:
+                z = torch.relu(z)
+            z = z.view(block.n_src, self.heads, self.out_dim)
+            if not attention_dropout:  # the scores and the attention as one node
+                out = gat_triton.attention_layer(
+                    block, z, self.attn_l, self.attn_r, self.negative_slope, self.self_loops
+                )
+                return self._finish(block, out)
+            el, er = self._scores(block, z)
         else:
             z = self.fc(x_src) + self.bias
             if self.activation:
                 z = torch.relu(z)
             z = z.view(block.n_src, self.heads, self.out_dim)
-            el = (z * self.attn_l).sum(-1)  # [n_src, H]
-            er = (z[: block.n_dst] * self.attn_r).sum(-1)  # [n_dst, H]
-        if self.training and self.attn_dropout.p > 0:
+            el, er = self._scores(block, z)
+        if attention_dropout:
             alpha = attention_softmax(block, el, er, self.negative_slope)  # [E, H]
             out = weighted_aggregate(block, self.attn_dropout(alpha), z)  # [n_dst, H, D]
-        else:  # no dropout between the softmax and the sum: one kernel may do both
-            out = attention_aggregate(block, el, er, z, self.negative_slope)
+        else:
+            # No dropout between the softmax and the sum: one kernel may do both, and add
+            # the self loops without building the looped block.
+            out = attention_aggregate(block, el, er, z, self.negative_slope, self.self_loops)
+        return self._finish(block, out)
+
+    def _scores(self, block: Block, z: Tensor) -> tuple[Tensor, Tensor]:
+        """``(el [n_src, H], er [n_dst, H])`` of ``z`` [n_src, H, D] with PyTorch's ops."""
+        return (z * self.attn_l).sum(-1), (z[: block.n_dst] * self.attn_r).sum(-1)
+
+    def _finish(self, block: Block, out: Tensor) -> Tensor:
+        """The heads of ``out`` [n_dst, H, D] concatenated or averaged, then the dropout."""
         out = out.reshape(block.n_dst, -1) if self.concat else out.mean(1)
         if self.activation:
             out = fused_update.output_dropout(out, self.dropout)

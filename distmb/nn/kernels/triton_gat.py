@@ -33,6 +33,15 @@ round it). A source kernel over the block's transposed CSR (cached on the block,
 every sum has a fixed order, so results are reproducible bit for bit, for the reasons
 :mod:`~distmb.nn.kernels.triton_aggregate` gives.
 
+**Self loops** (``self_loops``, GATConv's default in the models): every destination ``v``
+also attends to itself, the edge ``(v, v)`` last in its row, as over the block
+:func:`distmb.nn.aggregate.add_self_loops` builds, but without building it (fifteen PyTorch
+ops per layer): the forward and destination kernels add the own edge after a row's edges
+(``dpre`` of the own edges in a float32[n_dst, H] buffer of their own), and the source
+kernel over the block's own transposed CSR adds it where that block's transposed row has
+it (after the edges into destinations ``<= u``), so the float sums run in the same order:
+the same values as the looped block's.
+
 Attention dropout has no place between the softmax and the sum here: GATConv takes this path
 only when it is inactive (``attn_dropout`` 0 or eval mode).
 
@@ -43,26 +52,29 @@ in float32; every gradient in its input's dtype.
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 from torch import Tensor
 from torch.autograd.function import FunctionCtx, once_differentiable
 
-from distmb.nn.kernels.triton_aggregate import NUM_WARPS, ROWS, block_f, transposed_csr_edges
+from distmb.nn.kernels.triton_aggregate import (
+    NUM_WARPS,
+    ROWS,
+    block_f,
+    device_context,
+    require_triton,
+    transposed_csr_edges,
+)
 from distmb.pipeline.sample import Block
 from distmb.pipeline.sample.idmap_triton import triton
 
 if triton is not None:
     import triton.language as tl
 
-#: Softmax statistics are kept in float32 (``m``, ``s`` and ``dpre``).
+#: Softmax statistics are kept in float32 (``m``, ``s`` and ``dpre``), and so are the scores
+#: of :func:`gat_scores`.
 STATS_DTYPE = torch.float32
-
-
-def _device_context(device: torch.device) -> contextlib.AbstractContextManager:
-    """Launch on ``device`` (a CUDA device's context; nothing for the interpreter)."""
-    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+#: Sources per program of :func:`gat_scores` (one dot product per source and head).
+SCORE_ROWS = 32
 
 
 if triton is not None:
@@ -89,9 +101,11 @@ if triton is not None:
         negative_slope,
         ROWS: tl.constexpr,
         BLOCK_F: tl.constexpr,
+        SELF_LOOP: tl.constexpr,
     ):
         """``out`` [ROWS rows, head, BLOCK_F features]; the first feature block also writes
-        the rows' ``m`` and ``s`` (module docstring)."""
+        the rows' ``m`` and ``s`` (module docstring). With ``SELF_LOOP`` every row also has
+        the edge ``(v, v)``, after its own edges."""
         rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
         rmask = rows < n_dst
         h = tl.program_id(1).to(tl.int64)
@@ -108,6 +122,9 @@ if triton is not None:
             col = tl.load(cols_ptr + start + k, mask=emask, other=0)
             _, logit = _edge_logit(el_ptr, col, h, heads, er_row, emask, negative_slope)
             row_max = tl.maximum(row_max, tl.where(emask, logit, float("-inf")))
+        if SELF_LOOP:
+            _, self_logit = _edge_logit(el_ptr, rows, h, heads, er_row, rmask, negative_slope)
+            row_max = tl.maximum(row_max, tl.where(rmask, self_logit, float("-inf")))
         row_sum = tl.zeros((ROWS,), dtype=tl.float32)
         acc = tl.zeros((ROWS, BLOCK_F), dtype=tl.float32)
         for k in range(0, max_deg):
@@ -119,6 +136,15 @@ if triton is not None:
             v = tl.load(
                 z_ptr + (col * heads + h)[:, None] * dim + f[None, :],
                 mask=emask[:, None] & fmask[None, :],
+                other=0.0,
+            ).to(tl.float32)
+            acc += p[:, None] * v
+        if SELF_LOOP:
+            p = tl.exp(tl.where(rmask, self_logit - row_max, float("-inf")))
+            row_sum += p
+            v = tl.load(
+                z_ptr + (rows * heads + h)[:, None] * dim + f[None, :],
+                mask=rmask[:, None] & fmask[None, :],
                 other=0.0,
             ).to(tl.float32)
             acc += p[:, None] * v
@@ -162,6 +188,7 @@ if triton is not None:
         max_ptr,
         sum_ptr,
         dpre_ptr,
+        dpre_self_ptr,
         grad_er_ptr,
         n_dst,
         heads,
@@ -169,8 +196,11 @@ if triton is not None:
         negative_slope,
         ROWS: tl.constexpr,
         BLOCK_F: tl.constexpr,
+        SELF_LOOP: tl.constexpr,
     ):
-        """``dpre`` of the edges of ROWS rows and one head, and those rows' ``grad_er``."""
+        """``dpre`` of the edges of ROWS rows and one head, and those rows' ``grad_er``; with
+        ``SELF_LOOP`` also of every row's edge ``(v, v)`` (last), into ``dpre_self``
+        float32[n_dst, H]."""
         rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
         rmask = rows < n_dst
         h = tl.program_id(1).to(tl.int64)
@@ -190,6 +220,13 @@ if triton is not None:
             weighted_g += a * _edge_dot(
                 grad_out_ptr, z_ptr, rows, col, h, heads, dim, emask, ROWS, BLOCK_F
             )
+        if SELF_LOOP:
+            self_pre, self_logit = _edge_logit(
+                el_ptr, rows, h, heads, er_row, rmask, negative_slope
+            )
+            self_a = tl.exp(tl.where(rmask, self_logit - row_max, float("-inf"))) / row_sum
+            self_g = _edge_dot(grad_out_ptr, z_ptr, rows, rows, h, heads, dim, rmask, ROWS, BLOCK_F)
+            weighted_g += self_a * self_g
         grad_er = tl.zeros((ROWS,), dtype=tl.float32)
         for k in range(0, max_deg):
             emask = rmask & (k < deg)
@@ -199,6 +236,10 @@ if triton is not None:
             g = _edge_dot(grad_out_ptr, z_ptr, rows, col, h, heads, dim, emask, ROWS, BLOCK_F)
             dpre = a * (g - weighted_g) * tl.where(pre > 0, 1.0, negative_slope)
             tl.store(dpre_ptr + (start + k) * heads + h, dpre, mask=emask)
+            grad_er += dpre
+        if SELF_LOOP:
+            dpre = self_a * (self_g - weighted_g) * tl.where(self_pre > 0, 1.0, negative_slope)
+            tl.store(dpre_self_ptr + rows * heads + h, dpre, mask=rmask)
             grad_er += dpre
         tl.store(grad_er_ptr + rows * heads + h, grad_er.to(grad_er_ptr.dtype.element_ty),
                  mask=rmask)  # fmt: skip
@@ -214,18 +255,32 @@ if triton is not None:
         max_ptr,
         sum_ptr,
         dpre_ptr,
+        dpre_self_ptr,
         grad_z_ptr,
         grad_el_ptr,
+        grad_er_ptr,
+        attn_l_ptr,
+        attn_r_ptr,
         n_src,
+        n_dst,
         heads,
         dim,
         negative_slope,
         ROWS: tl.constexpr,
         BLOCK_F: tl.constexpr,
         GRAD_EL: tl.constexpr,
+        SELF_LOOP: tl.constexpr,
+        FOLD_SCORES: tl.constexpr,
     ):
         """``grad_z`` [ROWS sources, head, BLOCK_F features] over the transposed CSR; the
-        first feature block also writes the sources' ``grad_el`` (with ``GRAD_EL``)."""
+        first feature block also writes the sources' ``grad_el`` (with ``GRAD_EL``). With
+        ``SELF_LOOP`` a source ``u < n_dst`` also has the edge ``(u, u)``, summed where the
+        block with the loops appended would have it in ``u``'s transposed row: after the
+        edges into destinations ``<= u``, before those into later ones (the same order of
+        float additions as over that block's transposed CSR). With ``FOLD_SCORES`` (and
+        ``GRAD_EL``) ``grad_z`` also takes the scores' terms, ``grad_el[u, h] * a_l[h]`` and
+        for ``u < n_dst`` ``grad_er[u, h] * a_r[h]`` (``grad_er`` float32, the destination
+        kernel's), as the gradient of :func:`attention_layer`'s ``z``."""
         rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
         rmask = rows < n_src
         h = tl.program_id(1).to(tl.int64)
@@ -238,9 +293,31 @@ if triton is not None:
         el_row = tl.load(el_ptr + rows * heads + h, mask=rmask, other=0.0).to(tl.float32)
         acc = tl.zeros((ROWS, BLOCK_F), dtype=tl.float32)
         grad_el = tl.zeros((ROWS,), dtype=tl.float32)
+        if SELF_LOOP:
+            pending = rmask & (rows < n_dst)
+            self_pre = el_row + tl.load(er_ptr + rows * heads + h, mask=pending, other=0.0).to(
+                tl.float32
+            )
+            self_logit = tl.where(self_pre > 0, self_pre, self_pre * negative_slope)
+            self_max = tl.load(max_ptr + rows * heads + h, mask=pending, other=0.0)
+            self_sum = tl.load(sum_ptr + rows * heads + h, mask=pending, other=1.0)
+            self_a = tl.exp(tl.where(pending, self_logit - self_max, float("-inf"))) / self_sum
+            self_dout = tl.load(
+                grad_out_ptr + (rows * heads + h)[:, None] * dim + f[None, :],
+                mask=pending[:, None] & fmask[None, :],
+                other=0.0,
+            ).to(tl.float32)
+            self_dpre = tl.zeros((ROWS,), dtype=tl.float32)
+            if GRAD_EL:
+                self_dpre = tl.load(dpre_self_ptr + rows * heads + h, mask=pending, other=0.0)
         for k in range(0, max_deg):
             emask = rmask & (k < deg)
             dst = tl.load(t_dst_ptr + start + k, mask=emask, other=0)
+            if SELF_LOOP:
+                take = pending & emask & (dst > rows)
+                acc = tl.where(take[:, None], acc + self_a[:, None] * self_dout, acc)
+                grad_el = tl.where(take, grad_el + self_dpre, grad_el)
+                pending = pending & ~take
             pre = el_row + tl.load(er_ptr + dst * heads + h, mask=emask, other=0.0).to(tl.float32)
             logit = tl.where(pre > 0, pre, pre * negative_slope)
             row_max = tl.load(max_ptr + dst * heads + h, mask=emask, other=0.0)
@@ -255,6 +332,15 @@ if triton is not None:
             if GRAD_EL:
                 edge = tl.load(t_edges_ptr + start + k, mask=emask, other=0)
                 grad_el += tl.load(dpre_ptr + edge * heads + h, mask=emask, other=0.0)
+        if SELF_LOOP:
+            acc = tl.where(pending[:, None], acc + self_a[:, None] * self_dout, acc)
+            grad_el = tl.where(pending, grad_el + self_dpre, grad_el)
+        if FOLD_SCORES:
+            a_l = tl.load(attn_l_ptr + h * dim + f, mask=fmask, other=0.0).to(tl.float32)
+            a_r = tl.load(attn_r_ptr + h * dim + f, mask=fmask, other=0.0).to(tl.float32)
+            dmask = rmask & (rows < n_dst)
+            g_er = tl.load(grad_er_ptr + rows * heads + h, mask=dmask, other=0.0)
+            acc += grad_el[:, None] * a_l[None, :] + g_er[:, None] * a_r[None, :]
         tl.store(
             grad_z_ptr + (rows * heads + h)[:, None] * dim + f[None, :],
             acc.to(grad_z_ptr.dtype.element_ty),
@@ -266,13 +352,79 @@ if triton is not None:
                          grad_el.to(grad_el_ptr.dtype.element_ty), mask=rmask)  # fmt: skip
 
 
-def _require_triton() -> None:
-    if triton is None:
-        raise RuntimeError("Triton is not installed (pip install 'distmb[triton]')")
+if triton is not None:
+
+    @triton.jit(do_not_specialize=["n_src", "n_dst", "heads", "dim"])
+    def _gat_scores_kernel(
+        z_ptr,
+        attn_l_ptr,
+        attn_r_ptr,
+        el_ptr,
+        er_ptr,
+        n_src,
+        n_dst,
+        heads,
+        dim,
+        ROWS: tl.constexpr,
+        BLOCK_F: tl.constexpr,
+    ):
+        """``el[u, h] = <z[u, h], a_l[h]>`` of ROWS sources and one head, and ``er[u, h] =
+        <z[u, h], a_r[h]>`` of those that are destinations (``u < n_dst``): float32 sums
+        over the features, in a fixed order (no atomics)."""
+        rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+        rmask = rows < n_src
+        h = tl.program_id(1).to(tl.int64)
+        el = tl.zeros((ROWS,), dtype=tl.float32)
+        er = tl.zeros((ROWS,), dtype=tl.float32)
+        for f0 in range(0, dim, BLOCK_F):
+            f = f0 + tl.arange(0, BLOCK_F)
+            fmask = f < dim
+            zv = tl.load(
+                z_ptr + (rows * heads + h)[:, None] * dim + f[None, :],
+                mask=rmask[:, None] & fmask[None, :],
+                other=0.0,
+            ).to(tl.float32)
+            a_l = tl.load(attn_l_ptr + h * dim + f, mask=fmask, other=0.0).to(tl.float32)
+            a_r = tl.load(attn_r_ptr + h * dim + f, mask=fmask, other=0.0).to(tl.float32)
+            el += tl.sum(zv * a_l[None, :], axis=1)
+            er += tl.sum(zv * a_r[None, :], axis=1)
+        tl.store(el_ptr + rows * heads + h, el, mask=rmask)
+        tl.store(er_ptr + rows * heads + h, er, mask=rmask & (rows < n_dst))
+
+
+def gat_scores(z: Tensor, attn_l: Tensor, attn_r: Tensor, n_dst: int) -> tuple[Tensor, Tensor]:
+    """GATConv's ``(el, er)``, no autograd: ``el = (z * a_l).sum(-1)`` float32[n_src, H] and
+    ``er = (z[:n_dst] * a_r).sum(-1)`` float32[n_dst, H], one launch for both.
+
+    Args:
+        z: float[n_src, H, D] contiguous.
+        attn_l, attn_r: float[H, D] contiguous.
+        n_dst: the destinations (the first rows of ``z``).
+    """
+    require_triton()
+    n_src, heads, dim = (int(d) for d in z.shape)
+    el = torch.empty((n_src, heads), dtype=STATS_DTYPE, device=z.device)
+    er = torch.empty((n_dst, heads), dtype=STATS_DTYPE, device=z.device)
+    if n_src == 0 or heads == 0:
+        return el, er
+    if dim == 0:
+        return el.zero_(), er.zero_()
+    grid = (triton.cdiv(n_src, SCORE_ROWS), heads)
+    with device_context(z.device):
+        _gat_scores_kernel[grid](
+            z, attn_l, attn_r, el, er, n_src, n_dst, heads, dim,
+            ROWS=SCORE_ROWS, BLOCK_F=block_f(dim), num_warps=NUM_WARPS,
+        )  # fmt: skip
+    return el, er
 
 
 def gat_forward(
-    block: Block, el: Tensor, er: Tensor, z: Tensor, negative_slope: float
+    block: Block,
+    el: Tensor,
+    er: Tensor,
+    z: Tensor,
+    negative_slope: float,
+    self_loops: bool = False,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """The forward kernel, no autograd.
 
@@ -282,25 +434,29 @@ def gat_forward(
         er: float[n_dst, H] contiguous, the destination terms.
         z: float[n_src, H, D] contiguous, the source rows per head.
         negative_slope: the LeakyReLU's slope on the logits.
+        self_loops: every destination ``v`` also has the edge ``(v, v)``, after its own
+            (the values of :func:`distmb.nn.aggregate.add_self_loops`' block, without
+            building it).
 
     Returns:
         ``out`` [n_dst, H, D] in ``z``'s dtype, and the softmax's ``m`` and ``s``, float32
-        [n_dst, H] (``-inf`` and 0 for a destination without edges).
+        [n_dst, H] (``-inf`` and 0 for a destination without edges). The kernel writes every
+        entry of the three: they are allocated without a fill.
     """
-    _require_triton()
+    require_triton()
     n_dst, heads, dim = block.n_dst, int(z.shape[1]), int(z.shape[2])
-    out = torch.zeros((n_dst, heads, dim), dtype=z.dtype, device=z.device)
-    row_max = torch.full((n_dst, heads), float("-inf"), dtype=STATS_DTYPE, device=z.device)
-    row_sum = torch.zeros((n_dst, heads), dtype=STATS_DTYPE, device=z.device)
-    if block.num_edges == 0 or heads == 0 or dim == 0:
-        return out, row_max, row_sum
+    out = torch.empty((n_dst, heads, dim), dtype=z.dtype, device=z.device)
+    row_max = torch.empty((n_dst, heads), dtype=STATS_DTYPE, device=z.device)
+    row_sum = torch.empty((n_dst, heads), dtype=STATS_DTYPE, device=z.device)
+    if out.numel() == 0:
+        return out, row_max.fill_(float("-inf")), row_sum.zero_()
     tile_f = block_f(dim)
     grid = (triton.cdiv(n_dst, ROWS), heads, triton.cdiv(dim, tile_f))
-    with _device_context(z.device):
+    with device_context(z.device):
         _gat_forward_kernel[grid](
             block.indptr, block.indices, el, er, z, out, row_max, row_sum,
             n_dst, heads, dim, float(negative_slope),
-            ROWS=ROWS, BLOCK_F=tile_f, num_warps=NUM_WARPS,
+            ROWS=ROWS, BLOCK_F=tile_f, SELF_LOOP=self_loops, num_warps=NUM_WARPS,
         )  # fmt: skip
     return out, row_max, row_sum
 
@@ -315,51 +471,75 @@ def gat_backward(
     row_sum: Tensor,
     grad_out: Tensor,
     need_scores: bool = True,
+    self_loops: bool = False,
+    fold: tuple[Tensor, Tensor] | None = None,
 ) -> tuple[Tensor | None, Tensor | None, Tensor]:
     """The backward kernels, no autograd: ``(grad_el, grad_er, grad_z)`` in the dtypes of
-    ``el``, ``er``, ``z`` (the first two None without ``need_scores``).
+    ``el``, ``er``, ``z`` (the first two None without ``need_scores``); the kernels write
+    every entry (allocated without a fill).
 
     Args (besides :func:`gat_forward`'s): ``row_max``, ``row_sum``: its ``m`` and ``s``;
-    ``grad_out``: float[n_dst, H, D] contiguous.
+    ``grad_out``: float[n_dst, H, D] contiguous; ``fold``: ``(a_l, a_r)`` float[H, D]
+    contiguous when ``el`` and ``er`` (float32) are :func:`gat_scores` of ``z``: ``grad_z``
+    then includes their terms (needs ``need_scores``).
     """
-    _require_triton()
+    require_triton()
+    if fold is not None and not (need_scores and er.dtype == STATS_DTYPE):
+        raise ValueError("fold needs need_scores and float32 scores (gat_scores')")
     n_dst, n_src = block.n_dst, block.n_src
     heads, dim = int(z.shape[1]), int(z.shape[2])
     device = z.device
-    grad_z = torch.zeros_like(z)
-    grad_el = torch.zeros_like(el) if need_scores else None
-    grad_er = torch.zeros_like(er) if need_scores else None
-    if block.num_edges == 0 or heads == 0 or dim == 0:
-        return grad_el, grad_er, grad_z
+    grad_z = torch.empty_like(z)
+    grad_el = torch.empty_like(el) if need_scores else None
+    grad_er = torch.empty_like(er) if need_scores else None
+    if heads == 0 or dim == 0:
+        return grad_el, grad_er, grad_z.zero_()
     tile_f = block_f(dim)
-    dpre = grad_z  # never read without need_scores (GRAD_EL is a compile-time constant)
-    with _device_context(device):
+    # Never read where the flags (compile-time constants) leave them out.
+    dpre = dpre_self = grad_z
+    with device_context(device):
         if need_scores:
             dpre = torch.empty((block.num_edges, heads), dtype=STATS_DTYPE, device=device)
-            _gat_backward_dst_kernel[(triton.cdiv(n_dst, ROWS), heads)](
-                block.indptr, block.indices, el, er, z, grad_out, row_max, row_sum, dpre,
-                grad_er, n_dst, heads, dim, float(negative_slope),
-                ROWS=ROWS, BLOCK_F=tile_f, num_warps=NUM_WARPS,
+            if self_loops:
+                dpre_self = torch.empty((n_dst, heads), dtype=STATS_DTYPE, device=device)
+            if n_dst > 0:
+                _gat_backward_dst_kernel[(triton.cdiv(n_dst, ROWS), heads)](
+                    block.indptr, block.indices, el, er, z, grad_out, row_max, row_sum, dpre,
+                    dpre_self, grad_er, n_dst, heads, dim, float(negative_slope),
+                    ROWS=ROWS, BLOCK_F=tile_f, SELF_LOOP=self_loops, num_warps=NUM_WARPS,
+                )  # fmt: skip
+        if n_src > 0:
+            t_indptr, t_edges, t_dst = transposed_csr_edges(block)
+            grid = (triton.cdiv(n_src, ROWS), heads, triton.cdiv(dim, tile_f))
+            attn_l, attn_r = (grad_z, grad_z) if fold is None else fold
+            _gat_backward_src_kernel[grid](
+                t_indptr, t_edges, t_dst, el, er, grad_out, row_max, row_sum, dpre, dpre_self,
+                grad_z, grad_el if need_scores else grad_z, grad_er if need_scores else grad_z,
+                attn_l, attn_r, n_src, n_dst, heads, dim, float(negative_slope),
+                ROWS=ROWS, BLOCK_F=tile_f, GRAD_EL=need_scores, SELF_LOOP=self_loops,
+                FOLD_SCORES=fold is not None, num_warps=NUM_WARPS,
             )  # fmt: skip
-        t_indptr, t_edges, t_dst = transposed_csr_edges(block)
-        _gat_backward_src_kernel[(triton.cdiv(n_src, ROWS), heads, triton.cdiv(dim, tile_f))](
-            t_indptr, t_edges, t_dst, el, er, grad_out, row_max, row_sum, dpre, grad_z,
-            grad_el if need_scores else grad_z, n_src, heads, dim, float(negative_slope),
-            ROWS=ROWS, BLOCK_F=tile_f, GRAD_EL=need_scores, num_warps=NUM_WARPS,
-        )  # fmt: skip
     return grad_el, grad_er, grad_z
 
 
 class _TritonAttentionAggregate(torch.autograd.Function):
-    """``attention_aggregate(block, el, er, z, negative_slope)``; gradients w.r.t. el, er, z."""
+    """``attention_aggregate(block, el, er, z, negative_slope, self_loops)``; gradients
+    w.r.t. el, er, z."""
 
     @staticmethod
     def forward(  # type: ignore[override]
-        ctx: FunctionCtx, block: Block, el: Tensor, er: Tensor, z: Tensor, negative_slope: float
+        ctx: FunctionCtx,
+        block: Block,
+        el: Tensor,
+        er: Tensor,
+        z: Tensor,
+        negative_slope: float,
+        self_loops: bool,
     ) -> Tensor:
         el, er, z = el.contiguous(), er.contiguous(), z.contiguous()
-        out, row_max, row_sum = gat_forward(block, el, er, z, negative_slope)
+        out, row_max, row_sum = gat_forward(block, el, er, z, negative_slope, self_loops)
         ctx.block, ctx.negative_slope = block, negative_slope  # type: ignore[attr-defined]
+        ctx.self_loops = self_loops  # type: ignore[attr-defined]
         ctx.save_for_backward(el, er, z, row_max, row_sum)
         return out
 
@@ -367,14 +547,15 @@ class _TritonAttentionAggregate(torch.autograd.Function):
     @once_differentiable
     def backward(  # type: ignore[override]
         ctx: FunctionCtx, grad_out: Tensor
-    ) -> tuple[None, Tensor | None, Tensor | None, Tensor | None, None]:
-        _, need_el, need_er, need_z, _ = ctx.needs_input_grad  # type: ignore[attr-defined]
+    ) -> tuple[None, Tensor | None, Tensor | None, Tensor | None, None, None]:
+        _, need_el, need_er, need_z, _, _ = ctx.needs_input_grad  # type: ignore[attr-defined]
         if not (need_el or need_er or need_z):
-            return None, None, None, None, None
+            return None, None, None, None, None, None
         el, er, z, row_max, row_sum = ctx.saved_tensors  # type: ignore[attr-defined]
         grad_el, grad_er, grad_z = gat_backward(
             ctx.block, el, er, z, ctx.negative_slope,  # type: ignore[attr-defined]
             row_max, row_sum, grad_out.contiguous(), need_scores=need_el or need_er,
+            self_loops=ctx.self_loops,  # type: ignore[attr-defined]
         )  # fmt: skip
         return (
             None,
@@ -382,12 +563,92 @@ class _TritonAttentionAggregate(torch.autograd.Function):
             grad_er if need_er else None,
             grad_z if need_z else None,
             None,
+            None,
         )
 
 
 def attention_aggregate(
-    block: Block, el: Tensor, er: Tensor, z: Tensor, negative_slope: float
+    block: Block,
+    el: Tensor,
+    er: Tensor,
+    z: Tensor,
+    negative_slope: float,
+    self_loops: bool = False,
 ) -> Tensor:
     """:func:`distmb.nn.aggregate.attention_aggregate` (arguments checked there) with the
-    Triton kernels: float[n_dst, H, D] in ``z``'s dtype."""
-    return _TritonAttentionAggregate.apply(block, el, er, z, negative_slope)
+    Triton kernels: float[n_dst, H, D] in ``z``'s dtype. ``self_loops``: every destination
+    also attends to itself, as over :func:`distmb.nn.aggregate.add_self_loops`' block (the
+    same values, without building that block)."""
+    return _TritonAttentionAggregate.apply(block, el, er, z, negative_slope, self_loops)
+
+
+class _TritonAttentionLayer(torch.autograd.Function):
+    """:func:`attention_layer`: the scores and the attention as one node; gradients w.r.t.
+    ``z``, ``a_l`` and ``a_r``."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: FunctionCtx,
+        z: Tensor,
+        attn_l: Tensor,
+        attn_r: Tensor,
+        block: Block,
+        negative_slope: float,
+        self_loops: bool,
+    ) -> Tensor:
+        z, attn_l, attn_r = z.contiguous(), attn_l.contiguous(), attn_r.contiguous()
+        el, er = gat_scores(z, attn_l, attn_r, block.n_dst)
+        out, row_max, row_sum = gat_forward(block, el, er, z, negative_slope, self_loops)
+        ctx.block, ctx.negative_slope = block, negative_slope  # type: ignore[attr-defined]
+        ctx.self_loops = self_loops  # type: ignore[attr-defined]
+        ctx.save_for_backward(z, attn_l, attn_r, el, er, row_max, row_sum)
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(  # type: ignore[override]
+        ctx: FunctionCtx, grad_out: Tensor
+    ) -> tuple[Tensor | None, Tensor | None, Tensor | None, None, None, None]:
+        z, attn_l, attn_r, el, er, row_max, row_sum = ctx.saved_tensors  # type: ignore[attr-defined]
+        block = ctx.block  # type: ignore[attr-defined]
+        grad_el, grad_er, grad_z = gat_backward(
+            block, el, er, z, ctx.negative_slope, row_max, row_sum,  # type: ignore[attr-defined]
+            grad_out.contiguous(), need_scores=True,
+            self_loops=ctx.self_loops, fold=(attn_l, attn_r),  # type: ignore[attr-defined]
+        )  # fmt: skip
+        need_z, need_l, need_r = ctx.needs_input_grad[:3]  # type: ignore[attr-defined]
+        grad_l = (grad_el.unsqueeze(-1) * z).sum(0).to(attn_l.dtype) if need_l else None
+        grad_r = None
+        if need_r:
+            grad_r = (grad_er.unsqueeze(-1) * z[: block.n_dst]).sum(0).to(attn_r.dtype)
+        return grad_z if need_z else None, grad_l, grad_r, None, None, None
+
+
+def attention_layer(
+    block: Block,
+    z: Tensor,
+    attn_l: Tensor,
+    attn_r: Tensor,
+    negative_slope: float,
+    self_loops: bool = False,
+) -> Tensor:
+    """GATConv's attention from its projection: ``attention_aggregate(block, el, er, z,
+    negative_slope, self_loops)`` with ``el = (z * a_l).sum(-1)`` and ``er = (z[:n_dst] *
+    a_r).sum(-1)``, as one autograd node (no attention dropout).
+
+    Fewer launches than the same through PyTorch's ops: the scores are one kernel
+    (:func:`gat_scores`, float32), and in the backward their terms of ``z``'s gradient are
+    summed by the source kernel (``fold``) where autograd would multiply, slice, pad and add
+    four times; ``a_l``'s and ``a_r``'s gradients are a product and a sum each.
+
+    Args:
+        block: the message-flow graph (its CSR on ``z``'s device).
+        z: float[n_src, H, D], the projected sources (the first ``n_dst`` the destinations).
+        attn_l, attn_r: float[H, D], the attention vectors.
+        negative_slope: the LeakyReLU's slope on the logits.
+        self_loops: every destination also attends to itself.
+
+    Returns:
+        float[n_dst, H, D] in ``z``'s dtype.
+    """
+    return _TritonAttentionLayer.apply(z, attn_l, attn_r, block, negative_slope, self_loops)
