@@ -94,6 +94,7 @@ FLAG_FIELDS = {
     "--device-cache-mb": "device_cache_mb",
     "--device-cache-policy": "device_cache_policy",
     "--match-reorder": "match_reorder",
+    "--cuda-graphs": "cuda_graphs",
     "--hec-size": "hec_size",
     "--hec-nc": "hec_nc",
     "--hec-lifespan": "hec_lifespan",
@@ -160,6 +161,7 @@ ALSO_CHANGED = {
     "--device-cache-mb": {"sampler"},
     "--device-cache-policy": {"sampler"},
     "--match-reorder": {"sampler"},
+    "--cuda-graphs": {"sampler"},
 }
 
 
@@ -210,6 +212,7 @@ def test_every_flag_maps_to_one_field_and_back():
         "--device-cache-mb": ["10", "--sampler", "device"],
         "--graph-placement": ["host", "--sampler", "device"],
         "--match-reorder": ["--sampler", "device"],
+        "--cuda-graphs": ["--sampler", "device"],
         "--device": ["auto"],
         "--sampler": ["device"],
         "--comm": ["torch"],
@@ -261,7 +264,7 @@ def test_cli_defaults_equal_dataclass_defaults():
         cache_policy="belady", superbatch=32, presample_epochs=1, graph_layout="mmap",
         neighbor_cache_mb=256.0, neighbor_cache_order="degree", device="cpu", sampler="auto",
         graph_placement="device", device_cache_mb=4096.0,
-        device_cache_policy="presc", match_reorder=False, hec_size=1_000_000,
+        device_cache_policy="presc", match_reorder=False, cuda_graphs=False, hec_size=1_000_000,
         hec_nc=2000, hec_lifespan=2, hec_delay=1,
         no_hec=False, exact_remote=False, partition_cache=".cache/distmb-parts",
         comm="auto", grad_bucket_mb=0.25, collective_timeout=300.0,
@@ -370,7 +373,12 @@ def test_relations(argv, message):
 
 
 @pytest.mark.parametrize(
-    "argv", [["--match-reorder"], ["--device-cache-mb", "10", "--device-cache-policy", "degree"]]
+    "argv",
+    [
+        ["--match-reorder"],
+        ["--cuda-graphs"],
+        ["--device-cache-mb", "10", "--device-cache-policy", "degree"],
+    ],
 )
 def test_gpu_path_options_stop_a_cpu_run(argv):
     with pytest.raises(InputError, match=r"appl(y|ies) only to the GPU path \(--device cuda"):

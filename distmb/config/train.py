@@ -86,6 +86,7 @@ __all__ = [
     "TrainConfig",
     "build_parser",
     "config_from_args",
+    "cuda_graphs_problem",
     "flag_of",
     "parse_config",
     "precision_problem",
@@ -180,6 +181,9 @@ class TrainConfig(
             problem = precision_problem(self.precision, self.kernels, "cpu")
             if problem:
                 raise InputError(problem)
+        problem = cuda_graphs_problem(self)
+        if problem:
+            raise InputError(problem)
         if self.features in ("memory", "mmap"):
             # --presample-epochs also ranks the device cache's rows (--device-cache-policy).
             device_path = self.device != "cpu" or self.sampler == "device"
@@ -267,6 +271,32 @@ def precision_problem(precision: str, kernels: str, device_type: str) -> str | N
             "--precision bf16 with --kernels fused on the CPU: the fused C++ kernels compute "
             "in float32 only (autocast would not reach them); add --kernels torch to train "
             "the PyTorch-ops layers under CPU bfloat16 autocast"
+        )
+    return None
+
+
+def cuda_graphs_problem(config: TrainConfig) -> str | None:
+    """Why ``--cuda-graphs`` cannot run with the rest of ``config``, or None (also when it is
+    off). The run's own checks (one rank, the device path taken, the optimizer capturable)
+    are :class:`~distmb.engine.graphed_step.GraphedStep`'s."""
+    if not config.cuda_graphs:
+        return None
+    if config.precision == "fp16":
+        return (
+            "--cuda-graphs with --precision fp16: the gradient scaler skips steps and updates "
+            "its scale on the host, which a replayed graph cannot do; use --precision bf16"
+        )
+    if config.sampler == "cpp":
+        return "--cuda-graphs needs the device path's sampler (--sampler device or auto), not cpp"
+    if any(f < 1 for f in config.fanout):
+        return (
+            f"--cuda-graphs with --fanout {','.join(map(str, config.fanout))}: a layer of all "
+            "neighbours (-1) has no size bound, so its blocks cannot be padded to one shape"
+        )
+    if config.model not in MODELS:
+        return (
+            f"--cuda-graphs with --model {config.model}: the built-in models only (the padded "
+            "blocks are checked against their layers)"
         )
     return None
 

@@ -385,6 +385,15 @@ class GpuPathOptions:
         "batches share the most input rows, and reuse the previous batch's rows on the GPU "
         "(same batches, another order)",
     )
+    cuda_graphs: bool = option(
+        False,
+        "capture each batch size's training step (forward, loss, backward, Adam) in one CUDA "
+        "graph and replay it: one launch instead of the step's kernels; the blocks are padded "
+        "to bounds that depend on the batch size alone (memory: the bounds, not the sampled "
+        "sizes). One rank, a built-in model, positive fan-outs, not with --precision fp16. "
+        "With --device cpu --sampler device the same padded step runs without a graph (for "
+        "testing)",
+    )
 
 
 @option_group(GROUP_HEC)

@@ -3,7 +3,9 @@
 BatchLoader (plan -> sample -> gather, ahead on a thread) -> MiniBatch -> halo scheme (fill
 the halo leaves) -> model (one layer loop, the scheme's per-layer hook) -> loss -> backward
 -> gradient all-reduce -> optimizer step -> halo scheme's end of iteration; exact
-evaluation, checkpoints and a JSON record per epoch.
+evaluation, checkpoints and a JSON record per epoch. With ``--cuda-graphs`` (one rank) the
+forward, loss, backward and optimizer step are one :class:`~distmb.engine.graphed_step.
+GraphedStep` over padded static buffers: one CUDA graph replay per iteration on a GPU.
 
 Every rank calls the same collectives in the same order: the epoch's batch count and
 global batch sizes (two all-reduces), per iteration the halo scheme's exchanges and the
@@ -41,6 +43,7 @@ from distmb.engine.checkpoint import (
 )
 from distmb.engine.epoch_loss import EpochLoss
 from distmb.engine.evaluate import layerwise_inference, split_accuracies
+from distmb.engine.graphed_step import GraphedStep
 from distmb.engine.schedule import SCHEDULER_KEY, build_scheduler, restore_schedule
 from distmb.engine.selection import SELECTION_KEY, ModelSelection
 from distmb.engine.stats import (
@@ -56,9 +59,12 @@ from distmb.engine.tensorboard import TensorBoardLog
 from distmb.engine.timers import PHASES, SECONDS_DIGITS, PhaseTimer
 from distmb.engine.work import BlockWork
 from distmb.halo.scheme import HaloScheme
+from distmb.nn.models import GAT, GCN, GIN, GraphSAGE
 from distmb.pipeline.minibatch import MiniBatch
 from distmb.pipeline.plan import shuffled, split_batches
 
+#: The built-in models' classes (``--cuda-graphs`` takes these only, whoever built them).
+BUILT_IN_MODELS = (GraphSAGE, GAT, GCN, GIN)
 #: Multiplier and rank stride of :func:`dropout_seed` (two primes: seeds of different runs
 #: and ranks do not collide for any realistic seed or rank count).
 DROPOUT_SEED_MULTIPLIER = 1_000_003
@@ -141,6 +147,9 @@ class Trainer:
         self.selection = ModelSelection(config.early_stop)
         self._global_batch = np.zeros(0, dtype=np.int64)
         self._warned: set[str] = set()
+        #: ``--cuda-graphs``' step (None without it); its graphs are captured at the first
+        #: steps, after the resume below has loaded the optimizer's state.
+        self.graphed = self._graphed_step() if config.cuda_graphs else None
         # The run's identity in every record: rank 0's, so that all ranks agree (a resumed
         # run keeps the identity and start time of the run it continues).
         self.run_id, self.started = self.comm.allgather(
@@ -221,6 +230,8 @@ class Trainer:
         # (the lr through the schedule, when there is one).
         for group in self.optimizer.param_groups:
             group["weight_decay"] = self.cfg.weight_decay
+            if "capturable" in self.optimizer.defaults:  # this run's (--cuda-graphs) too
+                group["capturable"] = self.optimizer.defaults["capturable"]
         notes = restore_schedule(
             self.optimizer,
             self.scheduler,
@@ -329,25 +340,10 @@ class Trainer:
             sample_cpu += batch.sample_cpu_s
             gather_cpu += batch.gather_cpu_s
             self.work.add_sampled(batch.blocks)
-            with self.timer("fwd"):
-                with self.precision.autocast():
-                    logits = self.forward(batch, step, num_steps)
-                logits = logits.float()  # the loss in float32 whatever --precision
-                self.work.add_used(batch.blocks)  # after the halo scheme dropped missed leaves
-                loss_sum = F.cross_entropy(logits, batch.labels, reduction="sum")
-                loss = loss_sum * self.loss_weight(step)
-            losses.add(step, loss_sum, logits, batch.labels)
-            with self.timer("bwd"):
-                self.optimizer.zero_grad(set_to_none=True)
-                self.precision.backward(loss)
-            with self.timer("ared"):
-                self.comm.allreduce_gradients(self.model)
-                # After the all-reduce (linear, so the same sum): bucketed all-reduces write
-                # the reduced gradients back only once they complete, in the call above, and
-                # every rank then sees the same inf/nan when fp16's scaler checks them.
-                self.precision.unscale(self.optimizer)
-            with self.timer("opt"):
-                self.precision.step(self.optimizer)
+            if self.graphed is not None:
+                self._graphed_train_step(batch, step, num_steps, losses)
+            else:
+                self._train_step(batch, step, num_steps, losses)
             self.halo.end_iteration()
             bar.update(1, items=batch.size, loss=losses.latest())
             now = time.perf_counter()
@@ -378,6 +374,63 @@ class Trainer:
             "load_wait": round(self.loader.load_wait, 4),
             "samples_per_s": round(seen / train_time, 1) if train_time > 0 else 0.0,
         }
+
+    def _train_step(self, batch: MiniBatch, step: int, num_steps: int, losses: EpochLoss) -> None:
+        """Forward, loss, backward, gradient all-reduce and optimizer step of one batch, each
+        phase timed (FWD, BWD, ARed, OPT)."""
+        with self.timer("fwd"):
+            with self.precision.autocast():
+                logits = self.forward(batch, step, num_steps)
+            logits = logits.float()  # the loss in float32 whatever --precision
+            self.work.add_used(batch.blocks)  # after the halo scheme dropped missed leaves
+            loss_sum = F.cross_entropy(logits, batch.labels, reduction="sum")
+            loss = loss_sum * self.loss_weight(step)
+        losses.add(step, loss_sum, logits, batch.labels)
+        with self.timer("bwd"):
+            self.optimizer.zero_grad(set_to_none=True)
+            self.precision.backward(loss)
+        with self.timer("ared"):
+            self.comm.allreduce_gradients(self.model)
+            # After the all-reduce (linear, so the same sum): bucketed all-reduces write
+            # the reduced gradients back only once they complete, in the call above, and
+            # every rank then sees the same inf/nan when fp16's scaler checks them.
+            self.precision.unscale(self.optimizer)
+        with self.timer("opt"):
+            self.precision.step(self.optimizer)
+
+    def _graphed_train_step(
+        self, batch: MiniBatch, step: int, num_steps: int, losses: EpochLoss
+    ) -> None:
+        """``--cuda-graphs``' step of one batch (one rank): the static buffers' refill and the
+        whole step, one graph replay on a GPU, are timed as the forward phase (FWD); BWD, ARed
+        and OPT stay 0 (the timers' CUDA events are recorded outside any capture)."""
+        assert self.graphed is not None
+        with self.timer("fwd"):
+            out = self.graphed.step(batch, step, num_steps, self.loss_weight(step))
+        self.work.add_used(batch.blocks)  # one rank: the blocks the model ran on
+        # The graph's outputs are overwritten by its next replay: the epoch keeps a copy of
+        # the loss (the correct count is taken from the logits now).
+        losses.add(step, out.loss_sum.clone(), out.logits, batch.labels)
+
+    def _graphed_step(self) -> GraphedStep:
+        """``--cuda-graphs``' step over this run's model, optimizer and forward.
+
+        Raises:
+            InputError: more than one rank, the C++ sampler, a user's model, fp16, or an
+                optimizer that is not capturable on a GPU.
+        """
+        return GraphedStep(
+            self.optimizer,
+            # Looked up at every call: the trainer's forward may be wrapped after this.
+            lambda batch, step, num_steps: self.forward(batch, step, num_steps),
+            self.precision,
+            self.device,
+            self.cfg.fanout,
+            int(self.local.n_solid),
+            num_ranks=self.num_ranks,
+            device_path=self.parts.device_stages is not None,
+            built_in=type(self.model) in BUILT_IN_MODELS,
+        )
 
     def rank_detail(
         self, record: dict[str, Any], halo: dict[str, np.ndarray]

@@ -72,7 +72,8 @@ def build_model_and_optimizer(
 ) -> ModelParts:
     """The run's model and optimizer: ``config.model`` seeded with ``config.seed`` (the same
     initial weights on every rank) unless ``model`` is given, and Adam with ``config.lr`` and
-    ``config.weight_decay`` unless ``optimizer`` is given. The memory estimate is checked
+    ``config.weight_decay`` unless ``optimizer`` is given (``capturable`` on a GPU with
+    ``--cuda-graphs``, :mod:`distmb.engine.graphed_step`). The memory estimate is checked
     before a built-in model is allocated (after a user's, counting its parameters).
 
     Raises:
@@ -98,8 +99,14 @@ def build_model_and_optimizer(
         # One fused kernel per parameter instead of ~10 elementwise ops, each of which
         # wakes the thread pool: the step took 2.5 ms of a 150 ms SAGE batch unfused.
         fused = all(p.device.type in FUSED_ADAM_DEVICES for p in params)
+        # --cuda-graphs: Adam's step counts on the GPU, so a captured step can advance them.
+        capturable = config.cuda_graphs and all(p.device.type == "cuda" for p in params)
         optimizer = torch.optim.Adam(
-            params, lr=config.lr, weight_decay=config.weight_decay, fused=fused
+            params,
+            lr=config.lr,
+            weight_decay=config.weight_decay,
+            fused=fused,
+            capturable=capturable,
         )
     check_optimizer(optimizer, model)
     return ModelParts(model, optimizer, spec)

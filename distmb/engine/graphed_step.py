@@ -1,0 +1,304 @@
+"""``--cuda-graphs``: one rank's training step replayed as one CUDA graph per batch size.
+
+A training step on the device path dispatches every op of the model's forward and backward
+and of the optimizer from the host, one launch at a time. Captured once in a
+:class:`torch.cuda.CUDAGraph` (PyTorch's "whole-network capture": forward, loss, backward and
+``optimizer.step()``), the step is one replay. A graph replays fixed shapes and fixed
+addresses, so each batch size gets static buffers (:class:`~distmb.pipeline.sample.padded.
+PaddedBatch`: the blocks padded to bounds that depend only on the seed count, the input rows
+and the labels) refilled in place before every replay, and a static loss weight. The batches
+of an epoch have at most two sizes (:meth:`~distmb.engine.trainer.Trainer.epoch_batches`
+splits them evenly), so a run holds at most two graphs.
+
+**What a graph holds**: the trainer's forward on the padded batch (the halo scheme's calls
+included: on one rank they launch nothing), ``logits[:n_seeds].float()``, the cross-entropy
+summed over the real seeds, times the static loss weight, the backward and the optimizer step
+(Adam with ``capturable=True``: its step counts live on the device). The outputs, the summed
+loss and the logits, are static: the next replay of the same graph overwrites them, so a
+caller that keeps them copies them.
+
+**When graphs are captured**: lazily, at the steps of a batch size after its first
+:data:`WARMUP_STEPS`, which run eagerly on a side stream (as the PyTorch docs' examples do:
+Adam's state, Triton's compilation and cuBLAS's workspaces are made outside any capture). A
+checkpoint's resume, which replaces the optimizer's state tensors, happens before the first
+step, so no graph reads replaced tensors. The learning rate and weight decay are baked into
+a graph as the optimizer's host floats: when they change (``--lr-schedule`` sets the lr once
+per epoch) every graph is dropped and recaptured at its next step (no new warm-up). Capture
+uses ``capture_error_mode="thread_local"``: the loader's prefetch thread may sample and read
+the device while the training thread captures.
+
+**Dropout** inside a graph draws from the CUDA default generator, which PyTorch registers
+with every capture: each replay advances its offset, so replays draw fresh masks (checked by
+``tests/test_graphed_step.py`` on a GPU).
+
+**On the CPU**, where CUDA graphs do not exist, the same class runs the same static-buffer
+step eagerly every time (``--cuda-graphs`` with ``--device cpu --sampler device``): CI tests
+everything but the capture itself, and the op census counts the padded path's ops.
+
+**Refused** (:class:`~distmb.core.errors.InputError` naming ``--cuda-graphs``): more than one
+rank (halo exchanges and the gradient all-reduce run between the phases a graph fuses);
+``--precision fp16`` (the gradient scaler skips steps and updates its scale on the host);
+fan-out ``-1`` (a layer of all neighbours has no size bound); the C++ sampler (the graphed
+step is the device path's); a user's model (the padding's proof, padded rows never reach a
+real row, holds for the built-in layers; a user's layer may also read a block's ``src_ids``,
+which padded blocks do not carry, or the host); on CUDA an optimizer whose param groups are
+not ``capturable``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from distmb.core.errors import InputError
+from distmb.engine.precision import MixedPrecision
+from distmb.pipeline.minibatch import MiniBatch
+from distmb.pipeline.sample.padded import PaddedBatch, padded_layout
+
+#: Eager steps of each batch size before its graph is captured (the PyTorch docs' examples
+#: warm up 3 iterations on a side stream).
+WARMUP_STEPS = 3
+
+#: ``forward(batch, step, num_steps) -> logits``: the trainer's forward (halo scheme calls
+#: and the model's layer loop).
+Forward = Callable[[MiniBatch, int, int], torch.Tensor]
+
+
+@dataclass
+class StepOutputs:
+    """What a training step returns.
+
+    Attributes:
+        loss_sum: float32 scalar, the cross-entropy summed over the batch's seeds.
+        logits: float32[n_seeds, classes], the seeds' logits (detached).
+
+    After a replay both are a graph's static outputs, overwritten by its next replay.
+    """
+
+    loss_sum: torch.Tensor
+    logits: torch.Tensor
+
+
+@dataclass
+class _BatchSize:
+    """The static state of one batch size.
+
+    Attributes:
+        padded: the padded blocks, input rows and labels.
+        loss_weight: float32 scalar on the device, refilled every step.
+        eager_steps: steps run eagerly so far (the warm-up).
+        graph: the captured step (None until captured, or after it was dropped).
+        outputs: the graph's static outputs.
+    """
+
+    padded: PaddedBatch
+    loss_weight: torch.Tensor
+    eager_steps: int = 0
+    graph: Any = None  # torch.cuda.CUDAGraph (a CUDA build's class)
+    outputs: StepOutputs | None = None
+
+
+class GraphedStep:
+    """The training step of one rank over padded static buffers, replayed as one CUDA graph
+    per batch size (module docstring); eager on the CPU.
+
+    Args:
+        optimizer: the model's optimizer (on CUDA: every param group ``capturable``).
+        forward: the trainer's forward (:data:`Forward`) through the model.
+        precision: ``--precision``'s handling (not fp16).
+        device: the training device.
+        fanouts: ``--fanout``, input layer first (positive).
+        n_solid: the part's solid vertices (the bounds' cap).
+        num_ranks: ranks of the run (must be 1).
+        device_path: whether the run samples on the device path (it must).
+        built_in: whether the model is a built-in (it must be; on ``device``).
+
+    Raises:
+        InputError: a configuration the graphed step refuses (module docstring).
+    """
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        forward: Forward,
+        precision: MixedPrecision,
+        device: torch.device,
+        fanouts: Sequence[int],
+        n_solid: int,
+        *,
+        num_ranks: int = 1,
+        device_path: bool = True,
+        built_in: bool = True,
+    ) -> None:
+        problem = _refusal(precision, fanouts, num_ranks, device_path, built_in)
+        if problem:
+            raise InputError(f"--cuda-graphs: {problem}")
+        self.optimizer = optimizer
+        self.forward = forward
+        self.precision = precision
+        self.device = device
+        self.fanouts = tuple(fanouts)
+        self.n_solid = n_solid
+        #: Whether steps replay CUDA graphs (a CUDA device), else run eagerly.
+        self.graphs = device.type == "cuda"
+        #: Graph replays and captures so far.
+        self.replays = 0
+        self.captures = 0
+        self._sizes: dict[int, _BatchSize] = {}
+        self._baked: tuple = ()
+        self._stream = torch.cuda.Stream(device) if self.graphs else None
+        if self.graphs:
+            self._check_capturable()
+
+    # -- a step --------------------------------------------------------------------------------
+    def step(self, batch: MiniBatch, step: int, num_steps: int, loss_weight: float) -> StepOutputs:
+        """Train on ``batch`` (one rank's, on the device): refill its batch size's buffers
+        (``6 L + 2`` launches at most, no host read), then replay its graph; or, before the graph
+        exists, run the step eagerly (the warm-up) or capture and replay it.
+
+        Args:
+            batch: the mini-batch (its blocks within the bounds of its size).
+            step, num_steps: the iteration and the epoch's iterations (for the halo scheme).
+            loss_weight: the factor of the summed loss (``1 / batch size`` on one rank).
+        """
+        x = batch.input_rows()
+        size = self._size_of(batch, x)
+        size.padded.fill(batch.blocks, x, batch.labels)
+        size.loss_weight.fill_(loss_weight)
+        if not self.graphs:
+            return self._run(batch, size, step, num_steps)
+        self._drop_stale_graphs()
+        if size.graph is None:
+            if size.eager_steps < WARMUP_STEPS:
+                size.eager_steps += 1
+                return self._side_stream_step(batch, size, step, num_steps)
+            self._capture(batch, size, step, num_steps)
+        size.graph.replay()
+        self.replays += 1
+        assert size.outputs is not None  # set by the capture
+        return size.outputs
+
+    def _size_of(self, batch: MiniBatch, x: torch.Tensor) -> _BatchSize:
+        """The static state of ``batch``'s size (input rows ``x``), allocated at its first
+        batch."""
+        n_seeds = batch.blocks[-1].n_dst
+        size = self._sizes.get(n_seeds)
+        if size is None:
+            layout = padded_layout(n_seeds, self.fanouts, self.n_solid)
+            padded = PaddedBatch(layout, int(x.shape[1]), x.dtype, self.device)
+            weight = torch.zeros((), dtype=torch.float32, device=self.device)
+            size = self._sizes[n_seeds] = _BatchSize(padded, weight)
+        return size
+
+    def _run(self, batch: MiniBatch, size: _BatchSize, step: int, num_steps: int) -> StepOutputs:
+        """The step on the static buffers: forward, loss, backward, optimizer step (what a
+        graph captures). Gradients are set to None first: a captured backward then makes them
+        in the graph's memory, and every replay writes them afresh."""
+        padded = size.padded
+        self.optimizer.zero_grad(set_to_none=True)
+        static = MiniBatch(
+            epoch=batch.epoch,
+            index=batch.index,
+            seeds=batch.seeds,
+            blocks=padded.blocks(),
+            labels=padded.labels,
+            x=padded.x,
+        )
+        with self._autocast():
+            logits = self.forward(static, step, num_steps)
+        logits = logits[: padded.layout.n_seeds].float()  # the loss in float32
+        loss_sum = F.cross_entropy(logits, padded.labels, reduction="sum")
+        self.precision.backward(loss_sum * size.loss_weight)
+        self.optimizer.step()
+        return StepOutputs(loss_sum.detach(), logits.detach())
+
+    @contextlib.contextmanager
+    def _autocast(self) -> Iterator[None]:
+        """The forward's precision; autocast without its weight cache, which a capture must
+        not keep across replays (PyTorch's CUDA graphs notes)."""
+        if self.precision.dtype is None:  # fp32, tf32
+            with self.precision.autocast():
+                yield
+            return
+        with torch.autocast(self.device.type, dtype=self.precision.dtype, cache_enabled=False):
+            yield
+
+    # -- CUDA graphs ---------------------------------------------------------------------------
+    def _side_stream_step(
+        self, batch: MiniBatch, size: _BatchSize, step: int, num_steps: int
+    ) -> StepOutputs:
+        """One warm-up step, eager, on the side stream (ordered after the refill and before
+        whatever the current stream does next)."""
+        current = torch.cuda.current_stream(self.device)
+        assert self._stream is not None  # CUDA
+        self._stream.wait_stream(current)
+        with torch.cuda.stream(self._stream):
+            outputs = self._run(batch, size, step, num_steps)
+        current.wait_stream(self._stream)
+        for tensor in (outputs.loss_sum, outputs.logits):
+            tensor.record_stream(current)  # used there next
+        return outputs
+
+    def _capture(self, batch: MiniBatch, size: _BatchSize, step: int, num_steps: int) -> None:
+        """Capture the step of ``size`` (nothing runs; the caller replays it)."""
+        self._check_capturable()
+        graph = torch.cuda.CUDAGraph()
+        self.optimizer.zero_grad(set_to_none=True)
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            size.outputs = self._run(batch, size, step, num_steps)
+        size.graph = graph
+        self.captures += 1
+
+    def _drop_stale_graphs(self) -> None:
+        """Drop every graph when a value baked into them changed (the lr, weight decay)."""
+        baked = tuple(
+            tuple(_baked_value(group[key]) for key in ("lr", "weight_decay") if key in group)
+            for group in self.optimizer.param_groups
+        )
+        if baked != self._baked:
+            for size in self._sizes.values():
+                size.graph, size.outputs = None, None
+            self._baked = baked
+
+    def _check_capturable(self) -> None:
+        """Refuse an optimizer a graph cannot capture (a param group not ``capturable``)."""
+        if not all(group.get("capturable", False) for group in self.optimizer.param_groups):
+            raise InputError(
+                f"--cuda-graphs: the optimizer ({type(self.optimizer).__name__}) must be "
+                "capturable on a GPU (e.g. torch.optim.Adam(..., capturable=True))"
+            )
+
+
+def _baked_value(value: Any) -> Any:  # noqa: ANN401 - a param group's value
+    """A param group's value as a graph bakes it: a host number by value, a tensor (read by
+    the graph where it lives) by identity."""
+    return ("tensor", id(value)) if isinstance(value, torch.Tensor) else value
+
+
+def _refusal(
+    precision: MixedPrecision,
+    fanouts: Sequence[int],
+    num_ranks: int,
+    device_path: bool,
+    built_in: bool,
+) -> str | None:
+    """Why the graphed step cannot run this configuration (module docstring), or None."""
+    if num_ranks != 1:
+        return (
+            f"one rank only, this run has {num_ranks} (halo exchanges and the gradient "
+            "all-reduce run between the phases a graph fuses)"
+        )
+    if not device_path:
+        return "needs the device path (--sampler device, or auto with --device cuda)"
+    if not built_in:
+        return "the built-in models only (sage, gat, gcn, gin), not a user's model"
+    if precision.scaler is not None:
+        return "not with --precision fp16 (its gradient scaler steps on the host)"
+    if any(f < 1 for f in fanouts):
+        return "every --fanout must be positive (-1, all neighbours, has no size bound)"
+    return None
