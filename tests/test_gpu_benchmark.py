@@ -85,8 +85,12 @@ def test_quick_cpu_run_writes_a_consistent_record(tmp_path):
     cached, *table = result["training"]
     assert [r["name"] for r in result["training"]] == [
         "cache10/fused", "table/fused/prefetch0", "table/fused/prefetch2",
+        "table/fused/graphs/prefetch0", "table/fused/graphs/prefetch2",
         "gat/table/fused/prefetch2",
     ]  # fmt: skip
+    graphed = [r for r in result["training"] if r["cuda_graphs"]]
+    # On the CPU the padded step runs without a graph: no capture, no replay, no failure.
+    assert all(r["graph_captures"] == r["graph_replays"] == 0 for r in graphed), graphed
     for train in result["training"]:
         assert train["iterations"] > 0 and train["epoch_s"] > 0
         assert min(train["sample_s"], train["feature_movement_s"], train["compute_s"]) > 0
@@ -144,8 +148,11 @@ def test_goals_read_the_table_and_cache_runs_and_the_profile(monkeypatch):
     result["training"].append({"name": "table/fused/prefetch2", "epoch_s": 0.42})
     result["training"].append({"name": "gat/table/triton/prefetch2", "model": "gat",
                                "epoch_s": 0.3})  # not GraphSAGE: no goal reads it  # fmt: skip
-    result["profile"] = {"gpu_busy": 0.615, "syncs_per_iteration": 3.5,
-                         "launches_per_iteration": 212.0}  # fmt: skip
+    # A --cuda-graphs run that failed is recorded and read by no goal.
+    result["training"].append({"name": "table/triton/graphs/prefetch2", "model": "sage",
+                               "cuda_graphs": True, "failed": "RuntimeError: capture"})  # fmt: skip
+    result["profile"] = {"name": "table/triton/prefetch0", "wall_s": 2.0, "gpu_busy": 0.615,
+                         "syncs_per_iteration": 3.5, "launches_per_iteration": 212.0}  # fmt: skip
     result["bandwidth"] = {}
     goals = gpu.goals(result)
     assert goals["epoch_table"].endswith(": 0.42 s")  # the table run, not the cache run
@@ -153,4 +160,13 @@ def test_goals_read_the_table_and_cache_runs_and_the_profile(monkeypatch):
     assert goals["busy"] == "GPU busy >= 80%: 62%"
     assert goals["syncs"].endswith(": 3.5") and goals["launches"].endswith(": 212.0")
     assert goals["sampling"].endswith(": 2.1x")
+    # The graphed configuration's profile, when it ran faster, is the one the goals read.
+    result["profile_graphs"] = {"name": "table/triton/graphs/prefetch0", "wall_s": 1.0,
+                                "gpu_busy": 0.9, "syncs_per_iteration": 1.5,
+                                "launches_per_iteration": 45.0}  # fmt: skip
+    goals = gpu.goals(result)
+    assert goals["profiled"].endswith("table/triton/graphs/prefetch0")
+    assert goals["launches"].endswith(": 45.0") and goals["busy"].endswith(": 90%")
+    result["profile_graphs"] = {"failed": "RuntimeError: capture"}
+    assert gpu.goals(result)["launches"].endswith(": 212.0")
     assert gpu.goals({"figures": "cpu smoke test"}) == {"note": "CPU smoke test: no goal applies"}
