@@ -358,22 +358,32 @@ def launches_part(args: argparse.Namespace, graph) -> dict[str, Any]:
     launches, sync-prone ops, host reads and device waits per iteration of one epoch after a
     warm-up one, in the profile's configuration (the whole table on the device,
     :func:`profiled_kernels`) on the loader's synchronous path (``--prefetch 0``). On a GPU
-    they sit beside the profile's measured launches and syncs. On the CPU the layers run
+    they sit beside the profile's measured launches and syncs; ``"graphs"``: the same with
+    ``--cuda-graphs`` (its ``launches_graphed``: the launches outside the graph plus one
+    replay per iteration). On the CPU the layers run
     ``--kernels torch`` (``fused`` would run the C++ kernels, whose work the census does not
     see), or ``triton`` when asked for (under the interpreter)."""
     kernels = profiled_kernels(args)
     if args.device == "cpu" and kernels != "triton":
         kernels = "torch"
-    trainer = make_trainer(args, graph, kernels, cache_percent=WHOLE_TABLE_PERCENT, prefetch=0,
-                           precision=args.precision, epochs=2)  # fmt: skip
-    trainer.train_epoch(0)
-    census = census_epoch(trainer, 1)
-    record = {
-        "kernels": kernels,
-        **census.per_iteration(),
-        "top_ops_per_epoch": census.top_ops,
-    }
-    print(f"launches: {census.per_iteration()}", flush=True)
+    record: dict[str, Any] = {"kernels": kernels}
+    for graphs in (False, True):
+        try:
+            trainer = make_trainer(args, graph, kernels, cache_percent=WHOLE_TABLE_PERCENT,
+                                   prefetch=0, precision=args.precision, epochs=2,
+                                   cuda_graphs=graphs)  # fmt: skip
+            trainer.train_epoch(0)
+            census = census_epoch(trainer, 1)
+        except Exception as exc:  # noqa: BLE001 - a failed capture is recorded
+            record["graphs"] = {"failed": f"{type(exc).__name__}: {exc}"}
+            continue
+        counts = {**census.per_iteration(), "top_ops_per_epoch": census.top_ops}
+        if graphs:  # --cuda-graphs: launches_graphed is what the GPU launches
+            record["graphs"] = counts
+        else:
+            record.update(counts)
+        print(f"launches{' (--cuda-graphs)' if graphs else ''}: {census.per_iteration()}",
+              flush=True)  # fmt: skip
     return record
 
 

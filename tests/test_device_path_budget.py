@@ -32,7 +32,9 @@ gather 1, forward 17, backward 23, optimizer 2, the loop's loss bookkeeping 5.5)
 launches (sampler 16: 5 a layer and the tables' fill; gather 1, forward 3, backward 4).
 Before the Triton relabel (five launches a sampler layer) and the layers' glue moved into
 the kernels and one autograd node per layer: 231.5 (sampler 136, forward 41, backward 43);
-before the one-read sampler 3 host reads per iteration.
+before the one-read sampler 3 host reads per iteration. With ``--cuda-graphs`` (the step
+run eagerly on the CPU and counted in its own stage): 45.5 launches outside the graph,
+replay included (``GRAPHED_LAUNCHES_BUDGET``).
 """
 
 from __future__ import annotations
@@ -63,6 +65,10 @@ GPU_CONFIG_BUDGETS = {
     "device_waits": 0.5,  # measured 0.5: 1 per epoch
     "launches": 80.0,  # measured 72.5: 48.5 ATen ops that launch + 24 Triton launches
 }
+#: ``--cuda-graphs``' launches outside the graph, plus one replay, per iteration: measured
+#: 45.5 (sampler 16, gather 2, the static buffers' refill 19 and the loss weight's fill 1,
+#: the loop's bookkeeping 6.5 with the copy of the loss, the replay 1) + margin.
+GRAPHED_LAUNCHES_BUDGET = 50.0
 
 
 def device_path_trainer(graph: str, **config) -> Trainer:  # noqa: ANN003 - TrainConfig's
@@ -152,8 +158,9 @@ def test_every_helper_counts_one_read():
     assert HOST_READS.snapshot() == (before + 3, waits)
 
 
-@pytest.fixture(scope="module")
-def gpu_config_trainer() -> Trainer:
+def gpu_config(**config) -> Trainer:  # noqa: ANN003 - TrainConfig's
+    """The GPU configuration's Trainer on CPU tensors (the Triton back ends forced on under
+    the interpreter), ``config`` added, after its warm-up epoch."""
     from distmb.engine.build import device_stages
     from distmb.pipeline.sample import idmap_triton
 
@@ -162,11 +169,18 @@ def gpu_config_trainer() -> Trainer:
     graph = "synthetic:nodes=400,feat_dim=4,train_fraction=0.15,test_fraction=0.4"
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(device_stages, "kernel_backend", lambda device: "triton")
-        trainer = device_path_trainer(graph, batch_size=30, kernels="triton", device_cache_mb=0.002)
+        trainer = device_path_trainer(
+            graph, batch_size=30, kernels="triton", device_cache_mb=0.002, **config
+        )
     stages = trainer.parts.device_stages
     assert stages.sampler.choose == "triton" and stages.features.backend == "triton"
     trainer.train_epoch(0)
     return trainer
+
+
+@pytest.fixture(scope="module")
+def gpu_config_trainer() -> Trainer:
+    return gpu_config()
 
 
 @pytest.fixture(scope="module")
@@ -257,3 +271,18 @@ def test_allocations_and_views_are_not_launches():
     launching = sum(counter.ops.values()) - free - views
     assert (free, views, launching) == (2, 1, 4), dict(counter.by_name)
     assert "aten.empty" in LAUNCH_FREE_OPS and "aten.zeros" not in LAUNCH_FREE_OPS
+
+
+def test_the_graphed_configuration_launches_little_outside_its_graph():
+    """``--cuda-graphs`` (run eagerly on the CPU, its step counted in the ``graph`` stage):
+    what a GPU launches per iteration is the sampler, the gather, the static buffers' refill,
+    the bookkeeping and one replay; nothing runs in the backward or optimizer phases, and the
+    reads stay those of the eager configuration."""
+    census = census_epoch(gpu_config(cuda_graphs=True), 1)
+    each = census.per_iteration()
+    assert census.graph_steps == census.iterations == 2
+    assert each["launches_graphed"] <= GRAPHED_LAUNCHES_BUDGET, each
+    assert each["launches_graphed"] < each["launches"] - 20  # the graph holds the model's
+    by_stage = each["launch_ops_by_stage"]
+    assert by_stage["graph"] > 0 and by_stage["backward"] == by_stage["optimizer"] == 0
+    assert each["syncing_ops"] == 0 and each["host_reads"] == GPU_CONFIG_BUDGETS["host_reads"]

@@ -111,6 +111,10 @@ def test_quick_cpu_run_writes_a_consistent_record(tmp_path):
     assert launches["non_view_ops"] < launches["aten_ops"] and launches["kernels"] == "torch"
     # Allocations and views launch nothing: the launch proxy is below the non-view ops.
     assert 0 < launches["launch_ops"] < launches["non_view_ops"]
+    # --cuda-graphs (eager on the CPU): the step's ops in its own stage, fewer launches outside.
+    graphed = launches["graphs"]
+    assert graphed["launches_graphed"] < graphed["launches"]
+    assert graphed["syncing_ops"] <= launches["syncing_ops"]  # the torch back ends on the CPU
     total = launches["launch_ops"] + launches["triton_launches"]
     assert launches["launches"] == pytest.approx(total, abs=0.02)  # each rounded to 0.01
     assert all(launches["aten_ops_by_stage"][s] > 0 for s in ("sample", "forward", "backward"))

@@ -5,7 +5,9 @@ synchronisations").
 - **aten ops**: every ATen operator dispatched (a :class:`TorchDispatchMode` below autograd,
   so backward ops count too), by stage: ``sample``, ``gather``, ``hec`` (the halo scheme's
   calls), ``forward``, ``backward``, ``allreduce``, ``optimizer`` and ``other`` (the loop's
-  own: loss bookkeeping). On a GPU nearly every one is a kernel launch, so fewer ops is
+  own: loss bookkeeping), and ``graph``: with ``--cuda-graphs`` the step that a GPU captures
+  and replays as one CUDA graph (on the CPU it runs eagerly and its ops are counted there,
+  inside ``forward``). On a GPU nearly every one is a kernel launch, so fewer ops is
   fewer launches. Not launches: views, and the ops of :data:`LAUNCH_FREE_OPS` (an
   allocation without a fill, the profiler's markers); ``launch_ops`` counts the others.
   Where the CPU decomposes an op that CUDA runs as one kernel (``dropout``: ``bernoulli_``,
@@ -90,8 +92,11 @@ def syncs_on_a_gpu(name: str, args: tuple, kwargs: dict) -> bool:
     return False
 
 
-#: The stages ops are counted by (``other``: outside every stage).
-STAGES = ("sample", "gather", "hec", "forward", "backward", "allreduce", "optimizer", "other")
+#: The stages ops are counted by (``other``: outside every stage; ``graph``: a
+#: ``--cuda-graphs`` step's captured part).
+STAGES = (
+    "sample", "gather", "hec", "forward", "backward", "allreduce", "optimizer", "graph", "other"
+)  # fmt: skip
 #: The trainer's phase timer names, as stages.
 _PHASE_STAGE = {"fwd": "forward", "bwd": "backward", "ared": "allreduce", "opt": "optimizer"}
 #: The halo scheme's per-iteration calls.
@@ -110,6 +115,8 @@ class _OpCounter(TorchDispatchMode):
         self.syncing: Counter[str] = Counter()
         self.by_name: Counter[str] = Counter()
         self.triton: Counter[str] = Counter()
+        #: Steps counted per stage (the ``graph`` stage's runs).
+        self.entered: Counter[str] = Counter()
         #: Nesting depth of Triton kernel runs: their own ATen ops are not counted.
         self.in_kernel = 0
 
@@ -139,7 +146,9 @@ class _OpCounter(TorchDispatchMode):
             self.in_kernel -= 1
 
     @contextmanager
-    def stage(self, name: str) -> Iterator[None]:
+    def stage(self, name: str, steps: int = 0) -> Iterator[None]:
+        """Count ops in stage ``name`` meanwhile; ``steps``: added to :attr:`entered`."""
+        self.entered[name] += steps
         self.stages.append(name)
         try:
             yield
@@ -162,6 +171,7 @@ class EpochCensus:
         device_waits: explicit waits for the device (the phase timers).
         top_ops: the most frequent op names and their epoch totals.
         triton_launches: Triton kernel runs by stage, epoch totals.
+        graph_steps: ``--cuda-graphs`` steps run (each one replay on a GPU; 0 without).
     """
 
     iterations: int
@@ -173,6 +183,7 @@ class EpochCensus:
     top_ops: dict[str, int] = field(default_factory=dict)
     triton_launches: dict[str, int] = field(default_factory=dict)
     launch_free_ops: dict[str, int] = field(default_factory=dict)
+    graph_steps: int = 0
 
     def launch_ops(self) -> dict[str, int]:
         """ATen ops that launch a kernel on a GPU (neither views nor
@@ -187,9 +198,13 @@ class EpochCensus:
         ``aten_ops`` (and by stage), ``non_view_ops``, ``launch_ops`` (and by stage: the
         launch proxy, :meth:`launch_ops`), ``syncing_ops`` (and by stage), ``host_reads``,
         ``device_waits``, ``triton_launches`` (and by stage), and ``launches``: launch ops
-        plus Triton launches."""
+        plus Triton launches; with ``--cuda-graphs`` also ``launches_graphed``, what a GPU
+        launches: those outside the ``graph`` stage plus one replay per step."""
         n = max(self.iterations, 1)
         launch_ops = self.launch_ops()
+        in_graph = launch_ops.get("graph", 0) + self.triton_launches.get("graph", 0)
+        total = sum(launch_ops.values()) + sum(self.triton_launches.values())
+        graphed = total - in_graph + self.graph_steps
 
         def each(value: float) -> float:
             return round(value / n, 2)
@@ -208,6 +223,7 @@ class EpochCensus:
             "triton_launches": each(sum(self.triton_launches.values())),
             "triton_launches_by_stage": {k: each(v) for k, v in self.triton_launches.items() if v},
             "launches": each(sum(launch_ops.values()) + sum(self.triton_launches.values())),
+            **({"launches_graphed": each(graphed)} if self.graph_steps else {}),
         }
 
 
@@ -257,6 +273,11 @@ def census_epoch(trainer: Any, epoch: int, top: int = 12) -> EpochCensus:  # noq
         _wrap(trainer.halo, name, lambda: counter.stage("hec"), undo)
     for kernel_class in _triton_kernel_classes():
         _wrap(kernel_class, "run", counter.kernel, undo)
+    graphed = getattr(trainer, "graphed", None)
+    replays_before = 0
+    if graphed is not None:  # --cuda-graphs: the captured step (eager on the CPU)
+        _wrap(graphed, "_run", lambda: counter.stage("graph", steps=1), undo)
+        replays_before = graphed.replays
     timer = trainer.timer
     trainer.timer = _StagedTimer(timer, counter)
     reads, waits = HOST_READS.snapshot()
@@ -278,6 +299,8 @@ def census_epoch(trainer: Any, epoch: int, top: int = 12) -> EpochCensus:  # noq
         top_ops=dict(counter.by_name.most_common(top)),
         triton_launches={stage: counter.triton.get(stage, 0) for stage in STAGES},
         launch_free_ops={stage: counter.launch_free.get(stage, 0) for stage in STAGES},
+        # Each step is a replay on a GPU, or a run of the step's ops (eager, a capture).
+        graph_steps=counter.entered["graph"] + (graphed.replays - replays_before if graphed else 0),
     )
 
 
