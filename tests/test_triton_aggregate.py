@@ -251,6 +251,86 @@ def test_in_kernel_factors_are_pytorchs(device, kind):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("self_loops", [True, False])
+def test_symmetric_factors_are_gcns(device, self_loops):
+    """GCNConv's ``"symmetric"`` factors, computed in the kernel from the row pointers
+    (destinations: ``indptr``; sources: the transposed CSR's), are the PyTorch-ops layer's
+    ``max(1, degree [+ self loop]).pow(-0.5)``: the forward equals the unscaled kernel over
+    the column-scaled input times the row factors (bit for bit under the interpreter; on a
+    GPU up to float32 rounding), and so does the backward with the factors swapped. Sources
+    beyond the destinations and without out-edges get factor 1 (``max(1, 0)``)."""
+    require(device)
+    block = random_block(14, 23, 70, max_deg=7, hub=30).to(device)
+    t_indptr, t_dst = aggregate_triton.transposed_csr(block)
+    loops = int(self_loops)
+    is_dst = (torch.arange(block.n_src, device=device) < block.n_dst).to(torch.int64)
+    out_deg = t_indptr[1:] - t_indptr[:-1] + loops * is_dst
+    in_deg = block.indptr[1:] - block.indptr[:-1] + loops
+    assert (out_deg[block.n_dst :] == 0).any()
+    src_norm = out_deg.clamp(min=1).to(torch.float32).pow(-0.5)[:, None]
+    dst_norm = in_deg.clamp(min=1).to(torch.float32).pow(-0.5)[:, None]
+    n_self = block.n_dst if self_loops else 0
+    gen = torch.Generator().manual_seed(14)
+    x = torch.randn(block.n_src, 19, generator=gen).to(device)
+    g = torch.randn(block.n_dst, 19, generator=gen).to(device)
+    out = aggregate_triton.csr_gather(
+        block.indptr, block.indices, x, row_scale="symmetric", col_scale="symmetric",
+        col_indptr=t_indptr, n_self=n_self,
+    )  # fmt: skip
+    ref = aggregate_triton.csr_gather(block.indptr, block.indices, x * src_norm, n_self=n_self)
+    grad = aggregate_triton.csr_gather(
+        t_indptr, t_dst, g, row_scale="symmetric", col_scale="symmetric",
+        col_indptr=block.indptr, n_self=n_self,
+    )  # fmt: skip
+    ref_grad = aggregate_triton.csr_gather(t_indptr, t_dst, g * dst_norm, n_self=n_self)
+    kind = "symmetric_self" if self_loops else "symmetric"
+    if device == "cpu":
+        assert torch.equal(out, ref * dst_norm)
+        assert torch.equal(grad, ref_grad * src_norm)
+        assert torch.equal(aggregate_triton.aggregate_forward(block, x, kind), out)
+        assert torch.equal(aggregate_triton.aggregate_backward(block, kind, g), grad)
+    else:
+        torch.testing.assert_close(out, ref * dst_norm, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(grad, ref_grad * src_norm, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("eps", [0.0, 0.375, -1.5])
+def test_self_eps_weights_the_own_row(device, eps):
+    """GIN's ``self_eps``: the own row weighted ``1 + eps`` (read from a tensor in the
+    kernel) equals the unweighted sum plus ``(1 + eps) x[:n_dst]`` as an addend (the same
+    float32 product and addition: bit for bit under the interpreter), forward and backward
+    (with a further addend); and the brute force plus that term in float64."""
+    require(device)
+    block = random_block(15, 18, 41, max_deg=6, hub=20)
+    gen = torch.Generator().manual_seed(15)
+    x = torch.randn(block.n_src, 21, generator=gen)
+    g = torch.randn(block.n_dst, 21, generator=gen)
+    extra = torch.randn(block.n_dst, 21, generator=gen)
+    eps_t = torch.tensor([eps], device=device)
+    dev_block = block.to(device)
+    xd, gd, ed = x.to(device), g.to(device), extra.to(device)
+    out = aggregate_triton.aggregate_forward(dev_block, xd, "sum", self_eps=eps_t)
+    ref = aggregate_triton.aggregate_forward(dev_block, xd, "sum", (1 + eps_t) * xd[: block.n_dst])
+    grad = aggregate_triton.aggregate_backward(dev_block, "sum", gd, ed, self_eps=eps_t)
+    ref_grad = aggregate_triton.aggregate_backward(dev_block, "sum", gd, (1 + eps_t) * gd)
+    ref_grad[: block.n_dst] += ed
+    if device == "cpu":
+        assert torch.equal(out, ref)
+        assert torch.equal(grad, ref_grad)
+    else:  # the compiler may contract the kernels' sums differently
+        torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(grad, ref_grad, rtol=1e-6, atol=1e-6)
+    expected = (
+        brute_force(block, x.double().numpy(), "sum")
+        + (1 + eps) * x[: block.n_dst].double().numpy()
+    )
+    np.testing.assert_allclose(out.cpu().double().numpy(), expected, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="'sum' aggregation"):
+        aggregate_triton.aggregate_forward(dev_block, xd, "mean", self_eps=eps_t)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kind", KINDS)
 def test_addend_rows_and_broadcast_row(device, kind):
     """``addend`` against the brute force plus the added rows: a [n_add, F] block on the
@@ -312,9 +392,11 @@ def test_feature_tile():
 
 def test_kernel_compiles_for_hopper():
     """Compile every variant (forward mean/sum/gcn with and without an addend, backward with
-    column scales, own row and addend) for sm_90 in float32, bf16 and fp16, and the
-    transposed CSR's kernel, without a GPU: no atomics, global loads and stores; the
-    in-kernel factors' division rounded to nearest (``div.rn``, not an approximation)."""
+    column scales, own row and addend; GCNConv's symmetric factors on rows and columns with
+    and without self loops, GIN's own row weighted ``1 + eps``) for sm_90 in float32, bf16
+    and fp16, and the transposed CSR's kernel, without a GPU: no atomics, global loads and
+    stores; the in-kernel factors' division and square root rounded to nearest (``div.rn``,
+    ``sqrt.rn``, not approximations)."""
     code = """
 import triton
 from triton.backends.compiler import GPUTarget
@@ -328,18 +410,22 @@ def build(fn, sig, cx):
     assert "atom." not in ptx and "ld.global" in ptx and "st.global" in ptx, ptx
     assert len(kernel.asm["cubin"]) > 0
     return ptx
-variants = [("mean", "sum", False, False), ("gcn", "sum", True, True), ("sum", "sum", False, True),
-            ("sum", "mean", False, True), ("sum", "gcn", True, False)]
+variants = [("mean", "sum", False, False, False), ("gcn", "sum", True, True, False),
+            ("sum", "sum", False, True, False), ("sum", "mean", False, True, False),
+            ("sum", "gcn", True, False, False), ("symmetric", "symmetric", True, False, False),
+            ("symmetric", "symmetric", False, True, False), ("sum", "sum", True, False, True)]
 for dt in ("fp32", "bf16", "fp16"):
-    for row_scale, col_scale, self_loop, addend in variants:
+    for row_scale, col_scale, self_loop, addend, self_eps in variants:
         sig = {"indptr_ptr": "*i64", "cols_ptr": "*i64", "x_ptr": f"*{dt}", "out_ptr": f"*{dt}",
-               "col_indptr_ptr": "*i64", "addend_ptr": f"*{dt}", "n_rows": "i64",
-               "n_self": "i64", "n_add": "i64", "feat": "i64", "stride_x": "i64",
-               "stride_out": "i64", "stride_add": "i64"}
+               "col_indptr_ptr": "*i64", "addend_ptr": f"*{dt}", "self_eps_ptr": f"*{dt}",
+               "n_rows": "i64", "n_self": "i64", "n_add": "i64", "feat": "i64",
+               "stride_x": "i64", "stride_out": "i64", "stride_add": "i64"}
         cx = dict(ROWS=ROWS, BLOCK_F=MAX_BLOCK_F, ROW_SCALE=SCALES[row_scale],
-                  COL_SCALE=SCALES[col_scale], SELF_LOOP=self_loop, HAS_ADDEND=addend)
+                  COL_SCALE=SCALES[col_scale], SELF_LOOP=self_loop, HAS_ADDEND=addend,
+                  SELF_EPS=self_eps)
         ptx = build(_csr_gather_kernel, sig, cx)
         assert ("div.rn.f32" in ptx) == (row_scale != "sum" or col_scale != "sum"), ptx
+        assert ("sqrt.rn.f32" in ptx) == (row_scale == "symmetric"), ptx
 sig = {"sorted_cols_ptr": "*i64", "order_ptr": "*i64", "indptr_ptr": "*i64",
        "t_indptr_ptr": "*i64", "t_dst_ptr": "*i64", "n_edges": "i64", "n_src": "i64",
        "n_dst": "i64", "edge_steps": "i64", "row_steps": "i64"}

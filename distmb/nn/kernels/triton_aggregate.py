@@ -10,27 +10,33 @@ them in shared memory for the same reason (section 4.2): the naive scatter (gath
 Kernel contract (:func:`csr_gather`), for rows ``r < n_rows`` and features ``f < feat``::
 
     out[r, f] = rs(r) * ( sum_{e in indptr[r]:indptr[r+1]} cs(cols[e]) * x[cols[e], f]
-                          + (r < n_self) * cs(r) * x[r, f] )
+                          + (r < n_self) * w * cs(r) * x[r, f] )
                 + (r < n_add) * addend[r, f]
 
 with the row factor ``rs(r)`` computed in the kernel from the row's own degree
 ``indptr[r+1] - indptr[r]`` and the column factor ``cs(c)`` from the degree
 ``col_indptr[c+1] - col_indptr[c]`` of another CSR, each by a kind of :data:`SCALES`:
-``"sum"`` 1, ``"mean"`` ``1 / max(d, 1)``, ``"gcn"`` ``1 / (d + 1)`` (float32, the division
-rounded to nearest: the values ``1.0 / d`` of PyTorch's ops). The forward of ``mean`` is
-``rs = "mean"``; ``gcn``'s is ``rs = "gcn"`` with the own row (``n_self = n_dst``). No factor
-is ever a tensor: the kernel reads the degrees it needs from the row pointers it is given.
+``"sum"`` 1, ``"mean"`` ``1 / max(d, 1)``, ``"gcn"`` ``1 / (d + 1)``, ``"symmetric"``
+``1 / sqrt(max(d + [i < n_self], 1))`` (float32, the square root and the division rounded to
+nearest: the values ``1.0 / d`` and ``d.pow(-0.5)`` of PyTorch's CPU ops). The forward of
+``mean`` is ``rs = "mean"``; ``gcn``'s is ``rs = "gcn"`` with the own row (``n_self = n_dst``);
+GCNConv's is ``rs = cs = "symmetric"`` with the sources' out-degrees from the transposed CSR's
+row pointers as ``col_indptr`` (and, with self loops, the own row). No factor is ever a
+tensor: the kernel reads the degrees it needs from the row pointers it is given. The own
+row's weight ``w`` is 1, or ``1 + self_eps[0]`` (GIN's ``(1 + eps) x_v``, read from a
+one-element tensor in the kernel: a learnable ``eps`` is never read back to the host).
 ``addend`` (any row stride, 0 for a broadcast row) is added after the row factor, in float32
 (on a GPU the compiler may fuse the factor's product and this addition into one multiply-add,
 one rounding fewer): the SAGE layer's self term and bias, or in the backward the self term's
 input gradient (:mod:`distmb.nn.sage`), without a separate addition.
 
 **Backward.** ``grad_x = A^T @ grad_out`` is the same kernel over the transposed CSR (rows:
-sources, columns: destinations) with the destinations' factor as ``cs`` (its degrees read
-from the forward's ``indptr``, passed as ``col_indptr``) and, for ``gcn``, the own-row term
-again. The transposed CSR is built once per block and cached on the block object, like the
-C++ kernels' (:func:`distmb.nn.kernels.cpu_aggregate.block_transpose`): a stable sort of
-``indices`` (one PyTorch op, on the device), then one Triton kernel
+sources, columns: destinations) with the two factors swapped: the destinations' factor as
+``cs`` (its degrees read from the forward's ``indptr``, passed as ``col_indptr``), the
+sources' (GCNConv's) as ``rs``, and the own-row term (``gcn``, GCNConv's self loops, GIN's
+``(1 + eps)``) again. The transposed CSR is built once per block and cached on the block
+object, like the C++ kernels' (:func:`distmb.nn.kernels.cpu_aggregate.block_transpose`): a
+stable sort of ``indices`` (one PyTorch op, on the device), then one Triton kernel
 (:func:`transposed_csr_edges`) that finds every source's first position in the sorted
 indices and every sorted edge's destination by binary searches, where PyTorch ops took seven
 (``arange``, ``searchsorted``, and the CSR's expansion to destinations per edge and its
@@ -77,14 +83,29 @@ DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 #: Attribute of a :class:`Block` instance caching its transposed CSR for the backward.
 _TRANSPOSE_ATTR = "_triton_transpose"
 
-#: Factor kinds of a row or column of degree ``d``: ``"sum"`` 1, ``"mean"`` ``1 / max(d, 1)``,
-#: ``"gcn"`` ``1 / (d + 1)``; the values are the kernel's compile-time codes.
-SCALES = {"sum": 0, "mean": 1, "gcn": 2}
+#: Factor kinds of a row or column ``i`` of degree ``d``: ``"sum"`` 1, ``"mean"``
+#: ``1 / max(d, 1)``, ``"gcn"`` ``1 / (d + 1)``, ``"symmetric"`` ``1 / sqrt(max(d', 1))``
+#: with ``d' = d + [i < n_self]`` (GCNConv's ``d^-1/2``: a self loop, there for
+#: ``i < n_self``, counts at both its ends); the values are the kernel's compile-time codes.
+SCALES = {"sum": 0, "mean": 1, "gcn": 2, "symmetric": 3}
+
+#: :func:`aggregate_forward`'s kinds: ``(forward row scale, forward column scale, own row)``.
+#: The backward runs over the transposed CSR with the two scales swapped. ``"symmetric"`` /
+#: ``"symmetric_self"`` are GCNConv's ``D_in^-1/2 A D_out^-1/2`` without / with self loops
+#: (``A + I``); the sources' out-degrees are the transposed CSR's row degrees.
+KINDS = {
+    "mean": ("mean", "sum", False),
+    "sum": ("sum", "sum", False),
+    "gcn": ("gcn", "sum", True),
+    "symmetric": ("symmetric", "symmetric", False),
+    "symmetric_self": ("symmetric", "symmetric", True),
+}
 
 if triton is not None:
     #: :data:`SCALES`' codes inside the kernels (Triton reads only constexpr globals).
     _SCALE_MEAN = tl.constexpr(SCALES["mean"])
     _SCALE_GCN = tl.constexpr(SCALES["gcn"])
+    _SCALE_SYMMETRIC = tl.constexpr(SCALES["symmetric"])
 
 
 def supports(*tensors: Tensor) -> bool:
@@ -128,10 +149,13 @@ if triton is not None:
     @triton.jit
     def _degree_factor(deg, KIND: tl.constexpr):
         """float32 factor of degrees ``deg`` (int64) for a kind of :data:`SCALES` other than
-        ``"sum"``: ``1 / max(deg, 1)`` or ``1 / (deg + 1)``, the division rounded to nearest
-        (PyTorch's ``1.0 / d``; Triton's ``/`` may be approximate on a GPU)."""
+        ``"sum"``: ``1 / max(deg, 1)``, ``1 / (deg + 1)`` or ``1 / sqrt(max(deg, 1))`` (the
+        caller has added the self loop to ``deg``), the square root and the division rounded
+        to nearest (PyTorch's ``1.0 / d``; Triton's ``/`` may be approximate on a GPU)."""
         if KIND == _SCALE_MEAN:
             denom = tl.maximum(deg, 1).to(tl.float32)
+        elif KIND == _SCALE_SYMMETRIC:
+            denom = tl.sqrt_rn(tl.maximum(deg, 1).to(tl.float32))
         else:
             denom = (deg + 1).to(tl.float32)
         return tl.div_rn(tl.full(denom.shape, 1.0, tl.float32), denom)
@@ -144,6 +168,7 @@ if triton is not None:
         out_ptr,
         col_indptr_ptr,
         addend_ptr,
+        self_eps_ptr,
         n_rows,
         n_self,
         n_add,
@@ -157,9 +182,11 @@ if triton is not None:
         COL_SCALE: tl.constexpr,
         SELF_LOOP: tl.constexpr,
         HAS_ADDEND: tl.constexpr,
+        SELF_EPS: tl.constexpr,
     ):
         """One [ROWS, BLOCK_F] tile of ``out`` (contract in the module docstring; the scales
-        are codes of :data:`SCALES`, 0 for none)."""
+        are codes of :data:`SCALES`, 0 for none; ``SELF_EPS``: the own row's weight is
+        ``1 + self_eps[0]``, else 1)."""
         rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
         rmask = rows < n_rows
         f = tl.program_id(1).to(tl.int64) * BLOCK_F + tl.arange(0, BLOCK_F)
@@ -180,6 +207,8 @@ if triton is not None:
                 col_deg = tl.load(col_indptr_ptr + col + 1, mask=emask, other=0) - tl.load(
                     col_indptr_ptr + col, mask=emask, other=0
                 )
+                if COL_SCALE == _SCALE_SYMMETRIC:  # the column's own self loop
+                    col_deg += (col < n_self).to(tl.int64)
                 v = v * _degree_factor(col_deg, COL_SCALE)[:, None]
             acc += v
         if SELF_LOOP:
@@ -193,10 +222,17 @@ if triton is not None:
                 own_deg = tl.load(col_indptr_ptr + rows + 1, mask=smask, other=0) - tl.load(
                     col_indptr_ptr + rows, mask=smask, other=0
                 )
+                if COL_SCALE == _SCALE_SYMMETRIC:  # r < n_self: its self loop
+                    own_deg += 1
                 v = v * _degree_factor(own_deg, COL_SCALE)[:, None]
+            if SELF_EPS:
+                v = v * (1.0 + tl.load(self_eps_ptr).to(tl.float32))
             acc += v
         if ROW_SCALE != 0:
-            acc = acc * _degree_factor(deg, ROW_SCALE)[:, None]
+            row_deg = deg
+            if ROW_SCALE == _SCALE_SYMMETRIC:  # the row's own self loop
+                row_deg += (rows < n_self).to(tl.int64)
+            acc = acc * _degree_factor(row_deg, ROW_SCALE)[:, None]
         if HAS_ADDEND:
             amask = rmask & (rows < n_add)
             acc += tl.load(
@@ -264,6 +300,7 @@ def csr_gather(
     col_indptr: Tensor | None = None,
     n_self: int = 0,
     addend: Tensor | None = None,
+    self_eps: Tensor | None = None,
 ) -> Tensor:
     """The kernel of the module docstring: ``out`` [n_rows, F] in ``x``'s dtype.
 
@@ -280,16 +317,21 @@ def csr_gather(
         addend: float32/bfloat16/float16 [n_add, F] (any row stride: ``expand`` a [F] row
             for a broadcast one), added to rows ``r < n_add`` (``n_add <= n_rows``); None:
             nothing.
+        self_eps: float32/bfloat16/float16 [1]: the own row (``n_self``) is weighted
+            ``1 + self_eps[0]`` (GIN's ``eps``); None: weight 1.
 
     Raises:
         RuntimeError: Triton is not installed.
-        ValueError: an unknown kind, or ``col_scale`` without ``col_indptr``.
+        ValueError: an unknown kind, ``col_scale`` without ``col_indptr``, or ``self_eps``
+            not one element.
     """
     require_triton()
     if row_scale not in SCALES or col_scale not in SCALES:
         raise ValueError(f"unknown scale {row_scale!r} / {col_scale!r}; expected {list(SCALES)}")
     if col_scale != "sum" and col_indptr is None:
         raise ValueError(f"col_scale={col_scale!r} needs col_indptr")
+    if self_eps is not None and self_eps.numel() != 1:
+        raise ValueError(f"self_eps must have one element, got shape {tuple(self_eps.shape)}")
     x = x.contiguous()
     n_rows, feat = indptr.numel() - 1, int(x.shape[1])
     out = torch.empty((n_rows, feat), dtype=x.dtype, device=x.device)
@@ -309,6 +351,7 @@ def csr_gather(
             out,
             dummy if col_indptr is None else col_indptr,
             dummy if addend is None else addend,
+            dummy if self_eps is None else self_eps,
             n_rows,
             n_self,
             0 if addend is None else int(addend.shape[0]),
@@ -322,6 +365,7 @@ def csr_gather(
             COL_SCALE=SCALES[col_scale],
             SELF_LOOP=n_self > 0,
             HAS_ADDEND=addend is not None,
+            SELF_EPS=self_eps is not None and n_self > 0,
             num_warps=NUM_WARPS,
         )
     return out
@@ -369,36 +413,76 @@ def transposed_csr_edges(block: Block) -> tuple[Tensor, Tensor, Tensor]:
     return t_indptr, order, t_dst
 
 
+def _kind(kind: str, self_eps: Tensor | None) -> tuple[str, str, bool]:
+    """:data:`KINDS`' entry of ``kind``; with ``self_eps`` (only for ``"sum"``) the own row
+    is on."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown aggregation {kind!r}; expected one of {list(KINDS)}")
+    row_scale, col_scale, own_row = KINDS[kind]
+    if self_eps is not None:
+        if kind != "sum":
+            raise ValueError(f"self_eps is for the 'sum' aggregation (GIN's), not {kind!r}")
+        own_row = True
+    return row_scale, col_scale, own_row
+
+
 def aggregate_forward(
-    block: Block, x_src: Tensor, kind: str, addend: Tensor | None = None
+    block: Block,
+    x_src: Tensor,
+    kind: str,
+    addend: Tensor | None = None,
+    self_eps: Tensor | None = None,
 ) -> Tensor:
     """``aggregate(block, x_src, kind) + addend`` without autograd: x_src [n_src, F] ->
-    [n_dst, F] in its dtype; ``addend``: [n_dst, F] (any row stride) or None."""
+    [n_dst, F] in its dtype.
+
+    Args:
+        block: the layer's block.
+        x_src: [n_src, F].
+        kind: a key of :data:`KINDS` (``aggregate``'s aggregators, GCNConv's
+            ``"symmetric"`` / ``"symmetric_self"``: whose sources' out-degrees come from the
+            block's transposed CSR, built and cached here when missing).
+        addend: [n_dst, F] (any row stride) or None.
+        self_eps: [1] or None: with ``kind="sum"``, GIN's ``(1 + eps) x_src[:n_dst]`` is
+            added to the neighbour sum.
+    """
+    row_scale, col_scale, own_row = _kind(kind, self_eps)
     return csr_gather(
         block.indptr,
         block.indices,
         x_src,
-        row_scale=kind,
-        n_self=block.n_dst if kind == "gcn" else 0,
+        row_scale=row_scale,
+        col_scale=col_scale,
+        col_indptr=None if col_scale == "sum" else transposed_csr(block)[0],
+        n_self=block.n_dst if own_row else 0,
         addend=addend,
+        self_eps=self_eps,
     )
 
 
 def aggregate_backward(
-    block: Block, kind: str, grad_out: Tensor, addend: Tensor | None = None
+    block: Block,
+    kind: str,
+    grad_out: Tensor,
+    addend: Tensor | None = None,
+    self_eps: Tensor | None = None,
 ) -> Tensor:
-    """The input gradient of :func:`aggregate_forward`'s aggregation, plus ``addend``
-    [n_add <= n_src, F] on its first rows (a second use of those inputs, e.g. a self term),
-    without autograd: grad_out [n_dst, F] -> [n_src, F] in ``grad_out``'s dtype."""
+    """The input gradient of :func:`aggregate_forward`'s aggregation (the same ``kind`` and
+    ``self_eps``), plus ``addend`` [n_add <= n_src, F] on its first rows (a second use of
+    those inputs, e.g. a self term), without autograd: grad_out [n_dst, F] -> [n_src, F] in
+    ``grad_out``'s dtype."""
+    row_scale, col_scale, own_row = _kind(kind, self_eps)
     t_indptr, t_dst = transposed_csr(block)
     return csr_gather(
         t_indptr,
         t_dst,
         grad_out,
-        col_scale=kind,
-        col_indptr=block.indptr,
-        n_self=block.n_dst if kind == "gcn" else 0,
+        row_scale=col_scale,
+        col_scale=row_scale,
+        col_indptr=None if row_scale == "sum" else block.indptr,
+        n_self=block.n_dst if own_row else 0,
         addend=addend,
+        self_eps=self_eps,
     )
 
 
