@@ -187,3 +187,24 @@ def make_block(n_dst: int, n_src: int, max_deg: int, seed: int, n_halo: int = 0)
     indptr = torch.zeros(n_dst + 1, dtype=torch.int64)
     torch.cumsum(deg, 0, out=indptr[1:])
     return Block(n_dst, n_src, n_halo, indptr, indices.to(torch.int64), torch.arange(n_src))
+
+
+def require_triton(device: str) -> None:
+    """Skip, with the reason, where Triton's kernels cannot run on ``device`` (CPU tensors
+    outside the interpreter, no Triton, no GPU)."""
+    from distmb.nn.kernels import triton_aggregate
+
+    ok, why = triton_aggregate.usable(torch.device(device))
+    if not ok:
+        pytest.skip(why)
+
+
+@pytest.fixture
+def triton_kernels() -> Iterator[None]:
+    """``--kernels triton`` for the test (the previous selection restored after it)."""
+    from distmb.nn.kernels.dispatch import get_kernels, set_kernels
+
+    before = get_kernels()
+    set_kernels("triton")
+    yield
+    set_kernels(before)

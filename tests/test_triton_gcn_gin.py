@@ -12,6 +12,7 @@ import copy
 
 import pytest
 import torch
+from conftest import require_triton
 from test_gcn_gin import ref_gcn, ref_gin
 from test_nn import dense_adj, make_block
 from test_padded_blocks import check_padded_equals_unpadded, random_blocks
@@ -19,27 +20,12 @@ from test_padded_blocks import check_padded_equals_unpadded, random_blocks
 from distmb.nn import GCNConv, GINConv
 from distmb.nn import gcn as gcn_module
 from distmb.nn import gin as gin_module
-from distmb.nn.kernels import triton_aggregate as aggregate_triton
-from distmb.nn.kernels.dispatch import get_kernels, set_kernels
+from distmb.nn.kernels.dispatch import set_kernels
 from distmb.pipeline.sample import Block
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 #: float32 against float64: a few hundred roundings of terms of order 1.
 RTOL, ATOL = 1e-5, 1e-5
-
-
-def require(device: str) -> None:
-    ok, why = aggregate_triton.usable(torch.device(device))
-    if not ok:
-        pytest.skip(why)
-
-
-@pytest.fixture
-def triton_kernels():
-    before = get_kernels()
-    set_kernels("triton")
-    yield
-    set_kernels(before)
 
 
 @pytest.fixture
@@ -100,7 +86,7 @@ def test_gcn_layer_matches_the_dense_reference(
     the kernel's addend), with and without self loops (the degrees then differ at both ends:
     a destination's in-degree and every destination's out-degree as a source), with and
     without an input gradient."""
-    require(device)
+    require_triton(device)
     torch.manual_seed(0)
     conv = GCNConv(*dims, activation=True, self_loops=self_loops)
     with torch.no_grad():
@@ -117,7 +103,7 @@ def test_gin_layer_matches_the_dense_reference(
 ):
     """A fixed and a learnable ``eps`` (whose gradient is the node's dot product), with and
     without an input gradient (a learnable ``eps`` still needs the node's backward)."""
-    require(device)
+    require_triton(device)
     torch.manual_seed(2)
     conv = GINConv(6, 5, eps=eps, train_eps=train_eps, activation=True)
     check_layer(conv, ref_gin, layer_block(7), x_grad, device)
@@ -156,7 +142,7 @@ def test_padded_blocks_give_the_unpadded_rows(triton_kernels, node_calls, name):
 def test_autocast_keeps_pytorchs_ops(triton_kernels, node_calls, layer):
     """Under autocast the nodes are not used (they would not reproduce autocast's casts and
     output dtypes): the output has the dtype of the PyTorch-ops layer's."""
-    require("cpu")
+    require_triton("cpu")
     conv = GCNConv(5, 7) if layer == "gcn" else GINConv(5, 7)
     block = make_block(6, 13, 0, max_deg=4, seed=3)
     x = torch.randn(13, 5)

@@ -10,30 +10,16 @@ import copy
 
 import pytest
 import torch
+from conftest import require_triton
 from test_nn import make_block, ref_sage
 
 from distmb.nn import AGGREGATORS, SAGEConv
 from distmb.nn import sage as sage_module
-from distmb.nn.kernels import triton_aggregate as aggregate_triton
-from distmb.nn.kernels.dispatch import get_kernels, set_kernels
+from distmb.nn.kernels.dispatch import set_kernels
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 #: float32 against float64: a few hundred roundings of terms of order 1.
 RTOL, ATOL = 1e-5, 1e-5
-
-
-def require(device: str) -> None:
-    ok, why = aggregate_triton.usable(torch.device(device))
-    if not ok:
-        pytest.skip(why)
-
-
-@pytest.fixture
-def triton_kernels():
-    before = get_kernels()
-    set_kernels("triton")
-    yield
-    set_kernels(before)
 
 
 @pytest.fixture
@@ -56,7 +42,7 @@ def test_layer_matches_the_dense_reference(triton_kernels, node_calls, device, a
     """Every aggregator, both orders (aggregate then project, project then aggregate with
     the self term and bias as the kernel's addend), with and without an input gradient (a
     first layer's features: the node computes none, nor the transposed CSR for it)."""
-    require(device)
+    require_triton(device)
     torch.manual_seed(0)
     conv = SAGEConv(*dims, aggr=aggr, activation=True)
     with torch.no_grad():
@@ -84,7 +70,7 @@ def test_layer_matches_the_dense_reference(triton_kernels, node_calls, device, a
 def test_layer_without_edges_is_self_term_and_bias(triton_kernels, node_calls):
     """A block without edges: the transposed CSR is empty, the output ``x W_s^T + b`` and
     the input gradient the self term's alone."""
-    require("cpu")
+    require_triton("cpu")
     conv = SAGEConv(6, 3, activation=False)
     block = make_block(4, 9, 0, max_deg=0, seed=2)
     assert block.num_edges == 0
@@ -101,7 +87,7 @@ def test_layer_without_edges_is_self_term_and_bias(triton_kernels, node_calls):
 def test_autocast_keeps_pytorchs_ops(triton_kernels, node_calls):
     """Under autocast the node is not used (it would not reproduce autocast's casts and
     output dtypes): the layer's output has the dtype of the PyTorch-ops layer's."""
-    require("cpu")
+    require_triton("cpu")
     conv = SAGEConv(5, 7)
     block = make_block(6, 13, 0, max_deg=4, seed=3)
     x = torch.randn(13, 5)

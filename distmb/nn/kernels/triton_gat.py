@@ -244,6 +244,27 @@ if triton is not None:
         tl.store(grad_er_ptr + rows * heads + h, grad_er.to(grad_er_ptr.dtype.element_ty),
                  mask=rmask)  # fmt: skip
 
+    @triton.jit
+    def _attention_into(
+        el_row, er_ptr, max_ptr, sum_ptr, grad_out_ptr, dst, h, heads, dim, f, fmask, mask,
+        negative_slope,
+    ):  # fmt: skip
+        """For edges from sources of ``el_row`` (float32[ROWS]) into destinations ``dst``
+        (int[ROWS], lanes ``mask``), head ``h``: the attention coefficient alpha (float32[ROWS],
+        from the forward's row maximum and sum) and the destinations' output gradient rows
+        (float32[ROWS, BLOCK_F] over features ``f``, ``fmask``)."""
+        pre = el_row + tl.load(er_ptr + dst * heads + h, mask=mask, other=0.0).to(tl.float32)
+        logit = tl.where(pre > 0, pre, pre * negative_slope)
+        row_max = tl.load(max_ptr + dst * heads + h, mask=mask, other=0.0)
+        row_sum = tl.load(sum_ptr + dst * heads + h, mask=mask, other=1.0)
+        a = tl.exp(tl.where(mask, logit - row_max, float("-inf"))) / row_sum
+        d_out = tl.load(
+            grad_out_ptr + (dst * heads + h)[:, None] * dim + f[None, :],
+            mask=mask[:, None] & fmask[None, :],
+            other=0.0,
+        ).to(tl.float32)
+        return a, d_out
+
     @triton.jit(do_not_specialize=["n_src", "heads", "dim"])
     def _gat_backward_src_kernel(
         t_indptr_ptr,
@@ -295,18 +316,10 @@ if triton is not None:
         grad_el = tl.zeros((ROWS,), dtype=tl.float32)
         if SELF_LOOP:
             pending = rmask & (rows < n_dst)
-            self_pre = el_row + tl.load(er_ptr + rows * heads + h, mask=pending, other=0.0).to(
-                tl.float32
-            )
-            self_logit = tl.where(self_pre > 0, self_pre, self_pre * negative_slope)
-            self_max = tl.load(max_ptr + rows * heads + h, mask=pending, other=0.0)
-            self_sum = tl.load(sum_ptr + rows * heads + h, mask=pending, other=1.0)
-            self_a = tl.exp(tl.where(pending, self_logit - self_max, float("-inf"))) / self_sum
-            self_dout = tl.load(
-                grad_out_ptr + (rows * heads + h)[:, None] * dim + f[None, :],
-                mask=pending[:, None] & fmask[None, :],
-                other=0.0,
-            ).to(tl.float32)
+            self_a, self_dout = _attention_into(
+                el_row, er_ptr, max_ptr, sum_ptr, grad_out_ptr, rows, h, heads, dim, f, fmask,
+                pending, negative_slope,
+            )  # fmt: skip
             self_dpre = tl.zeros((ROWS,), dtype=tl.float32)
             if GRAD_EL:
                 self_dpre = tl.load(dpre_self_ptr + rows * heads + h, mask=pending, other=0.0)
@@ -318,16 +331,10 @@ if triton is not None:
                 acc = tl.where(take[:, None], acc + self_a[:, None] * self_dout, acc)
                 grad_el = tl.where(take, grad_el + self_dpre, grad_el)
                 pending = pending & ~take
-            pre = el_row + tl.load(er_ptr + dst * heads + h, mask=emask, other=0.0).to(tl.float32)
-            logit = tl.where(pre > 0, pre, pre * negative_slope)
-            row_max = tl.load(max_ptr + dst * heads + h, mask=emask, other=0.0)
-            row_sum = tl.load(sum_ptr + dst * heads + h, mask=emask, other=1.0)
-            a = tl.exp(tl.where(emask, logit - row_max, float("-inf"))) / row_sum
-            d_out = tl.load(
-                grad_out_ptr + (dst * heads + h)[:, None] * dim + f[None, :],
-                mask=emask[:, None] & fmask[None, :],
-                other=0.0,
-            ).to(tl.float32)
+            a, d_out = _attention_into(
+                el_row, er_ptr, max_ptr, sum_ptr, grad_out_ptr, dst, h, heads, dim, f, fmask,
+                emask, negative_slope,
+            )  # fmt: skip
             acc += a[:, None] * d_out
             if GRAD_EL:
                 edge = tl.load(t_edges_ptr + start + k, mask=emask, other=0)
