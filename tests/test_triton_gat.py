@@ -19,6 +19,7 @@ from distmb.nn import GAT, GATConv
 from distmb.nn.aggregate import add_self_loops, attention_aggregate
 from distmb.nn.kernels import triton_aggregate as aggregate_triton
 from distmb.nn.kernels import triton_gat as gat_triton
+from distmb.nn.kernels import triton_gat_layer as gat_layer_triton
 from distmb.nn.kernels.dispatch import get_kernels, set_kernels
 from distmb.pipeline.sample import Block
 
@@ -248,7 +249,7 @@ def test_attention_layer_matches_float64_autograd(device: str, case: str, self_l
     attn_l, attn_r = 0.3 * torch.randn(2, heads, dim, generator=gen)
     grad_out = torch.randn(block.n_dst, heads, dim, generator=gen)
     inputs = [t.to(device).requires_grad_() for t in (z, attn_l, attn_r)]
-    out = gat_triton.attention_layer(block.to(device), *inputs, SLOPE, self_loops)
+    out = gat_layer_triton.attention_layer(block.to(device), *inputs, SLOPE, self_loops)
     grads = torch.autograd.grad(out, inputs, grad_out.to(device))
     z64, l64, r64 = (t.double().requires_grad_() for t in (z, attn_l, attn_r))
     el, er = (z64 * l64).sum(-1), (z64[: block.n_dst] * r64).sum(-1)
@@ -329,10 +330,10 @@ def test_dispatch_only_where_the_kernel_applies(monkeypatch: pytest.MonkeyPatch)
     attention dropout in training, and ``--kernels torch`` / float64 use PyTorch ops;
     GATConv takes it as :func:`attention_layer` (scores and attention as one node)."""
     calls, layer_calls = [], []
-    real, real_layer = gat_triton.attention_aggregate, gat_triton.attention_layer
+    real, real_layer = gat_triton.attention_aggregate, gat_layer_triton.attention_layer
     monkeypatch.setattr(gat_triton, "attention_aggregate",
                         lambda *a: calls.append(a) or real(*a))  # fmt: skip
-    monkeypatch.setattr(gat_triton, "attention_layer",
+    monkeypatch.setattr(gat_layer_triton, "attention_layer",
                         lambda *a: layer_calls.append(a) or real_layer(*a))  # fmt: skip
     block = hand_built(1)
     el, er, z = torch.randn(11, 2), torch.randn(7, 2), torch.randn(11, 2, 3)
@@ -367,6 +368,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from distmb.nn.kernels import triton_gat as k
+from distmb.nn.kernels import triton_gat_layer as layer
 common = {"heads": "i32", "dim": "i32", "negative_slope": "fp32"}
 for dt in ("fp32", "bf16"):
     p = f"*{dt}"
@@ -382,7 +384,7 @@ for dt in ("fp32", "bf16"):
            "n_dst": "i64"}
     scores = {"z_ptr": p, "attn_l_ptr": p, "attn_r_ptr": p, "el_ptr": "*fp32",
               "er_ptr": "*fp32", "n_src": "i64", "n_dst": "i64"}
-    variants = [(k._gat_scores_kernel, scores, {})]
+    variants = [(layer._gat_scores_kernel, scores, {})]
     for loop in (False, True):
         variants += [(k._gat_forward_kernel, fwd, {"SELF_LOOP": loop}),
                      (k._gat_backward_dst_kernel, dst, {"SELF_LOOP": loop})]

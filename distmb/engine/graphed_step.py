@@ -57,9 +57,12 @@ import torch.nn.functional as F
 
 from distmb.core.errors import InputError
 from distmb.engine.precision import MixedPrecision
+from distmb.nn.models import GAT, GCN, GIN, GraphSAGE
 from distmb.pipeline.minibatch import MiniBatch
 from distmb.pipeline.sample.padded import PaddedBatch, padded_layout
 
+#: The built-in models' classes (``--cuda-graphs`` takes these only, whoever built them).
+BUILT_IN_MODELS = (GraphSAGE, GAT, GCN, GIN)
 #: Eager steps of each batch size before its graph is captured (the PyTorch docs' examples
 #: warm up 3 iterations on a side stream).
 WARMUP_STEPS = 3
@@ -302,3 +305,25 @@ def _refusal(
     if any(f < 1 for f in fanouts):
         return "every --fanout must be positive (-1, all neighbours, has no size bound)"
     return None
+
+
+def graphed_step_for(trainer: Any) -> GraphedStep:  # noqa: ANN401 - a Trainer
+    """``--cuda-graphs``' step over ``trainer``'s model, optimizer and forward (a
+    :class:`~distmb.engine.trainer.Trainer`, built up to its optimizer and loader).
+
+    Raises:
+        InputError: more than one rank, the C++ sampler, a user's model, fp16, or an
+            optimizer that is not capturable on a GPU.
+    """
+    return GraphedStep(
+        trainer.optimizer,
+        # Looked up at every call: the trainer's forward may be wrapped after this.
+        lambda batch, step, num_steps: trainer.forward(batch, step, num_steps),
+        trainer.precision,
+        trainer.device,
+        trainer.cfg.fanout,
+        int(trainer.local.n_solid),
+        num_ranks=trainer.num_ranks,
+        device_path=trainer.parts.device_stages is not None,
+        built_in=type(trainer.model) in BUILT_IN_MODELS,
+    )

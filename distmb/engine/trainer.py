@@ -43,7 +43,7 @@ from distmb.engine.checkpoint import (
 )
 from distmb.engine.epoch_loss import EpochLoss
 from distmb.engine.evaluate import layerwise_inference, split_accuracies
-from distmb.engine.graphed_step import GraphedStep
+from distmb.engine.graphed_step import graphed_step_for
 from distmb.engine.schedule import SCHEDULER_KEY, build_scheduler, restore_schedule
 from distmb.engine.selection import SELECTION_KEY, ModelSelection
 from distmb.engine.stats import (
@@ -59,12 +59,9 @@ from distmb.engine.tensorboard import TensorBoardLog
 from distmb.engine.timers import PHASES, SECONDS_DIGITS, PhaseTimer
 from distmb.engine.work import BlockWork
 from distmb.halo.scheme import HaloScheme
-from distmb.nn.models import GAT, GCN, GIN, GraphSAGE
 from distmb.pipeline.minibatch import MiniBatch
 from distmb.pipeline.plan import shuffled, split_batches
 
-#: The built-in models' classes (``--cuda-graphs`` takes these only, whoever built them).
-BUILT_IN_MODELS = (GraphSAGE, GAT, GCN, GIN)
 #: Multiplier and rank stride of :func:`dropout_seed` (two primes: seeds of different runs
 #: and ranks do not collide for any realistic seed or rank count).
 DROPOUT_SEED_MULTIPLIER = 1_000_003
@@ -149,7 +146,7 @@ class Trainer:
         self._warned: set[str] = set()
         #: ``--cuda-graphs``' step (None without it); its graphs are captured at the first
         #: steps, after the resume below has loaded the optimizer's state.
-        self.graphed = self._graphed_step() if config.cuda_graphs else None
+        self.graphed = graphed_step_for(self) if config.cuda_graphs else None
         # The run's identity in every record: rank 0's, so that all ranks agree (a resumed
         # run keeps the identity and start time of the run it continues).
         self.run_id, self.started = self.comm.allgather(
@@ -411,26 +408,6 @@ class Trainer:
         # The graph's outputs are overwritten by its next replay: the epoch keeps a copy of
         # the loss (the correct count is taken from the logits now).
         losses.add(step, out.loss_sum.clone(), out.logits, batch.labels)
-
-    def _graphed_step(self) -> GraphedStep:
-        """``--cuda-graphs``' step over this run's model, optimizer and forward.
-
-        Raises:
-            InputError: more than one rank, the C++ sampler, a user's model, fp16, or an
-                optimizer that is not capturable on a GPU.
-        """
-        return GraphedStep(
-            self.optimizer,
-            # Looked up at every call: the trainer's forward may be wrapped after this.
-            lambda batch, step, num_steps: self.forward(batch, step, num_steps),
-            self.precision,
-            self.device,
-            self.cfg.fanout,
-            int(self.local.n_solid),
-            num_ranks=self.num_ranks,
-            device_path=self.parts.device_stages is not None,
-            built_in=type(self.model) in BUILT_IN_MODELS,
-        )
 
     def rank_detail(
         self, record: dict[str, Any], halo: dict[str, np.ndarray]

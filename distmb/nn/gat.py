@@ -23,7 +23,7 @@ from distmb.nn.aggregate import (
 )
 from distmb.nn.kernels import cpu_update as fused_update
 from distmb.nn.kernels import triton_aggregate as aggregate_triton
-from distmb.nn.kernels import triton_gat as gat_triton
+from distmb.nn.kernels import triton_gat_layer as gat_layer_triton
 from distmb.nn.kernels.dispatch import get_kernels
 from distmb.pipeline.sample import Block
 
@@ -71,7 +71,7 @@ class GATConv(nn.Module):
     which also adds the self loops without building the looped block; and where
     :func:`~distmb.nn.kernels.triton_aggregate.takes_layer` holds (no autocast), ``W x + b``
     is one ``addmm`` and the scores and the attention one node
-    (:func:`~distmb.nn.kernels.triton_gat.attention_layer`: the scores a Triton kernel in
+    (:func:`~distmb.nn.kernels.triton_gat_layer.attention_layer`: the scores a Triton kernel in
     float32, their part of ``z``'s gradient summed in the attention's backward kernel).
 
     Args:
@@ -157,7 +157,7 @@ class GATConv(nn.Module):
                 z = torch.relu(z)
             z = z.view(block.n_src, self.heads, self.out_dim)
             if not attention_dropout:  # the scores and the attention as one node
-                out = gat_triton.attention_layer(
+                out = gat_layer_triton.attention_layer(
                     block, z, self.attn_l, self.attn_r, self.negative_slope, self.self_loops
                 )
                 return self._finish(block, out)
