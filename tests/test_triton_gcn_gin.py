@@ -1,10 +1,10 @@
 """GCNConv and GINConv on the Triton path (``--kernels triton``): each layer's aggregation as
-one autograd node (``distmb.nn.gcn._TritonGCN``: symmetric factors and self loops in the
-kernel, ``addmm`` / the kernel's addend for ``W`` and the bias; ``distmb.nn.gin.
-_TritonGINAggregate``: ``(1 + eps) x_v`` in the kernel) against test_gcn_gin's dense float64
-references (values, and the gradients of the input and of every parameter, ``eps``
-included), and on padded blocks against the unpadded model; under Triton's interpreter on
-CPU tensors here, compiled on a GPU under ``pytest -m cuda``."""
+one autograd node (``distmb.nn.kernels.triton_layer.LinearAggregate``: symmetric factors and
+self loops in the kernel, ``addmm`` / the kernel's addend for ``W`` and the bias;
+``distmb.nn.gin. _TritonGINAggregate``: ``(1 + eps) x_v`` in the kernel) against
+test_gcn_gin's dense float64 references (values, and the gradients of the input and of every
+parameter, ``eps`` included), and on padded blocks against the unpadded model; under
+Triton's interpreter on CPU tensors here, compiled on a GPU under ``pytest -m cuda``."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from test_nn import dense_adj, make_block
 from test_padded_blocks import check_padded_equals_unpadded, random_blocks
 
 from distmb.nn import GCNConv, GINConv
-from distmb.nn import gcn as gcn_module
 from distmb.nn import gin as gin_module
+from distmb.nn.kernels import triton_layer
 from distmb.nn.kernels.dispatch import set_kernels
 from distmb.pipeline.sample import Block
 
@@ -33,7 +33,7 @@ def node_calls(monkeypatch) -> list[str]:
     """One entry per Triton node built (the tests would otherwise pass on the PyTorch-ops
     path as well)."""
     calls: list[str] = []
-    for module, node in ((gcn_module, "_TritonGCN"), (gin_module, "_TritonGINAggregate")):
+    for module, node in ((triton_layer, "LinearAggregate"), (gin_module, "_TritonGINAggregate")):
         cls = getattr(module, node)
         apply = cls.apply
         monkeypatch.setattr(
@@ -92,7 +92,7 @@ def test_gcn_layer_matches_the_dense_reference(
     with torch.no_grad():
         conv.bias.normal_()  # zero at init; a misplaced bias would hide
     check_layer(conv, ref_gcn, layer_block(dims[0]), x_grad, device)
-    assert node_calls == ["_TritonGCN"]
+    assert node_calls == ["LinearAggregate"]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -122,7 +122,7 @@ def test_gcn_normalises_by_block_degrees_by_hand(triton_kernels, node_calls):
     s = 2**-0.5
     want = torch.tensor([[(1 + 10 * s + 100 * s) / 3**0.5], [(100 * s + 10 * s) * s]])
     torch.testing.assert_close(conv(block, x), want)
-    assert node_calls == ["_TritonGCN"]
+    assert node_calls == ["LinearAggregate"]
 
 
 @pytest.mark.parametrize("name", ["gcn", "gin"])
@@ -134,7 +134,7 @@ def test_padded_blocks_give_the_unpadded_rows(triton_kernels, node_calls, name):
     blocks = random_blocks(3, fanouts, n_solid=10_000, seed=5)
     check_padded_equals_unpadded(name, blocks, fanouts, 10_000)
     assert node_calls and set(node_calls) == {
-        "_TritonGCN" if name == "gcn" else "_TritonGINAggregate"
+        "LinearAggregate" if name == "gcn" else "_TritonGINAggregate"
     }
 
 

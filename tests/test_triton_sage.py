@@ -1,8 +1,9 @@
 """SAGEConv on the Triton path (``--kernels triton``): its aggregation and linear part as one
-autograd node (``distmb.nn.sage._TritonSAGE``: ``addmm`` chains, the kernel's addend, the
-self term's gradient summed in the aggregation's backward) against test_nn's dense float64
-reference (values, and the gradients of the input and of every parameter); under Triton's
-interpreter on CPU tensors here, compiled on a GPU under ``pytest -m cuda``."""
+autograd node (``distmb.nn.kernels.triton_layer.LinearAggregate``: ``addmm`` chains, the
+kernel's addend, the self term's gradient summed in the aggregation's backward) against
+test_nn's dense float64 reference (values, and the gradients of the input and of every
+parameter); under Triton's interpreter on CPU tensors here, compiled on a GPU under ``pytest
+-m cuda``."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from conftest import require_triton
 from test_nn import make_block, ref_sage
 
 from distmb.nn import AGGREGATORS, SAGEConv
-from distmb.nn import sage as sage_module
+from distmb.nn.kernels import triton_layer
 from distmb.nn.kernels.dispatch import set_kernels
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
@@ -24,12 +25,12 @@ RTOL, ATOL = 1e-5, 1e-5
 
 @pytest.fixture
 def node_calls(monkeypatch) -> list[int]:
-    """One entry per ``_TritonSAGE`` node built (the test would otherwise pass on the
+    """One entry per ``LinearAggregate`` node built (the test would otherwise pass on the
     PyTorch-ops path as well)."""
     calls: list[int] = []
-    apply = sage_module._TritonSAGE.apply
+    apply = triton_layer.LinearAggregate.apply
     monkeypatch.setattr(
-        sage_module._TritonSAGE, "apply", lambda *args: calls.append(1) or apply(*args)
+        triton_layer.LinearAggregate, "apply", lambda *args: calls.append(1) or apply(*args)
     )
     return calls
 

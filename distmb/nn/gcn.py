@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
-from torch.autograd.function import FunctionCtx, once_differentiable
 
 from distmb.nn.aggregate import add_self_loops, aggregate, check_layer_input, in_degrees
 from distmb.nn.kernels import cpu_update as fused_update
 from distmb.nn.kernels import triton_aggregate as aggregate_triton
+from distmb.nn.kernels import triton_layer
 from distmb.pipeline.sample import Block
 
 
@@ -48,8 +48,12 @@ class GCNConv(nn.Module):
     ``out_dim < in_dim`` (fewer values to aggregate; same result up to rounding).
     With ``--kernels triton`` (where :func:`~distmb.nn.kernels.triton_aggregate.takes_layer`
     holds: no autocast) the normalised aggregation, ``W`` and the bias are one autograd node
-    (:class:`_TritonGCN`): both degree factors computed in the Triton kernel from row
-    pointers, the self loops as the kernel's own-row term (no block with added edges).
+    (:class:`~distmb.nn.kernels.triton_layer.LinearAggregate` with the aggregation kind
+    ``"symmetric"`` / ``"symmetric_self"``): both degree factors computed in the Triton
+    kernel from row pointers (the sources' out-degrees are the row degrees of the block's
+    transposed CSR, built in the forward and cached on the block for the backward), the
+    self loops as the kernel's own-row term (no block with added edges); the same values as
+    the PyTorch-ops layer up to float rounding.
     Initialisation as DGL's GraphConv: ``W`` Xavier-uniform, bias zero.
 
     Args:
@@ -93,7 +97,9 @@ class GCNConv(nn.Module):
         check_layer_input("GCNConv", x_src, self.in_dim)
         if aggregate_triton.takes_layer(x_src, list(self.parameters())):
             kind = "symmetric_self" if self.self_loops else "symmetric"
-            h = _TritonGCN.apply(x_src, self.fc.weight, self.bias, block, kind)
+            h = triton_layer.LinearAggregate.apply(
+                x_src, self.fc.weight, None, self.bias, block, kind
+            )
             if self.activation:
                 h = fused_update.output_dropout(torch.relu(h), self.dropout)
             return h
@@ -114,64 +120,3 @@ class GCNConv(nn.Module):
             f"{self.in_dim}, {self.out_dim}, activation={self.activation}, "
             f"dropout={self.dropout.p}, self_loops={self.self_loops}"
         )
-
-
-class _TritonGCN(torch.autograd.Function):
-    """GCNConv without ReLU and dropout on the Triton path, as one autograd node:
-    ``D_in^-1/2 (A [+ I]) D_out^-1/2 x W^T + b`` with the aggregation kind ``"symmetric"`` /
-    ``"symmetric_self"`` of :mod:`distmb.nn.kernels.triton_aggregate` (both degree factors
-    and the self loops inside the kernel; the sources' out-degrees are the row degrees of
-    the block's transposed CSR, built here in the forward and cached on the block for the
-    backward).
-
-    Aggregate first (``out_dim >= in_dim``): ``addmm(b, AGG(x), W^T)``. Project first: ``AGG(x
-    @ W^T)`` with the bias as the kernel's addend (a broadcast row). Backward: ``b``'s
-    gradient a column sum, ``W``'s one ``mm``, ``x``'s the transposed aggregation (one
-    kernel) and one ``mm``; nothing for ``x`` when it needs no gradient (a first layer's
-    features).
-
-    The same values as the PyTorch-ops layer up to float rounding: ``addmm`` adds the bias
-    inside the product's sum, on a GPU the compiler may fuse the kernel's factor and addend
-    into one multiply-add, and the kernel sums the same products ``x_u d_out[u]^-1/2`` (the
-    edges in CSR order, then the self loop) in float32 whatever the input dtype.
-    float32/bf16/fp16 inputs in the parameters' dtype, no autocast.
-    """
-
-    @staticmethod
-    def forward(
-        ctx: FunctionCtx, x_src: Tensor, weight: Tensor, bias: Tensor, block: Block, kind: str
-    ) -> Tensor:
-        project = weight.shape[0] < weight.shape[1]
-        h = None
-        if project:
-            z = torch.mm(x_src, weight.t())
-            out = aggregate_triton.aggregate_forward(block, z, kind, bias.expand(block.n_dst, -1))
-        else:
-            h = aggregate_triton.aggregate_forward(block, x_src, kind)
-            out = torch.addmm(bias, h, weight.t())
-        ctx.save_for_backward(x_src, weight, h)
-        ctx.block, ctx.kind, ctx.project = block, kind, project
-        return out
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx: FunctionCtx, grad_out: Tensor) -> tuple[Tensor | None, ...]:
-        x, weight, h = ctx.saved_tensors
-        block, kind = ctx.block, ctx.kind
-        need_x, need_w, need_b = ctx.needs_input_grad[:3]
-        grad_x = grad_w = grad_b = None
-        if need_b:
-            grad_b = grad_out.sum(0)
-        if ctx.project:
-            if need_x or need_w:
-                grad_z = aggregate_triton.aggregate_backward(block, kind, grad_out)
-                if need_w:
-                    grad_w = grad_z.t().mm(x)
-                if need_x:
-                    grad_x = grad_z.mm(weight)
-        else:
-            if need_w:
-                grad_w = grad_out.t().mm(h)
-            if need_x:
-                grad_x = aggregate_triton.aggregate_backward(block, kind, grad_out.mm(weight))
-        return grad_x, grad_w, grad_b, None, None
