@@ -92,7 +92,6 @@ from distmb.pipeline.sample.relabel_triton import (
     BAD_DST,
     EDGES,
     N_COMPUTED,
-    N_COUNTS,
     NEGATIVE,
     NEW_HALO,
     NEW_SOLID,
@@ -145,25 +144,24 @@ class BoundedLayer:
         indptr: int64[D + 1], the block's CSR (unused rows add 0).
         indices: int64[D x fanout + 1], the block's edges in their first ``nnz`` entries.
         src_ids: int64[m + 1], the block's sources in their first ``n_src`` entries.
-        n_computed: int64 device scalar, ``n_dst + n_new_solid``: the next layer's valid
-            rows.
         keys: int64[m], the Fused-Map keys, and ``first``: bool[m], their first-occurrence
             flags, kept for the error messages.
-        counts: int64[4] on the device, Fused-Map's (new solid, new halo, repeated
-            destinations, negative keys).
         stats: int64[STATS_WIDTH] on the device, all the counts the batch reads
-            (:data:`~distmb.pipeline.sample.relabel_triton.STATS`); ``counts`` and
-            ``n_computed`` are views of it.
+            (:data:`~distmb.pipeline.sample.relabel_triton.STATS`).
     """
 
     indptr: torch.Tensor
     indices: torch.Tensor
     src_ids: torch.Tensor
-    n_computed: torch.Tensor
     keys: torch.Tensor
     first: torch.Tensor
-    counts: torch.Tensor
     stats: torch.Tensor
+
+    @property
+    def n_computed(self) -> torch.Tensor:
+        """int64 device scalar (a view of :attr:`stats`), ``n_dst + n_new_solid``: the next
+        layer's valid rows."""
+        return self.stats[N_COMPUTED]
 
 
 def sample_layer_bounded(
@@ -194,11 +192,9 @@ def sample_layer_bounded(
         csr_indptr, csr_indices, dst, dst, fanout, key, with_valid=False, n_valid=n_valid
     )
     mapped = relabel_layer(chosen.keys, chosen.count, fanout, n_dst, n_solid, table, stats)
-    stats = mapped.stats
     return BoundedLayer(
-        mapped.indptr, mapped.indices, mapped.src_ids, stats[N_COMPUTED], chosen.keys,
-        mapped.first, stats[:N_COUNTS], stats,
-    )  # fmt: skip
+        mapped.indptr, mapped.indices, mapped.src_ids, chosen.keys, mapped.first, mapped.stats
+    )
 
 
 def _layer_bounded_torch(
@@ -232,10 +228,7 @@ def _layer_bounded_torch(
     in_dst = torch.arange(d, device=device) < n_dst  # host int or device scalar
     row = torch.stack([*mapped.counts, mapped.n_computed, indptr[-1], (outside & in_dst).sum()])
     stats = row if stats is None else stats.copy_(row)
-    return BoundedLayer(
-        indptr, indices, mapped.src_ids, stats[N_COMPUTED], chosen.keys, pending.first,
-        stats[:N_COUNTS], stats,
-    )  # fmt: skip
+    return BoundedLayer(indptr, indices, mapped.src_ids, chosen.keys, pending.first, stats)
 
 
 def sample_one_read(

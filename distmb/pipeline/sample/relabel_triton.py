@@ -82,8 +82,6 @@ SCAN_CHUNK = 1024
 STATS = ("new_solid", "new_halo", "repeated", "negative", "n_computed", "edges", "bad_dst")
 STATS_WIDTH = len(STATS)
 NEW_SOLID, NEW_HALO, REPEATED, NEGATIVE, N_COMPUTED, EDGES, BAD_DST = range(STATS_WIDTH)
-#: The stats that are Fused-Map's counts (``stats[:N_COUNTS]``).
-N_COUNTS = 4
 #: Per-program partial sums of the count kernel (columns): the exclusive prefix sums of the
 #: first three replace them after the scan.
 PARTIALS = ("new_solid", "new_halo", "edges", "repeated", "negative", "bad_dst")
