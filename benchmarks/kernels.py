@@ -252,10 +252,11 @@ def plot_update(ax: Any, section: dict[str, Any]) -> None:
 
 # --------------------------------------------------------------------------- section "agg"
 #
-# The fused AGG kernels (csrc/kernels/aggregate.cpp) on synthetic blocks of realistic size: n_dst
-# destinations, fan-outs 5/10/15, n_src = min(fanout * n_dst, cap) sources, every source used at
-# least once and the remaining edges drawn from a power law over the sources, 20 % of the
-# destinations with fewer edges than the fan-out; widths 100 and 256. Mean aggregation is timed
+# The fused AGG kernels (csrc/kernels/aggregate.cpp, aggregate_gat.cpp) on synthetic blocks of
+# realistic size: n_dst destinations, fan-outs 5/10/15, n_src = min(fanout * n_dst, cap) sources,
+# every source used at least once and the remaining edges drawn from a power law over the sources,
+# 20 % of the destinations with fewer edges than the fan-out; widths 100 and 256. Mean aggregation
+# is timed
 #
 # - at kernel level (distmb._C into preallocated outputs, transposed CSR prebuilt), as achieved
 #   bandwidth against the copy bandwidth measured in the same run (an OpenMP copy kernel and

@@ -1,4 +1,4 @@
-// Python bindings of the fused AGG kernels (csrc/kernels/aggregate.cpp).
+// Python bindings of the fused AGG kernels (csrc/kernels/aggregate.cpp, aggregate_gat.cpp).
 #include <string>
 #include <utility>
 

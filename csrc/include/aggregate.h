@@ -1,5 +1,6 @@
-// Fused AGG kernels, DistGNN-MB section 3.3, "Broadcast Support"
-// (csrc/kernels/aggregate.cpp).
+// Fused AGG kernels, DistGNN-MB section 3.3, "Broadcast Support": csrc/kernels/aggregate.cpp
+// (transpose_block, mean / sum / gcn, stream_copy) and csrc/kernels/aggregate_gat.cpp (edge
+// softmax, GAT attention logits, weighted aggregation).
 // Kernels work on raw buffers and std::vector outputs and know nothing about Python (the
 // bindings in csrc/bindings/ do).
 #pragma once

@@ -18,11 +18,12 @@ dense float tensors, returns a new tensor and supports autograd w.r.t. its float
 Two implementations sit behind every function, chosen per call by
 :func:`distmb.nn.kernels.dispatch.get_kernels`:
 
-``"fused"`` (default): the C++ kernels of ``csrc/kernels/aggregate.cpp`` through
-:mod:`distmb.nn.kernels.cpu_aggregate` (OpenMP over destinations, SIMD over features, the GAT edge
-weight broadcast over the lanes of its head; backward passes gather over the block's cached
-transposed CSR instead of scattering). They compute in float32 only: inputs of any other
-dtype (e.g. the float64 of ``gradcheck``) take the ``"torch"`` path.
+``"fused"`` (default): the C++ kernels of ``csrc/kernels/aggregate.cpp`` and
+``aggregate_gat.cpp`` through :mod:`distmb.nn.kernels.cpu_aggregate` (OpenMP over
+destinations, SIMD over features, the GAT edge weight broadcast over the lanes of its head;
+backward passes gather over the block's cached transposed CSR instead of scattering). They
+compute in float32 only: inputs of any other dtype (e.g. the float64 of ``gradcheck``) take the
+``"torch"`` path.
 
 ``"triton"``: :func:`aggregate` on CUDA tensors (float32, bf16, fp16) through the Triton
 kernel of :mod:`distmb.nn.kernels.triton_aggregate` (FastGL's Memory-Aware aggregation: a tile of

@@ -1,4 +1,5 @@
-"""Fused C++ AGG kernels (``csrc/kernels/aggregate.cpp``) as autograd functions.
+"""Fused C++ AGG kernels (``csrc/kernels/aggregate.cpp``; GAT's in ``aggregate_gat.cpp``) as
+autograd functions.
 
 These are the ``"fused"`` implementations behind :mod:`distmb.nn.aggregate`, which checks
 arguments and dispatches here (see :func:`distmb.nn.kernels.dispatch.get_kernels`). Every function
