@@ -51,6 +51,24 @@ def _system_malloc_after_each_test():
     configure_malloc("system")
 
 
+def _restore_kernel_selection() -> Iterator[None]:
+    from distmb.nn.kernels.dispatch import get_kernels, set_kernels
+
+    before = get_kernels()
+    yield
+    set_kernels(before)
+
+
+#: A Trainer built in this process applies ``--kernels`` (process-wide, in
+#: ``nn.kernels.dispatch``): the selection in force before each test, and before each module
+#: (whose module-scoped fixtures may build Trainers), is put back after it, so that a later test
+#: that assumes the default does not see an earlier one's choice.
+_kernels_restored_after_each_test = pytest.fixture(autouse=True)(_restore_kernel_selection)
+_kernels_restored_after_each_module = pytest.fixture(autouse=True, scope="module")(
+    _restore_kernel_selection
+)
+
+
 #: The Planetoid Cora files shipped in the package (``--dataset cora``).
 CORA_DIR = Path(BUILTIN_DATASETS["cora"][1])
 

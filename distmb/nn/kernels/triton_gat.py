@@ -83,6 +83,18 @@ if triton is not None:
         pre = tl.load(el_ptr + col * heads + h, mask=emask, other=0.0).to(tl.float32) + er_row
         return pre, tl.where(pre > 0, pre, pre * negative_slope)
 
+    @triton.jit
+    def _weighted_row(z_ptr, col, h, heads, dim, f, emask, fmask, logit, row_max):
+        """(p float32[ROWS], p * z[col, h, f] float32[ROWS, BLOCK_F]) of the rows' current
+        edges, ``p = exp(logit - row_max)`` (0 where ``emask`` is off)."""
+        p = tl.exp(tl.where(emask, logit - row_max, float("-inf")))
+        v = tl.load(
+            z_ptr + (col * heads + h)[:, None] * dim + f[None, :],
+            mask=emask[:, None] & fmask[None, :],
+            other=0.0,
+        ).to(tl.float32)
+        return p, p[:, None] * v
+
     @triton.jit(do_not_specialize=["n_dst", "heads", "dim"])
     def _gat_forward_kernel(
         indptr_ptr,
@@ -129,23 +141,15 @@ if triton is not None:
             emask = rmask & (k < deg)
             col = tl.load(cols_ptr + start + k, mask=emask, other=0)
             _, logit = _edge_logit(el_ptr, col, h, heads, er_row, emask, negative_slope)
-            p = tl.exp(tl.where(emask, logit - row_max, float("-inf")))
+            p, weighted = _weighted_row(z_ptr, col, h, heads, dim, f, emask, fmask, logit, row_max)
             row_sum += p
-            v = tl.load(
-                z_ptr + (col * heads + h)[:, None] * dim + f[None, :],
-                mask=emask[:, None] & fmask[None, :],
-                other=0.0,
-            ).to(tl.float32)
-            acc += p[:, None] * v
+            acc += weighted
         if SELF_LOOP:
-            p = tl.exp(tl.where(rmask, self_logit - row_max, float("-inf")))
+            p, weighted = _weighted_row(
+                z_ptr, rows, h, heads, dim, f, rmask, fmask, self_logit, row_max
+            )
             row_sum += p
-            v = tl.load(
-                z_ptr + (rows * heads + h)[:, None] * dim + f[None, :],
-                mask=rmask[:, None] & fmask[None, :],
-                other=0.0,
-            ).to(tl.float32)
-            acc += p[:, None] * v
+            acc += weighted
         acc = acc / tl.where(row_sum > 0, row_sum, 1.0)[:, None]
         tl.store(
             out_ptr + (rows * heads + h)[:, None] * dim + f[None, :],
