@@ -122,8 +122,11 @@ def run_on_ranks(prog: str, body: Callable[[RankGroup], None]) -> int:
     ``PROG: interrupted`` (exit 130) or ``PROG: terminated`` (exit 143), and no traceback
     (:func:`~distmb.core.signals.end_job_on_stop_signal`). argparse's ``--help`` and flag
     errors exit every rank alike (they all parse the same flags); parsed through
-    :func:`~distmb.cli.usage.parse_on_ranks`, they are printed once and need no abort. The
-    torch.distributed group, if any, is torn down when ``body`` returns.
+    :func:`~distmb.cli.usage.parse_on_ranks`, they are printed once and need no abort. So
+    are the errors of set-up steps run through :func:`~distmb.cli.usage.agree_on_ranks`
+    (once when every rank met the same, else by each rank that met one, naming it): every
+    rank raises :class:`~distmb.cli.usage.UsageExit` with one code. The torch.distributed
+    group, if any, is torn down when ``body`` returns.
 
     Returns:
         0 when ``body`` returned on this rank.
@@ -135,7 +138,8 @@ def run_on_ranks(prog: str, body: Callable[[RankGroup], None]) -> int:
         body(comm)
         comm.close_torch_distributed()
     except SystemExit as exc:  # argparse --help / bad flags: every rank exits alike
-        # A usage error reported once (parse_on_ranks): every rank leaves, no abort needed.
+        # An error every rank knows of, reported (parse_on_ranks, agree_on_ranks): every
+        # rank leaves with its code, no abort needed.
         if exc.code not in (0, None) and not isinstance(exc, UsageExit):
             comm.abort(int(exc.code) if isinstance(exc.code, int) else 2)
         comm.close_torch_distributed()

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
+from typing import TypeVar
 
 from distmb.config.train import TrainConfig, build_parser, config_from_args
 from distmb.core import progress
@@ -15,6 +17,8 @@ from distmb.core.errors import exit_on_user_error
 
 #: The command (error lines, ``--help``).
 PROG = "distmb.train"
+
+T = TypeVar("T")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,7 +34,8 @@ def main(argv: list[str] | None = None) -> int:
 def main_distributed(argv: list[str] | None) -> int:
     """One rank of ``mpirun -np P python -m distmb.train`` (or ``torchrun --nproc_per_node
     P -m distmb.train``). A bad flag is reported once, by rank 0
-    (:func:`~distmb.cli.usage.parse_on_ranks`); any later error on any rank aborts the whole
+    (:func:`~distmb.cli.usage.parse_on_ranks`), and so is an error of the set-up that every
+    rank meets alike (:func:`run_distributed`); any later error on any rank aborts the whole
     job, so a dead rank never leaves the others waiting."""
     from distmb.cli.launch import run_on_ranks
     from distmb.cli.usage import parse_on_ranks
@@ -46,13 +51,26 @@ def main_distributed(argv: list[str] | None) -> int:
 def run_distributed(args: argparse.Namespace, comm) -> None:
     """One rank of a multi-rank run: its part (partitioned on the fly for ``--dataset``), its
     device (resolved once, here), its halo scheme and collectives' library, then
-    :func:`train`."""
+    :func:`train`.
+
+    The set-up steps that may refuse the run (the flags that need no data, the outputs, the
+    partition, the device) run through :func:`~distmb.cli.usage.agree_on_ranks`, one
+    all-gather after each: an error that every rank meets alike (a flag, a missing
+    ``--part-dir``) is printed once, by rank 0; one that only some ranks meet (a file of one
+    part) by those ranks, naming them; every rank then exits with the same code. Each step's
+    collectives are reached by every rank (the partitioning's broadcast, the partition's
+    all-gathers: :func:`~distmb.engine.build.data.check_same_partition`), and the file reads
+    that may fail on one rank alone (:func:`~distmb.engine.build.data.open_own_part`) come
+    before none, so no rank is left waiting. Errors from the halo scheme on (training
+    included) abort the job (:func:`~distmb.cli.launch.run_on_ranks`).
+    """
     import torch
 
     from distmb.cli.launch import ensure_partition
+    from distmb.cli.usage import agree_on_ranks
     from distmb.data.local import LocalGraph
     from distmb.engine.build import make_halo_scheme
-    from distmb.engine.build.data import open_part
+    from distmb.engine.build.data import check_same_partition, open_own_part
     from distmb.engine.build.runtime import prepare_outputs, set_threads
     from distmb.engine.device import (
         check_comm_launch,
@@ -63,12 +81,22 @@ def run_distributed(args: argparse.Namespace, comm) -> None:
         training_device,
         uses_device_path,
     )
+    from distmb.nn.user import is_model_spec, load_model_class
 
     config = config_from_args(args)
-    check_comm_launch(config.comm, comm.launcher)  # before partitioning or loading anything
-    prepare_outputs(config, comm.rank)
+
+    def prepare() -> str | None:  # before partitioning or loading anything
+        check_comm_launch(config.comm, comm.launcher)
+        if is_model_spec(config.model):
+            load_model_class(config.model)  # importable, before any data is read
+        prepare_outputs(config, comm.rank)
+        return set_threads(config)
+
+    def agree(step: Callable[[], T]) -> T:
+        return agree_on_ranks(comm, PROG, step)
+
+    warning = agree(prepare)
     progress.configure(config.progress and comm.rank == 0, config.progress_every)
-    warning = set_threads(config)
     if warning and comm.rank == 0:
         print(warning, file=sys.stderr, flush=True)
 
@@ -76,13 +104,17 @@ def run_distributed(args: argparse.Namespace, comm) -> None:
         if comm.rank == 0:
             print(line, flush=True)
 
-    part_dir = config.part_dir or ensure_partition(
-        comm, config.dataset or "synthetic", config.partition_cache, config.seed, log
+    part_dir = config.part_dir or agree(
+        lambda: ensure_partition(
+            comm, config.dataset or "synthetic", config.partition_cache, config.seed, log
+        )
     )
-    store = open_part(comm, part_dir, verify=config.verify)
+    store = agree(lambda: open_own_part(part_dir, comm.size, comm.rank, verify=config.verify))
+    agree(lambda: check_same_partition(comm, part_dir, store))
     log(f"{comm.size} ranks on {part_dir}; rank 0: {store}")
     # Every rank asks for its node-local rank here, at the same point (it may be a collective).
-    device = training_device(config, comm.local_rank())
+    local_rank = comm.local_rank()
+    device = agree(lambda: training_device(config, local_rank))
     # On the device path the HEC's tables live on the training device: halo rows arrive there.
     cache_device = device if uses_device_path(config, device) else None
     halo = make_halo_scheme(comm, store, config, cache_device=cache_device)

@@ -1,4 +1,4 @@
-"""Usage errors of a multi-rank job, reported once.
+"""Errors of a multi-rank job that every rank meets, reported once.
 
 Every rank of ``mpiexec -n P`` (or torchrun) parses the same command line, so a bad flag is
 met by all of them at once. :func:`parse_on_ranks` parses and validates on every rank with
@@ -6,6 +6,17 @@ the output held back, agrees on the outcome in one small collective, and lets on
 lowest that failed: rank 0 when every rank parses alike) print argparse's usage or the
 ``PROG: error: ...`` line; every rank then exits with that code without aborting the job
 (:class:`UsageExit`), so P ranks print one message, not P.
+
+The steps of a run's set-up that follow (checking the outputs, opening the partition,
+resolving the device) go through :func:`agree_on_ranks`: each step runs on every rank, one
+all-gather of "who failed, with which message" follows it, and the outcome decides who
+prints. A failure that every rank met with the same message (the same flags, the same
+shared directory) is printed once, by rank 0, as ``PROG: error: MESSAGE``; otherwise (one
+rank's part file is missing, a node-local path differs) each rank that failed prints its own
+line, ``PROG: error: [rank i] MESSAGE``. Either way every rank knows of the failure and
+exits with the same code (the lowest failing rank's), without ``MPI_Abort``. Errors after
+the set-up, in training, are one rank's: :func:`distmb.cli.launch.run_on_ranks` prints them
+naming the rank and aborts the job.
 """
 
 from __future__ import annotations
@@ -32,8 +43,10 @@ class Ranks(Protocol):
 
 
 class UsageExit(SystemExit):
-    """Every rank leaves with the same code after a usage error (or ``--help``) that one rank
-    has reported: nobody waits in a collective, so the job needs no abort."""
+    """Every rank leaves with the same code after an error that every rank knows of and that
+    has been reported (a usage error or ``--help``: :func:`parse_on_ranks`; a failed set-up
+    step: :func:`agree_on_ranks`): nobody waits in a collective, so the job needs no
+    abort."""
 
 
 def parse_on_ranks(comm: Ranks, prog: str, parse: Callable[[], T]) -> T:
@@ -79,3 +92,64 @@ def parse_on_ranks(comm: Ranks, prog: str, parse: Callable[[], T]) -> T:
         sys.stderr.write(text_err)
         sys.stderr.flush()
     raise UsageExit(first_code)
+
+
+#: What one rank reports of a set-up step to the others: None when the step returned, else
+#: ``(exit code, message)`` of its :class:`DistmbError`.
+Outcome = tuple[int, str] | None
+
+
+def agree_on_ranks(comm: Ranks, prog: str, step: Callable[[], T]) -> T:
+    """``step()`` on every rank, its :class:`DistmbError` reported once if every rank met the
+    same one, else by each rank that met it (module docstring).
+
+    ``step`` must not leave any rank waiting in a collective: it has none, or every rank
+    reaches each of its collectives and the errors after them are decided from their
+    results (so every rank raises them alike). A step that may fail on one rank before a
+    collective would pair that collective with this function's all-gather on the others.
+
+    Args:
+        comm: the job's ranks; every rank calls this together (one all-gather).
+        prog: the command, as its error lines name it (``prog: error: ...``).
+        step: one step of the set-up; raises a :class:`DistmbError` on failure. Any other
+            exception propagates at once (a bug: :func:`~distmb.cli.launch.run_on_ranks`
+            prints its traceback and aborts the job).
+
+    Returns:
+        What ``step`` returned, when it returned on every rank.
+
+    Raises:
+        UsageExit: ``step`` failed on some rank; every rank raises it, with the exit code of
+            the lowest failing rank, after the failure has been printed.
+    """
+    outcome: Outcome = None
+    result: Any = None
+    try:
+        result = step()
+    except DistmbError as exc:
+        outcome = (exc.exit_code, str(exc))
+    report_outcomes(comm.rank, prog, comm.allgather(outcome))
+    return result
+
+
+def report_outcomes(rank: int, prog: str, outcomes: list[Outcome]) -> None:
+    """Print ``rank``'s share of the failures in ``outcomes`` (every rank's, in rank order) and
+    raise :class:`UsageExit`; nothing when no rank failed.
+
+    One failure that every rank met alike is printed by rank 0 alone, without a rank; any
+    other failure by the rank that met it, naming it.
+
+    Raises:
+        UsageExit: with the exit code of the lowest failing rank, on every rank.
+    """
+    failed = [outcome for outcome in outcomes if outcome is not None]
+    if not failed:
+        return
+    shared = len(failed) == len(outcomes) and len(set(failed)) == 1
+    mine = outcomes[rank]
+    if shared and rank == 0:
+        sys.stderr.write(f"{prog}: error: {failed[0][1]}\n")
+    elif not shared and mine is not None:
+        sys.stderr.write(f"{prog}: error: [rank {rank}] {mine[1]}\n")
+    sys.stderr.flush()
+    raise UsageExit(failed[0][0])

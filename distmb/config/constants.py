@@ -17,11 +17,10 @@ DESCRIPTION = (
     "thread-parallel sampling and exact layer-wise evaluation."
 )
 
-#: Learning rates, one per model, when ``--lr`` is not given: the paper's (Table 2, single
-#: socket) for SAGE and GAT; GCN and GIN take SAGE's.
+#: Learning rates, one per built-in model (:data:`distmb.nn.models.MODELS`, which owns the
+#: names; a test checks that every one has its rate here), when ``--lr`` is not given: the
+#: paper's (Table 2, single socket) for SAGE and GAT; GCN and GIN take SAGE's.
 DEFAULT_LR: dict[str, float] = {"sage": 0.003, "gat": 0.001, "gcn": 0.003, "gin": 0.003}
-#: The built-in models of ``--model`` (those with a default learning rate).
-MODELS: tuple[str, ...] = tuple(DEFAULT_LR)
 #: Learning rate of a user's model (``--model package.module:Class``) without ``--lr``.
 DEFAULT_USER_MODEL_LR = 0.003
 #: ``--comm``: the collectives' library (torch: RankGroup.use_torch_distributed); ``auto``

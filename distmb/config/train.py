@@ -32,7 +32,6 @@ from distmb.config.constants import (
     DEVICE_PATTERN,
     GROUP_CUDA,
     MAX_FANOUT,
-    MODELS,
     PROG,
 )
 from distmb.config.options import (
@@ -66,6 +65,7 @@ from distmb.config.train_options import (
 )
 from distmb.core.errors import InputError
 from distmb.halo.hec.scheme import HecSettings
+from distmb.nn.models import MODELS
 from distmb.nn.user import is_model_spec
 from distmb.pipeline.features.cached import CACHE_POLICIES
 

@@ -35,7 +35,6 @@ from distmb.config.constants import (
     GROUP_SELECTION,
     LR_SCHEDULES,
     MAX_SEED,
-    MODELS,
     NEIGHBOR_CACHE_ORDERS,
     PRECISIONS,
     SAMPLERS,
@@ -45,6 +44,7 @@ from distmb.core.machine import MAX_THREADS
 from distmb.core.malloc import DEFAULT_MALLOC_POLICY, MALLOC_POLICIES
 from distmb.core.progress import DEFAULT_PROGRESS_EVERY
 from distmb.nn.kernels.dispatch import KERNELS
+from distmb.nn.models import MODELS
 from distmb.pipeline import DEFAULT_PREFETCH
 from distmb.pipeline.features.cached import CACHE_POLICIES
 from distmb.pipeline.features.device import DEVICE_CACHE_POLICIES

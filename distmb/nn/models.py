@@ -35,8 +35,10 @@ HaloInputs = Callable[[int, Block], Tensor]
 #: layer ``l`` given its computed sources' rows ``h`` (a halo scheme's per-layer hook).
 LayerInput = Callable[[int, Block, Tensor], Tensor]
 
-#: Model names accepted by :func:`build_model`.
-MODELS = ("sage", "gat", "gcn", "gin")
+#: The built-in models: the names :func:`build_model` accepts, which ``--model`` takes besides a
+#: user's ``package.module:Class``. Defined here only (:mod:`distmb.config` imports it; its
+#: ``DEFAULT_LR`` has a learning rate for each).
+MODELS: tuple[str, ...] = ("sage", "gat", "gcn", "gin")
 
 
 def stack_widths(

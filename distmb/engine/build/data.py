@@ -45,19 +45,46 @@ def load_local(config: TrainConfig, log: Callable[[str], None]) -> LocalGraph:
 
 def open_part(comm: RankGroup, part_dir: str, *, verify: bool = True) -> PartitionStore:
     """Open part ``rank`` of ``part_dir`` on every rank, after checking on every rank that
-    the partition has one part per rank and that all ranks see the same graph.
+    the partition has one part per rank and that all ranks see the same graph: the two
+    halves, :func:`open_own_part` and :func:`check_same_partition`.
 
     Raises:
         PartitionError: another number of parts than ranks, ranks that opened different
             graphs or partitionings, or a part without training vertices.
     """
-    num_parts = int(read_meta(part_dir)["num_parts"])  # every rank reads the same file
-    if num_parts != comm.size:
+    store = open_own_part(part_dir, comm.size, comm.rank, verify=verify)
+    check_same_partition(comm, part_dir, store)
+    return store
+
+
+def open_own_part(
+    part_dir: str, num_ranks: int, rank: int, *, verify: bool = True
+) -> PartitionStore:
+    """Part ``rank`` of ``part_dir``, after checking that the partition has ``num_ranks``
+    parts. No collective: its errors may be this rank's alone (a file of its part).
+
+    Raises:
+        PartitionError: another number of parts than ranks, or a missing or corrupt file.
+    """
+    num_parts = int(read_meta(part_dir)["num_parts"])
+    if num_parts != num_ranks:
         raise PartitionError(
-            f"--part-dir {part_dir} has {num_parts} parts but {comm.size} ranks run; "
+            f"--part-dir {part_dir} has {num_parts} parts but {num_ranks} ranks run; "
             f"use mpirun -np {num_parts}"
         )
-    store = PartitionStore(part_dir, comm.rank, verify="auto" if verify else "never")
+    return PartitionStore(part_dir, rank, verify="auto" if verify else "never")
+
+
+def check_same_partition(comm: RankGroup, part_dir: str, store: PartitionStore) -> None:
+    """Check that every rank opened a part of the same partitioning of the same graph
+    (``store``: this rank's part of ``part_dir``), and that every part has training vertices.
+    Every rank reaches both all-gathers, and each error is decided from their results, so
+    every rank raises it alike.
+
+    Raises:
+        PartitionError: ranks that opened different graphs or partitionings, or a part
+            without training vertices.
+    """
     # The graph, and the partitioning itself: node_part.npy's sha256 tells apart any two
     # assignments (another --method, --seed or METIS version), whatever produced them.
     mine = (store.meta["graph_sha256"], store.num_parts, store.meta["files"].get(NODE_PART_FILE))
@@ -74,4 +101,3 @@ def open_part(comm: RankGroup, part_dir: str, *, verify: bool = True) -> Partiti
         raise PartitionError(
             f"--part-dir {part_dir}: part(s) {empty} have no training vertices; use fewer ranks"
         )
-    return store
