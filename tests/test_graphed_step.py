@@ -13,7 +13,7 @@ import pytest
 import torch
 from test_device_path_budget import device_path_trainer
 
-from distmb.config.train import TrainConfig
+from distmb.config.train import TrainConfig, cuda_graphs_problem
 from distmb.core.errors import InputError
 from distmb.engine import Trainer
 from distmb.engine.graphed_step import WARMUP_STEPS, GraphedStep
@@ -72,7 +72,8 @@ def test_with_dropout_it_learns_and_is_deterministic():
 
 def test_the_static_step_reads_nothing_back():
     """The census of a static epoch: no sync-prone op in the step (the padding is sized by
-    host ints), the same host reads per epoch as the normal path."""
+    host ints), the same host reads per epoch as the normal path, and outside the graph the
+    refill's launches as ``PaddedBatch.launches`` counts them."""
     static = device_path_trainer(GRAPH, **SMALL_RUN, cuda_graphs=True)
     eager = device_path_trainer(GRAPH, **SMALL_RUN)
     static.train_epoch(0)
@@ -82,6 +83,11 @@ def test_the_static_step_reads_nothing_back():
     assert got.host_reads == expected.host_reads
     assert got.device_waits == expected.device_waits
     assert got.aten_ops["backward"] == got.aten_ops["optimizer"] == 0  # all in the replay
+    # Outside the step's graph (the census's forward stage): the refill and the loss weight.
+    assert static.graphed is not None
+    (refill,) = {size.padded.launches() for size in static.graphed._sizes.values()}
+    forward = got.launch_ops()["forward"] + got.triton_launches.get("forward", 0)
+    assert forward == (refill + 1) * got.iterations
 
 
 def test_the_optimizer_state_survives_a_resume(tmp_path):
@@ -131,24 +137,46 @@ def test_the_flag_refuses_what_it_cannot_run(config, message):
         TrainConfig(**config)
 
 
-def test_the_step_refuses_several_ranks_and_user_models():
+def built_step(config: TrainConfig, **kwargs) -> GraphedStep:  # noqa: ANN003 - GraphedStep's
+    """A GraphedStep over a stand-in model on the CPU, with ``config``'s options."""
     model = torch.nn.Linear(2, 2)
     optimizer = torch.optim.Adam(model.parameters())
     precision = MixedPrecision("fp32", "torch", torch.device("cpu"))
+    cpu = torch.device("cpu")
+    return GraphedStep(optimizer, lambda *_: None, precision, cpu, config, 10, **kwargs)
 
-    def step(**kwargs) -> GraphedStep:  # noqa: ANN003
-        return GraphedStep(
-            optimizer, lambda *_: None, precision, torch.device("cpu"), (2, 2), 10,
-            **kwargs,
-        )  # fmt: skip
 
-    step()
+def test_the_step_refuses_several_ranks_and_user_models():
+    config = TrainConfig(layers=2, fanout=(2, 2))
+    built_step(config)
     with pytest.raises(InputError, match="--cuda-graphs: one rank only, this run has 2"):
-        step(num_ranks=2)
+        built_step(config, num_ranks=2)
     with pytest.raises(InputError, match="--cuda-graphs: the built-in models only"):
-        step(built_in=False)
+        built_step(config, built_in=False)
     with pytest.raises(InputError, match="--cuda-graphs: needs the device path"):
-        step(device_path=False)
+        built_step(config, device_path=False)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(device="cuda", precision="fp16"),
+        dict(device="cuda", sampler="cpp"),
+        dict(sampler="device", layers=2, fanout=(-1, 4)),
+        dict(sampler="device", model="my.models:Net"),
+    ],
+)
+def test_the_step_refuses_the_options_the_flag_refuses_alike(options):
+    """One set of rules for the options (``cuda_graphs_problem``): a config valid without
+    the flag (a Trainer's, built in code) is refused by the step with the message the flag
+    gets."""
+    config = TrainConfig(**options)
+    with pytest.raises(InputError) as flag:
+        TrainConfig(**options, cuda_graphs=True)
+    with pytest.raises(InputError) as step:
+        built_step(config)
+    assert str(step.value) == str(flag.value) == cuda_graphs_problem(config)
+    assert str(flag.value).startswith("--cuda-graphs")
 
 
 def test_a_trainer_refuses_a_user_model_with_the_flag():

@@ -3,11 +3,13 @@ real rows, loss and gradients (the reference: the same model on the unpadded blo
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import random_graph
+from conftest import random_graph, require_triton
 
 from distmb.data.local import LocalGraph
 from distmb.nn import build_model
@@ -205,25 +207,49 @@ def test_padded_sage_with_the_triton_aggregation():
     check_padded_equals_unpadded("sage", blocks, fanouts, 10_000)
 
 
-@pytest.mark.parametrize(("n_seeds", "fanouts"), [(20, (3, 2)), (6, (2, 2, 3)), (40, (2, 3, 2))])
-def test_a_refill_is_6l_plus_1_launches_without_a_read(n_seeds, fanouts):
-    """The refill's ops as the census counts launches (neither views nor allocations): ``L``
-    aranges, per layer 5 (4 at the top, 1 less where a layer has one sink), the input rows
-    and the labels; none would read the device back on a GPU."""
-    from distmb.engine.op_census import _OpCounter
+def refill_census(padded: PaddedBatch, blocks: list[Block], x: torch.Tensor,
+                  labels: torch.Tensor) -> tuple[int, int, Counter, Counter]:  # fmt: skip
+    """One :meth:`PaddedBatch.fill` counted as the op census counts an iteration: ``(ATen ops
+    that launch, Triton launches, every op by name, the sync-prone ops)``; views,
+    allocations and the interpreter's own ops are not launches."""
+    from distmb.engine.op_census import _OpCounter, _triton_kernel_classes, _wrap
 
+    counter, undo = _OpCounter(), []
+    for kernel_class in _triton_kernel_classes():
+        _wrap(kernel_class, "run", counter.kernel, undo)
+    try:
+        with counter:
+            padded.fill(blocks, x, labels)
+    finally:
+        for restore in reversed(undo):
+            restore()
+    free = sum(counter.views.values()) + sum(counter.launch_free.values())
+    launching = sum(counter.ops.values()) - free
+    return launching, sum(counter.triton.values()), counter.by_name, counter.syncing
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize(("n_seeds", "fanouts"), [(20, (3, 2)), (6, (2, 2, 3)), (40, (2, 3, 2))])
+def test_a_refill_launches_what_launches_counts_without_a_read(backend, n_seeds, fanouts):
+    """The refill's launches as the census counts them. Torch ops: ``L`` aranges, per layer
+    5 (4 at the top, 1 less where a layer has one sink), the input rows and the labels:
+    ``6 L + 1`` at most. Triton: one kernel per layer and one for the input rows and labels,
+    no ATen op. None would read the device back on a GPU."""
+    if backend == "triton":
+        require_triton("cpu")
     blocks = random_blocks(n_seeds, fanouts, n_solid=10_000, seed=1)
     layout = padded_layout(n_seeds, fanouts, 10_000)
-    padded = PaddedBatch(layout, FEAT, torch.float32, torch.device("cpu"))
+    padded = PaddedBatch(layout, FEAT, torch.float32, torch.device("cpu"), backend=backend)
     x, labels = torch.randn(blocks[0].n_src, FEAT), torch.zeros(n_seeds, dtype=torch.int64)
-    counter = _OpCounter()
-    with counter:
-        padded.fill(blocks, x, labels)
-    free = sum(counter.views.values()) + sum(counter.launch_free.values())
+    launching, triton_launches, by_name, syncing = refill_census(padded, blocks, x, labels)
     one_sink = sum(r == 1 for r in layout.sinks)
-    expected = 6 * len(fanouts) + 1 - one_sink
-    assert sum(counter.ops.values()) - free == expected == padded.launches(), counter.by_name
-    assert sum(counter.syncing.values()) == 0, dict(counter.by_name)
+    if backend == "torch":
+        expected = (6 * len(fanouts) + 1 - one_sink, 0)
+    else:
+        expected = (0, len(fanouts) + 1)
+    assert (launching, triton_launches) == expected, by_name
+    assert launching + triton_launches == padded.launches()
+    assert sum(syncing.values()) == 0, dict(by_name)
     assert one_sink == (n_seeds <= PADDING_ROW_FANOUTS)  # only a small top layer has one
 
 

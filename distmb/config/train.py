@@ -181,7 +181,7 @@ class TrainConfig(
             problem = precision_problem(self.precision, self.kernels, "cpu")
             if problem:
                 raise InputError(problem)
-        problem = cuda_graphs_problem(self)
+        problem = cuda_graphs_problem(self) if self.cuda_graphs else None
         if problem:
             raise InputError(problem)
         if self.features in ("memory", "mmap"):
@@ -276,11 +276,11 @@ def precision_problem(precision: str, kernels: str, device_type: str) -> str | N
 
 
 def cuda_graphs_problem(config: TrainConfig) -> str | None:
-    """Why ``--cuda-graphs`` cannot run with the rest of ``config``, or None (also when it is
-    off). The run's own checks (one rank, the device path taken, the optimizer capturable)
-    are :class:`~distmb.engine.graphed_step.GraphedStep`'s."""
-    if not config.cuda_graphs:
-        return None
+    """Why ``--cuda-graphs`` cannot run with the rest of ``config``'s options, or None: every
+    rule the options decide, whether or not the flag is on (:meth:`TrainConfig.validate` asks
+    when it is; :class:`~distmb.engine.graphed_step.GraphedStep` asks again for a Trainer's
+    config, then adds what only the built run knows: its ranks, the sampler it built, a model
+    object given in code, the optimizer)."""
     if config.precision == "fp16":
         return (
             "--cuda-graphs with --precision fp16: the gradient scaler skips steps and updates "

@@ -35,26 +35,30 @@ with every capture: each replay advances its offset, so replays draw fresh masks
 step eagerly every time (``--cuda-graphs`` with ``--device cpu --sampler device``): CI tests
 everything but the capture itself, and the op census counts the padded path's ops.
 
-**Refused** (:class:`~distmb.core.errors.InputError` naming ``--cuda-graphs``): more than one
-rank (halo exchanges and the gradient all-reduce run between the phases a graph fuses);
-``--precision fp16`` (the gradient scaler skips steps and updates its scale on the host);
-fan-out ``-1`` (a layer of all neighbours has no size bound); the C++ sampler (the graphed
-step is the device path's); a user's model (the padding's proof, padded rows never reach a
-real row, holds for the built-in layers; a user's layer may also read a block's ``src_ids``,
-which padded blocks do not carry, or the host); on CUDA an optimizer whose param groups are
-not ``capturable``.
+**Refused** (:class:`~distmb.core.errors.InputError` naming ``--cuda-graphs``): what the
+options decide is :func:`~distmb.config.train.cuda_graphs_problem`'s, asked when the flag is
+parsed and again here for a Trainer built in code (``--precision fp16``, whose gradient scaler
+skips steps and updates its scale on the host; the C++ sampler; fan-out ``-1``, a layer of
+all neighbours with no size bound; a ``--model`` that is not a built-in). What only the built
+run knows is checked here: more than one rank (halo exchanges and the gradient all-reduce run
+between the phases a graph fuses); a sampler other than the device path's (the graphed step
+is the device path's); a model object that is not a built-in's class (the padding's proof,
+padded rows never reach a real row, holds for the built-in layers; a user's layer may also
+read a block's ``src_ids``, which padded blocks do not carry, or the host); on CUDA an
+optimizer whose param groups are not ``capturable``.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from distmb.config.train import TrainConfig, cuda_graphs_problem
 from distmb.core.errors import InputError
 from distmb.engine.precision import MixedPrecision
 from distmb.nn.models import GAT, GCN, GIN, GraphSAGE
@@ -113,13 +117,14 @@ class GraphedStep:
     Args:
         optimizer: the model's optimizer (on CUDA: every param group ``capturable``).
         forward: the trainer's forward (:data:`Forward`) through the model.
-        precision: ``--precision``'s handling (not fp16).
+        precision: the handling of ``config.precision`` (not fp16).
         device: the training device.
-        fanouts: ``--fanout``, input layer first (positive).
+        config: the run's options (:func:`~distmb.config.train.cuda_graphs_problem`'s rules;
+            ``--fanout``, input layer first, sizes the padded blocks).
         n_solid: the part's solid vertices (the bounds' cap).
         num_ranks: ranks of the run (must be 1).
         device_path: whether the run samples on the device path (it must).
-        built_in: whether the model is a built-in (it must be; on ``device``).
+        built_in: whether the model is a built-in's instance (it must be; on ``device``).
 
     Raises:
         InputError: a configuration the graphed step refuses (module docstring).
@@ -131,21 +136,21 @@ class GraphedStep:
         forward: Forward,
         precision: MixedPrecision,
         device: torch.device,
-        fanouts: Sequence[int],
+        config: TrainConfig,
         n_solid: int,
         *,
         num_ranks: int = 1,
         device_path: bool = True,
         built_in: bool = True,
     ) -> None:
-        problem = _refusal(precision, fanouts, num_ranks, device_path, built_in)
+        problem = cuda_graphs_problem(config) or _run_refusal(num_ranks, device_path, built_in)
         if problem:
-            raise InputError(f"--cuda-graphs: {problem}")
+            raise InputError(problem)
         self.optimizer = optimizer
         self.forward = forward
         self.precision = precision
         self.device = device
-        self.fanouts = tuple(fanouts)
+        self.fanouts = tuple(config.fanout)
         self.n_solid = n_solid
         #: Whether steps replay CUDA graphs (a CUDA device), else run eagerly.
         self.graphs = device.type == "cuda"
@@ -161,7 +166,8 @@ class GraphedStep:
     # -- a step --------------------------------------------------------------------------------
     def step(self, batch: MiniBatch, step: int, num_steps: int, loss_weight: float) -> StepOutputs:
         """Train on ``batch`` (one rank's, on the device): refill its batch size's buffers
-        (``6 L + 2`` launches at most, no host read), then replay its graph; or, before the graph
+        (:meth:`~distmb.pipeline.sample.padded.PaddedBatch.launches` launches and the loss
+        weight's fill, no host read), then replay its graph; or, before the graph
         exists, run the step eagerly (the warm-up) or capture and replay it.
 
         Args:
@@ -283,27 +289,18 @@ def _baked_value(value: Any) -> Any:  # noqa: ANN401 - a param group's value
     return ("tensor", id(value)) if isinstance(value, torch.Tensor) else value
 
 
-def _refusal(
-    precision: MixedPrecision,
-    fanouts: Sequence[int],
-    num_ranks: int,
-    device_path: bool,
-    built_in: bool,
-) -> str | None:
-    """Why the graphed step cannot run this configuration (module docstring), or None."""
+def _run_refusal(num_ranks: int, device_path: bool, built_in: bool) -> str | None:
+    """Why the graphed step cannot run with what the built run has (module docstring; the
+    options' rules are :func:`~distmb.config.train.cuda_graphs_problem`'s), or None."""
     if num_ranks != 1:
         return (
-            f"one rank only, this run has {num_ranks} (halo exchanges and the gradient "
-            "all-reduce run between the phases a graph fuses)"
+            f"--cuda-graphs: one rank only, this run has {num_ranks} (halo exchanges and the "
+            "gradient all-reduce run between the phases a graph fuses)"
         )
     if not device_path:
-        return "needs the device path (--sampler device, or auto with --device cuda)"
+        return "--cuda-graphs: needs the device path (--sampler device, or auto with --device cuda)"
     if not built_in:
-        return "the built-in models only (sage, gat, gcn, gin), not a user's model"
-    if precision.scaler is not None:
-        return "not with --precision fp16 (its gradient scaler steps on the host)"
-    if any(f < 1 for f in fanouts):
-        return "every --fanout must be positive (-1, all neighbours, has no size bound)"
+        return "--cuda-graphs: the built-in models only (sage, gat, gcn, gin), not a user's model"
     return None
 
 
@@ -312,8 +309,9 @@ def graphed_step_for(trainer: Any) -> GraphedStep:  # noqa: ANN401 - a Trainer
     :class:`~distmb.engine.trainer.Trainer`, built up to its optimizer and loader).
 
     Raises:
-        InputError: more than one rank, the C++ sampler, a user's model, fp16, or an
-            optimizer that is not capturable on a GPU.
+        InputError: the options' refusals (:func:`~distmb.config.train.cuda_graphs_problem`),
+            more than one rank, no device path, a user's model, or an optimizer that is not
+            capturable on a GPU.
     """
     return GraphedStep(
         trainer.optimizer,
@@ -321,7 +319,7 @@ def graphed_step_for(trainer: Any) -> GraphedStep:  # noqa: ANN401 - a Trainer
         lambda batch, step, num_steps: trainer.forward(batch, step, num_steps),
         trainer.precision,
         trainer.device,
-        trainer.cfg.fanout,
+        trainer.cfg,
         int(trainer.local.n_solid),
         num_ranks=trainer.num_ranks,
         device_path=trainer.parts.device_stages is not None,

@@ -53,14 +53,18 @@ for the padded rows too, so the real rows' masks are not those of an unpadded ru
 same seed.
 
 **Refill.** :meth:`PaddedBatch.fill` copies a batch into the buffers allocated once per batch
-size, with no host read (the real sizes are the blocks' host ints): ``L`` ``arange`` for the
-positions; per layer an ``index_select`` for the real edges' sources and a ``copy_`` of the
-padding edges' (static) sources, the row pointers of the real and padded rows (a ``copy_`` at
-the top, whose real destinations are the prefix; below it a ``searchsorted`` and an
-``index_select``: padded row ``q`` starts where the first real row at or after ``q`` starts)
-and a ``clamp`` for the sinks' (none with one sink); an ``index_copy_`` of the input rows and
-a ``copy_`` of the labels: ``6 L + 1`` launches for ``L`` layers (:meth:`PaddedBatch.
-launches`).
+size, with no host read (the real sizes are the blocks' host ints). Where Triton runs (CUDA
+tensors; CPU tensors under its interpreter) in ``L + 1`` launches
+(:mod:`~distmb.pipeline.sample.padded_triton`): one kernel per layer, top first, writes the
+layer's new sources' positions, its edges' sources and its row pointers, and one kernel
+scatters the input rows and copies the labels. Elsewhere (the CPU without the interpreter)
+with torch ops, the same values: ``L`` ``arange`` for the positions; per layer an
+``index_select`` for the real edges' sources and a ``copy_`` of the padding edges' (static)
+sources, the row pointers of the real and padded rows (a ``copy_`` at the top, whose real
+destinations are the prefix; below it a ``searchsorted`` and an ``index_select``: padded row
+``q`` starts where the first real row at or after ``q`` starts) and a ``clamp`` for the
+sinks' (none with one sink); an ``index_copy_`` of the input rows and a ``copy_`` of the
+labels: ``6 L + 1`` launches for ``L`` layers. :meth:`PaddedBatch.launches` counts either.
 
 **Memory** grows with the bounds, like the one-read sampler's
 (:mod:`~distmb.pipeline.sample.device_batch`): the input layer has ``n_seeds + sum_l (K_l +
@@ -76,12 +80,16 @@ from dataclasses import dataclass
 
 import torch
 
+from distmb.pipeline.sample import padded_triton
 from distmb.pipeline.sample.blocks import Block
 from distmb.pipeline.sample.device_batch import destination_bounds
 
 #: A sink row owns at most this many fan-outs' worth of padding edges (``c_l = 16 f_l``):
 #: ``R_l = ceil(D_l / 16)`` sinks per layer, 6 % more destination rows than the bound.
 PADDING_ROW_FANOUTS = 16
+#: :class:`PaddedBatch`'s refill back ends: ``"auto"`` is ``"triton"`` where Triton runs on
+#: the buffers' device (:func:`~distmb.pipeline.sample.padded_triton.usable`), else ``"torch"``.
+REFILL_BACKENDS = ("auto", "triton", "torch")
 
 
 @dataclass(frozen=True)
@@ -175,8 +183,10 @@ class PaddedBatch:
         feat_dim: the input rows' width.
         dtype: the input rows' dtype.
         device: where the buffers live (the training device).
+        backend: the refill's (:data:`REFILL_BACKENDS`); both fill the same values.
 
     Attributes:
+        backend: ``"triton"`` or ``"torch"``, the refill's.
         positions: int64[input_rows], the padded position of every real input-layer source
             in its first ``blocks[0].n_src`` entries (the first ``n_seeds`` never change).
         indptr: per layer, int64[P_l + 1]; ``indptr[l][P_l] = E_l`` always.
@@ -187,44 +197,55 @@ class PaddedBatch:
         src_ids: int64[input_rows] of zeros: the padded blocks' ``src_ids`` (prefixes of it).
             They are not the batch's vertex ids: nothing on the padded path reads them (the
             input rows are copied after the gather, and one rank has no halo leaves).
+
+    Raises:
+        ValueError: an unknown ``backend``, or ``"triton"`` where Triton cannot run on
+            ``device``.
     """
 
     def __init__(
-        self, layout: PaddedLayout, feat_dim: int, dtype: torch.dtype, device: torch.device
+        self,
+        layout: PaddedLayout,
+        feat_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        backend: str = "auto",
     ) -> None:
         self.layout = layout
-        rows, widest = layout.input_rows, max(layout.dst_rows)
+        self.backend = _refill_backend(backend, device)
+        rows = layout.input_rows
         index = dict(dtype=torch.int64, device=device)
         self.positions = torch.arange(rows, **index)
-        self._ramp = torch.arange(widest + 1, **index)  # the padded rows, searched for
-        self._first_real = torch.empty(widest + 1, **index)  # the searchsorted's output
         self.indptr: list[torch.Tensor] = []
         self.indices: list[torch.Tensor] = []
-        #: Per layer, int64[E_l]: the source of every slot as a padding edge (its sink's row).
-        self._sink_sources: list[torch.Tensor] = []
-        #: Per layer, int64[R_l - 1]: the start of sinks 1.. before clamping (``j c_l``).
-        self._sink_starts: list[torch.Tensor] = []
         for layer in range(layout.num_layers):
-            edges, sink_edges = layout.edges[layer], layout.sink_edges[layer]
-            slots = torch.arange(edges, **index)
-            sink_sources = layout.first_sink(layer) + torch.div(
-                slots, sink_edges, rounding_mode="floor"
-            )
             indptr = torch.zeros(layout.dst_rows[layer] + 1, **index)
-            indptr[-1] = edges
+            indptr[-1] = layout.edges[layer]
             self.indptr.append(indptr)
-            self.indices.append(sink_sources.clone())
-            self._sink_sources.append(sink_sources)
-            self._sink_starts.append(torch.arange(1, layout.sinks[layer], **index) * sink_edges)
+            self.indices.append(_sink_sources(layout, layer, device))
         self.x = torch.zeros(rows, feat_dim, dtype=dtype, device=device)
         self.labels = torch.zeros(layout.n_seeds, **index)
         self.src_ids = torch.zeros(rows, **index)
+        if self.backend == "torch":  # the torch ops' static operands
+            widest = max(layout.dst_rows)
+            self._ramp = torch.arange(widest + 1, **index)  # the padded rows, searched for
+            self._first_real = torch.empty(widest + 1, **index)  # the searchsorted's output
+            #: Per layer, int64[E_l]: the source of every slot as a padding edge.
+            self._sink_sources = [t.clone() for t in self.indices]
+            #: Per layer, int64[R_l - 1]: the start of sinks 1.. before clamping (``j c_l``).
+            self._sink_starts = [
+                torch.arange(1, layout.sinks[layer], **index) * layout.sink_edges[layer]
+                for layer in range(layout.num_layers)
+            ]
 
     def launches(self) -> int:
-        """The ops (kernel launches on a GPU) of one :meth:`fill`: ``L`` aranges; per layer 2
-        for the edges, 1 (the top) or 2 for the real rows' pointers and 1 for the sinks'
-        where there are several; the input rows and the labels."""
+        """The launches of one :meth:`fill`, as the op census counts them: with Triton one
+        per layer and one for the input rows and labels; with torch ops ``L`` aranges, per
+        layer 2 for the edges, 1 (the top) or 2 for the real rows' pointers and 1 for the
+        sinks' where there are several, the input rows and the labels."""
         layout = self.layout
+        if self.backend == "triton":
+            return padded_triton.launches(layout.num_layers)
         per_layer = sum(4 + (layout.sinks[layer] > 1) for layer in range(layout.num_layers))
         return layout.num_layers + per_layer - 1 + 2
 
@@ -262,16 +283,24 @@ class PaddedBatch:
                 f"input rows of shape {tuple(x.shape)}, expected ({blocks[0].n_src}, "
                 f"{self.x.shape[1]})"
             )
+        if x.dtype != self.x.dtype or x.device != self.x.device:
+            raise ValueError(
+                f"input rows in {x.dtype} on {x.device}, the buffers hold {self.x.dtype} on "
+                f"{self.x.device}"
+            )
 
     def fill(self, blocks: Sequence[Block], x: torch.Tensor, labels: torch.Tensor) -> None:
         """Copy a batch into the buffers: ``blocks`` (input layer first, one rank), ``x``
-        [blocks[0].n_src, feat_dim] its input rows, ``labels`` int64[n_seeds]. No host read;
-        :meth:`launches` ops (module docstring).
+        [blocks[0].n_src, feat_dim] its input rows (the buffers' dtype), ``labels``
+        int64[n_seeds]. No host read; :meth:`launches` launches (module docstring).
 
         Raises:
             ValueError: the batch does not fit the layout (:meth:`check`).
         """
         self.check(blocks, x, labels)
+        if self.backend == "triton":
+            self._fill_triton(blocks, x, labels)
+            return
         layout, top = self.layout, len(blocks) - 1
         for layer in range(top, -1, -1):  # layer l's new sources go to [P_l, P_l + k_l)
             block, start = blocks[layer], layout.dst_rows[layer]
@@ -281,6 +310,20 @@ class PaddedBatch:
             self._fill_layer(layer, block)
         self.x.index_copy_(0, self.positions[: blocks[0].n_src], x)
         self.labels.copy_(labels)
+
+    def _fill_triton(self, blocks: Sequence[Block], x: torch.Tensor, labels: torch.Tensor) -> None:
+        """:meth:`fill` in Triton kernels: the layers top first (each reads the positions
+        the layers above wrote), then the input rows and labels."""
+        layout = self.layout
+        for layer in range(len(blocks) - 1, -1, -1):
+            block = blocks[layer]
+            padded_triton.fill_layer(
+                self.positions, block.indptr, block.indices, self.indptr[layer],
+                self.indices[layer], n_dst=block.n_dst, n_src=block.n_src,
+                dst_rows=layout.dst_rows[layer], first_sink=layout.first_sink(layer),
+                sink_edges=layout.sink_edges[layer],
+            )  # fmt: skip
+        padded_triton.fill_rows(self.x, x, self.positions, self.labels, labels)
 
     def _fill_layer(self, layer: int, block: Block) -> None:
         """Layer ``layer``'s edges and row pointers."""
@@ -316,3 +359,27 @@ class PaddedBatch:
             )
             for layer in range(layout.num_layers)
         ]
+
+
+def _refill_backend(backend: str, device: torch.device) -> str:
+    """``backend`` (:data:`REFILL_BACKENDS`) resolved on ``device``: ``"triton"`` or
+    ``"torch"``.
+
+    Raises:
+        ValueError: an unknown back end, or ``"triton"`` where Triton cannot run.
+    """
+    if backend not in REFILL_BACKENDS:
+        raise ValueError(f"refill back end {backend!r}: expected one of {REFILL_BACKENDS}")
+    ok, why = padded_triton.usable(device)
+    if backend == "triton" and not ok:
+        raise ValueError(f"the Triton refill cannot run here: {why}")
+    return "torch" if backend == "torch" or not ok else "triton"
+
+
+def _sink_sources(layout: PaddedLayout, layer: int, device: torch.device) -> torch.Tensor:
+    """int64[E_l]: every edge slot's source as a padding edge: its sink's row (slot ``e``
+    belongs to sink ``e // c_l``)."""
+    slots = torch.arange(layout.edges[layer], dtype=torch.int64, device=device)
+    return layout.first_sink(layer) + torch.div(
+        slots, layout.sink_edges[layer], rounding_mode="floor"
+    )
