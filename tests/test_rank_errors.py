@@ -44,14 +44,17 @@ def outcome_of(step: Callable[[], object]) -> Outcome:
 
 
 def run_ranks(steps: list[Callable[[], object]], capsys) -> list[tuple[object, str, str]]:
-    """Every rank's ``agree_on_ranks`` over its step: (result or exit code, stdout, stderr)."""
+    """Every rank's ``agree_on_ranks`` over its step: (result or exit code, stdout, stderr).
+    Every rank's ``UsageExit`` carries the lowest failing rank's message."""
     outcomes = [outcome_of(step) for step in steps]
+    first_failure = next((outcome for outcome in outcomes if outcome is not None), None)
     seen = []
     for rank, step in enumerate(steps):
         comm = ScriptedRanks(rank, outcomes)
         try:
             result: object = agree_on_ranks(comm, PROG, step)
         except UsageExit as exc:
+            assert first_failure is not None and exc.message == first_failure[1]
             result = exc.code
         assert comm.gathered == 1
         out = capsys.readouterr()

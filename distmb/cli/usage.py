@@ -46,7 +46,17 @@ class UsageExit(SystemExit):
     """Every rank leaves with the same code after an error that every rank knows of and that
     has been reported (a usage error or ``--help``: :func:`parse_on_ranks`; a failed set-up
     step: :func:`agree_on_ranks`): nobody waits in a collective, so the job needs no
-    abort."""
+    abort.
+
+    Args:
+        code: the exit code, the same on every rank.
+        message: the error line's message that every rank knows of (after a failed set-up
+            step: the lowest failing rank's, without the ``PROG: error:`` prefix), or None.
+    """
+
+    def __init__(self, code: int | str | None, message: str | None = None) -> None:
+        super().__init__(code)
+        self.message = message
 
 
 def parse_on_ranks(comm: Ranks, prog: str, parse: Callable[[], T]) -> T:
@@ -140,7 +150,7 @@ def report_outcomes(rank: int, prog: str, outcomes: list[Outcome]) -> None:
     other failure by the rank that met it, naming it.
 
     Raises:
-        UsageExit: with the exit code of the lowest failing rank, on every rank.
+        UsageExit: with the exit code and message of the lowest failing rank, on every rank.
     """
     failed = [outcome for outcome in outcomes if outcome is not None]
     if not failed:
@@ -152,4 +162,4 @@ def report_outcomes(rank: int, prog: str, outcomes: list[Outcome]) -> None:
     elif not shared and mine is not None:
         sys.stderr.write(f"{prog}: error: [rank {rank}] {mine[1]}\n")
     sys.stderr.flush()
-    raise UsageExit(failed[0][0])
+    raise UsageExit(failed[0][0], failed[0][1])

@@ -2,8 +2,9 @@
 under ``mpiexec -n P`` (P ranks, one MPI launch for all the runs) or alone (one rank).
 
 A run that stops with a :class:`~distmb.core.errors.DistmbError` (a refused configuration)
-is recorded and the next one starts: the error is raised on every rank alike, before any
-collective, by the flag checks. Anything else fails the launch.
+is recorded and the next one starts: the error is raised on every rank alike, by the flag
+checks, or by a set-up step that all ranks agree on (``UsageExit``, which carries the
+message that rank 0 printed). Anything else fails the launch.
 
 argv: RUNS_JSON. The file holds a list of ``{"name": str, "argv": [str, ...]}``; rank 0
 writes ``{name: {"ok": bool, "error": str | None}}`` to ``RUNS_JSON`` + ``.status``, where
@@ -19,6 +20,7 @@ import sys
 
 from distmb.cli.launch import is_multi_rank_launch, launch_communicator
 from distmb.cli.train import build_parser, main_single, run_distributed
+from distmb.cli.usage import UsageExit
 from distmb.core.errors import DistmbError
 
 #: The prefix of a refused run's line on stderr (``exit_on_user_error``).
@@ -37,6 +39,10 @@ for run in runs:
             status[run["name"]] = {"ok": True, "error": None}
         except DistmbError as exc:
             status[run["name"]] = {"ok": False, "error": f"{PROG}: error: {exc}"}
+        except UsageExit as exc:  # a set-up step refused on every rank (already printed)
+            if exc.message is None:
+                raise
+            status[run["name"]] = {"ok": False, "error": f"{PROG}: error: {exc.message}"}
         comm.barrier()
     else:
         err = io.StringIO()
