@@ -11,6 +11,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from test_device_path_budget import device_path_trainer
 
 from distmb.config.train import TrainConfig, cuda_graphs_problem
@@ -73,7 +74,8 @@ def test_with_dropout_it_learns_and_is_deterministic():
 def test_the_static_step_reads_nothing_back():
     """The census of a static epoch: no sync-prone op in the step (the padding is sized by
     host ints), the same host reads per epoch as the normal path, and outside the graph the
-    refill's launches as ``PaddedBatch.launches`` counts them."""
+    refill's launches as ``PaddedBatch.launches`` counts them, and after the step only the
+    copy of its row of loss and correct count (the count is taken in the step)."""
     static = device_path_trainer(GRAPH, **SMALL_RUN, cuda_graphs=True)
     eager = device_path_trainer(GRAPH, **SMALL_RUN)
     static.train_epoch(0)
@@ -88,6 +90,31 @@ def test_the_static_step_reads_nothing_back():
     (refill,) = {size.padded.launches() for size in static.graphed._sizes.values()}
     forward = got.launch_ops()["forward"] + got.triton_launches.get("forward", 0)
     assert forward == (refill + 1) * got.iterations
+    assert got.launch_ops()["other"] == got.iterations  # no launch for the epoch's end
+
+
+def test_the_step_counts_its_loss_and_correct_predictions():
+    """The step's row (loss and correct count, computed in the step) equals what torch ops
+    make of its logits and the batch's labels, bit for bit: the graphed records are the
+    records the eager loop would write from the same logits."""
+    trainer = device_path_trainer(GRAPH, **SMALL_RUN, cuda_graphs=True)
+    assert_rows_match_the_logits(trainer, epoch=0)
+
+
+def assert_rows_match_the_logits(trainer: Trainer, epoch: int) -> None:
+    """Every step of ``trainer``'s epoch ``epoch``, run by its graphed step: the step's row
+    equals the cross-entropy and the correct count of its returned logits."""
+    from distmb.engine.epoch_loss import CORRECT, LOSS
+
+    assert trainer.graphed is not None
+    plan = trainer.loader.plan(epoch, trainer.epoch_batches(epoch))
+    for index, batch in enumerate(trainer.loader(plan)):
+        out = trainer.graphed.step(batch, index, len(plan), 0.01)
+        assert out.values.dtype == torch.float64 and out.values.shape == (2,)
+        loss = F.cross_entropy(out.logits, batch.labels, reduction="sum")
+        assert out.values[LOSS].item() == loss.item()
+        correct = int((out.logits.argmax(1) == batch.labels).sum())
+        assert out.values[CORRECT].item() == correct
 
 
 def test_the_optimizer_state_survives_a_resume(tmp_path):
@@ -291,6 +318,20 @@ def test_replays_draw_fresh_dropout_masks():
         second = step.step(batch, 0, 1, 0.01).logits.clone()
         spread[dropout] = (first - second).abs().max().item()
     assert spread[0.0] < 1e-5 and spread[0.5] > 1e-3, spread
+
+
+@pytest.mark.cuda
+def test_a_replay_counts_its_loss_and_correct_predictions():
+    """On a GPU, from replays: the row the graph writes (loss and correct count) equals what
+    torch ops make of the logits it wrote."""
+    trainer = gpu_trainer(cuda_graphs=True)
+    for epoch in range(2):  # 8 batches of 27 seeds, 4 of 26: warmed up and captured
+        trainer.train_epoch(epoch)
+    step = trainer.graphed
+    assert step is not None and step.captures == 2
+    before = step.replays
+    assert_rows_match_the_logits(trainer, epoch=2)
+    assert step.replays - before == 6  # every step a replay
 
 
 def _state_tensors(trainer: Trainer) -> list[torch.Tensor]:

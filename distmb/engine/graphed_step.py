@@ -13,9 +13,11 @@ splits them evenly), so a run holds at most two graphs.
 **What a graph holds**: the trainer's forward on the padded batch (the halo scheme's calls
 included: on one rank they launch nothing), ``logits[:n_seeds].float()``, the cross-entropy
 summed over the real seeds, times the static loss weight, the backward and the optimizer step
-(Adam with ``capturable=True``: its step counts live on the device). The outputs, the summed
-loss and the logits, are static: the next replay of the same graph overwrites them, so a
-caller that keeps them copies them.
+(Adam with ``capturable=True``: its step counts live on the device), and the step's row of
+the epoch's loss and accuracy (:func:`~distmb.engine.epoch_loss.step_values`: the summed loss
+and the count of correct predictions, so that outside the graph the epoch copies one row per
+step instead of counting from the logits). The outputs, that row and the logits, are static:
+the next replay of the same graph overwrites them, so a caller that keeps them copies them.
 
 **When graphs are captured**: lazily, at the steps of a batch size after its first
 :data:`WARMUP_STEPS`, which run eagerly on a side stream (as the PyTorch docs' examples do:
@@ -60,6 +62,7 @@ import torch.nn.functional as F
 
 from distmb.config.train import TrainConfig, cuda_graphs_problem
 from distmb.core.errors import InputError
+from distmb.engine.epoch_loss import step_values
 from distmb.engine.precision import MixedPrecision
 from distmb.nn.models import GAT, GCN, GIN, GraphSAGE
 from distmb.pipeline.minibatch import MiniBatch
@@ -81,13 +84,15 @@ class StepOutputs:
     """What a training step returns.
 
     Attributes:
-        loss_sum: float32 scalar, the cross-entropy summed over the batch's seeds.
+        values: float64[2], the step's row of the epoch's loss and accuracy
+            (:func:`~distmb.engine.epoch_loss.step_values`: the cross-entropy summed over the
+            batch's seeds, column ``LOSS``, and its correct predictions, ``CORRECT``).
         logits: float32[n_seeds, classes], the seeds' logits (detached).
 
     After a replay both are a graph's static outputs, overwritten by its next replay.
     """
 
-    loss_sum: torch.Tensor
+    values: torch.Tensor
     logits: torch.Tensor
 
 
@@ -205,9 +210,10 @@ class GraphedStep:
         return size
 
     def _run(self, batch: MiniBatch, size: _BatchSize, step: int, num_steps: int) -> StepOutputs:
-        """The step on the static buffers: forward, loss, backward, optimizer step (what a
-        graph captures). Gradients are set to None first: a captured backward then makes them
-        in the graph's memory, and every replay writes them afresh."""
+        """The step on the static buffers: forward, loss, the step's row of loss and correct
+        count, backward, optimizer step (what a graph captures). Gradients are set to None
+        first: a captured backward then makes them in the graph's memory, and every replay
+        writes them afresh."""
         padded = size.padded
         self.optimizer.zero_grad(set_to_none=True)
         static = MiniBatch(
@@ -222,9 +228,10 @@ class GraphedStep:
             logits = self.forward(static, step, num_steps)
         logits = logits[: padded.layout.n_seeds].float()  # the loss in float32
         loss_sum = F.cross_entropy(logits, padded.labels, reduction="sum")
+        values = step_values(loss_sum, logits, padded.labels)
         self.precision.backward(loss_sum * size.loss_weight)
         self.optimizer.step()
-        return StepOutputs(loss_sum.detach(), logits.detach())
+        return StepOutputs(values, logits.detach())
 
     @contextlib.contextmanager
     def _autocast(self) -> Iterator[None]:
@@ -249,7 +256,7 @@ class GraphedStep:
         with torch.cuda.stream(self._stream):
             outputs = self._run(batch, size, step, num_steps)
         current.wait_stream(self._stream)
-        for tensor in (outputs.loss_sum, outputs.logits):
+        for tensor in (outputs.values, outputs.logits):
             tensor.record_stream(current)  # used there next
         return outputs
 

@@ -405,9 +405,9 @@ class Trainer:
         with self.timer("fwd"):
             out = self.graphed.step(batch, step, num_steps, self.loss_weight(step))
         self.work.add_used(batch.blocks)  # one rank: the blocks the model ran on
-        # The graph's outputs are overwritten by its next replay: the epoch keeps a copy of
-        # the loss (the correct count is taken from the logits now).
-        losses.add(step, out.loss_sum.clone(), out.logits, batch.labels)
+        # The graph's outputs are overwritten by its next replay: the epoch copies the step's
+        # row (its loss and correct count, computed in the graph) into its slot.
+        losses.add_values(step, out.values, int(batch.labels.shape[0]))
 
     def rank_detail(
         self, record: dict[str, Any], halo: dict[str, np.ndarray]
