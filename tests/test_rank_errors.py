@@ -1,6 +1,7 @@
-"""Errors of a multi-rank run's set-up (:func:`distmb.cli.usage.agree_on_ranks`): one that
-every rank meets alike is printed once, by rank 0; one that only some ranks meet is printed by
-each of them, naming its rank; every rank exits with the same code, no rank waits."""
+"""Errors of a multi-rank run's set-up (``distmb.train``, ``distmb.predict``;
+:func:`distmb.cli.usage.agree_on_ranks`): one that every rank meets alike is printed once, by
+rank 0; one that only some ranks meet is printed by each of them, naming its rank; every rank
+exits with the same code, no rank waits."""
 
 from __future__ import annotations
 
@@ -13,7 +14,13 @@ import pytest
 from test_distributed import mpirun
 
 from distmb.cli.usage import Outcome, UsageExit, agree_on_ranks
-from distmb.core.errors import EXIT_BAD_INPUT, EXIT_OUTPUT_FAILED, InputError, OutputError
+from distmb.core.errors import (
+    EXIT_BAD_INPUT,
+    EXIT_OUTPUT_FAILED,
+    DistmbError,
+    InputError,
+    OutputError,
+)
 
 PROG = "prog"
 
@@ -111,7 +118,8 @@ def test_a_bug_propagates_before_the_all_gather() -> None:
 
 # -- under a real mpiexec ------------------------------------------------------------------
 #: Flags of a short run (the errors below come before any training).
-RUN = ["-m", "distmb.train", "--no-progress", "--layers", "2", "--fanout", "2,2", "--epochs", "1"]
+TRAIN_FLAGS = ["--no-progress", "--layers", "2", "--fanout", "2,2", "--epochs", "1"]
+RUN = ["-m", "distmb.train", *TRAIN_FLAGS]
 
 
 def assert_one_error_line(proc: subprocess.CompletedProcess, line: str) -> None:
@@ -144,3 +152,119 @@ def test_a_file_missing_from_one_part_is_printed_by_its_rank_under_mpiexec(
     (parts / "part-1" / "labels.npy").unlink()
     proc = mpirun(2, [*RUN, "--part-dir", str(parts)], timeout=120)
     assert_one_error_line(proc, f"distmb.train: error: [rank 1] {parts}/part-1/labels.npy: missing")
+
+
+# -- distmb.predict: every refusal comes from a step that the ranks agree on -----------------
+TINY = "synthetic:nodes=300,avg_degree=4,feat_dim=4,classes=2"
+#: The same graph's size, with other features: a checkpoint of TINY is refused on it.
+OTHER = TINY.replace("feat_dim=4", "feat_dim=8")
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory) -> Path:
+    """The checkpoint file of one epoch on TINY, on one rank."""
+    from distmb.cli.train import main as train_main
+    from distmb.engine.checkpoint import CHECKPOINT_FILE
+
+    ckpt = tmp_path_factory.mktemp("ckpt")
+    argv = ["--dataset", TINY, "--threads", "1", *TRAIN_FLAGS, "--checkpoint-dir", str(ckpt)]
+    assert train_main(argv) == 0
+    return ckpt / CHECKPOINT_FILE
+
+
+@pytest.fixture(scope="module")
+def other_parts(tmp_path_factory) -> Path:
+    """OTHER in 2 parts."""
+    from distmb.data import load_dataset
+    from distmb.partition import partition_graph
+
+    parts = tmp_path_factory.mktemp("other") / "p2"
+    partition_graph(load_dataset(OTHER), 2, parts, seed=0)
+    return parts
+
+
+class RecordingAgree:
+    """An :class:`~distmb.engine.predict.Agree` that runs each step and records the message
+    of the :class:`DistmbError` a step raised."""
+
+    def __init__(self) -> None:
+        self.failures: list[str] = []
+
+    def __call__(self, step: Callable[[], Any]) -> Any:
+        try:
+            return step()
+        except DistmbError as exc:
+            self.failures.append(str(exc))
+            raise
+
+
+class CountedRanks:
+    """Rank ``rank`` of ``size`` whose collectives are counted and refused: a step that fails
+    on this rank alone must fail before any (else the other ranks would wait in it)."""
+
+    def __init__(self, rank: int, size: int) -> None:
+        self.rank, self.size, self.collectives = rank, size, 0
+
+    def allgather(self, obj: Any) -> list[Any]:
+        self.collectives += 1
+        raise AssertionError("a collective in a step that fails")
+
+    def barrier(self) -> None:
+        self.allgather(None)
+
+
+def refusal(agree: RecordingAgree, **kwargs: Any) -> str:
+    """The message of ``predict(**kwargs)``'s refusal, after checking that it came from a
+    step run through ``agree``."""
+    from distmb.engine.predict import predict
+
+    with pytest.raises(DistmbError) as info:
+        predict(agree=agree, **kwargs)
+    assert agree.failures == [str(info.value)]
+    return str(info.value)
+
+
+def test_predict_refuses_only_inside_agreed_steps(
+    tiny_checkpoint: Path, other_parts: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "file"
+    out.write_text("x")
+    ckpt = str(tiny_checkpoint)
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"checkpoint": tmp_path / "nope"}, "no such file or directory"),
+        ({"checkpoint": ckpt, "out": out}, "exists and is not a directory"),
+        ({"checkpoint": ckpt, "per_part": True}, "--per-part writes files"),
+        ({"checkpoint": ckpt, "dataset": OTHER}, "was trained on 'synthetic' (300 vertices"),
+        ({"checkpoint": ckpt, "part_dir": other_parts}, "has 2 parts; a single-rank run"),
+    ]
+    for kwargs, message in cases:
+        assert message in refusal(RecordingAgree(), **kwargs)
+
+
+def test_predict_on_one_ranks_bad_part_fails_before_any_collective(tiny_checkpoint, tmp_path):
+    from distmb.data import load_dataset
+    from distmb.partition import partition_graph
+
+    parts = tmp_path / "parts"
+    partition_graph(load_dataset(TINY), 2, parts, seed=0)
+    (parts / "part-1" / "labels.npy").unlink()
+    comm = CountedRanks(1, 2)
+    message = refusal(RecordingAgree(), checkpoint=tiny_checkpoint, part_dir=parts, comm=comm)
+    assert message.startswith(f"{parts}/part-1/labels.npy: missing")
+    assert comm.collectives == 0
+
+
+def test_a_checkpoint_of_another_graph_is_printed_once_by_predict_under_mpiexec(
+    tiny_checkpoint: Path, other_parts: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    argv = ["-m", "distmb.predict", "--checkpoint", str(tiny_checkpoint)]
+    proc = mpirun(2, [*argv, "--part-dir", str(other_parts), "--out", str(out)], timeout=120)
+    assert_one_error_line(
+        proc,
+        f"distmb.predict: error: --checkpoint {tiny_checkpoint} was trained on 'synthetic' "
+        f"(300 vertices, 4 features, 2 classes, sha256 ",
+    )
+    assert f"--part-dir {other_parts} is 'synthetic' (300 vertices, 8 features" in proc.stderr
+    assert "[rank" not in proc.stderr, proc.stderr[-2000:]
+    assert not (out / "predict.json").exists()

@@ -1,7 +1,8 @@
 """Starting a run: the on-the-fly partition of ``--dataset`` for P ranks, whether an MPI
 launcher started us, and one rank's error handling (:func:`run_on_ranks`: an error on any
 rank aborts the job), under an MPI launcher or torchrun. A rank's part is opened by
-:func:`distmb.engine.build.data.open_part`.
+:func:`distmb.engine.build.data.open_own_part` and checked against the other ranks' by
+:func:`distmb.engine.build.data.check_same_partition`.
 
 This module sits above both the runtime and the partitioner (``distmb.partition``), so
 neither imports the other's entry points: the runtime packages never import the partitioner.

@@ -3,13 +3,22 @@
 vertex from a training checkpoint; the flags and the output layout: docs/predict.md). Under
 an MPI launcher or torchrun every rank predicts its part; else one rank predicts the whole
 graph.
+
+Under a launcher, the flags (:func:`~distmb.cli.usage.parse_on_ranks`) and each step of the
+prediction's set-up (the checkpoint and ``--out``, the partition, the checkpoint against the
+data, the model: :func:`~distmb.cli.usage.agree_on_ranks`, passed as ``predict(agree=...)``)
+are agreed on by every rank: an error every rank meets alike is printed once, by rank 0,
+one that only some ranks meet by each of them, naming its rank, and every rank exits with
+one code, without aborting the job. Errors of the inference itself abort it
+(:func:`~distmb.cli.launch.run_on_ranks`).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
 
 from distmb.config.options import refuse_empty
 from distmb.core.errors import exit_on_user_error
@@ -17,8 +26,11 @@ from distmb.core.malloc import DEFAULT_MALLOC_POLICY, MALLOC_POLICIES
 
 if TYPE_CHECKING:
     from distmb.comm import RankGroup
+    from distmb.engine.predict import Agree
 
     Ranks = RankGroup
+
+T = TypeVar("T")
 
 #: The command (messages, ``--help``).
 PROG = "distmb.predict"
@@ -120,14 +132,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def _run_cli(argv: list[str] | None, comm: Ranks | None) -> None:
-    from distmb.engine.predict import predict
+    """Parse ``argv`` and predict: on one rank (``comm`` None), its errors raised; as one
+    rank of a launched job, the flags and the set-up agreed on by every rank (module
+    docstring)."""
+    from distmb.engine.predict import predict, run_step
 
+    agree: Agree = run_step
     if comm is None:
         args = parse_args(argv)
     else:
         from distmb.cli.usage import parse_on_ranks
 
         args = parse_on_ranks(comm, PROG, lambda: parse_args(argv))
+        agree = agree_on(comm)
     predict(
         args.checkpoint,
         dataset=args.dataset,
@@ -142,7 +159,20 @@ def _run_cli(argv: list[str] | None, comm: Ranks | None) -> None:
         verify=not args.no_verify,
         comm=comm,
         log=lambda line: print(line, flush=True),
+        agree=agree,
     )
+
+
+def agree_on(comm: Ranks) -> Agree:
+    """Each set-up step of :func:`~distmb.engine.predict.predict` run by every rank of
+    ``comm`` and its failure reported once, or by each rank that met it
+    (:func:`~distmb.cli.usage.agree_on_ranks`)."""
+    from distmb.cli.usage import agree_on_ranks
+
+    def agree(step: Callable[[], T]) -> T:
+        return agree_on_ranks(comm, PROG, step)
+
+    return agree
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,6 +25,14 @@ With several ranks the rows are gathered to rank 0, which writes them chunk by c
 memory maps (the full table never has to fit in its memory); ``--per-part`` instead has
 each rank write its own vertices' rows into ``OUT/part-<rank>/`` with ``orig_ids.npy``
 (int64[n_part], the ``VID_o`` of each row) beside them. Layout: docs/predict.md.
+
+Everything that may refuse a prediction comes before its first collective, in steps that
+``predict(agree=...)`` runs (:class:`Agree`): opening the checkpoint and ``--out``, this
+rank's part, checking that every rank opened the same partition, checking the checkpoint
+against the data, rebuilding the model. The command line under a launcher passes
+:func:`distmb.cli.usage.agree_on_ranks` there, so that an error every rank meets is reported
+once and every rank leaves with one exit code; no step holds a collective before a point
+where it may fail on one rank alone, so no rank is left waiting.
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -50,10 +58,17 @@ from distmb.engine.predict_outputs import (
 )
 
 if TYPE_CHECKING:
+    import torch
+
     from distmb.comm import RankGroup
     from distmb.data.local import LocalGraph
+    from distmb.data.store.store import PartitionStore
+    from distmb.pipeline.features.protocol import FeatureSource
+    from distmb.pipeline.sample.host import NeighborSampler
 
     Ranks = RankGroup
+
+T = TypeVar("T")
 
 #: Bump when the manifest or the file layout changes incompatibly.
 MANIFEST_VERSION = 1
@@ -63,6 +78,25 @@ MANIFEST_VERSION = 1
 CARRIED_OPTIONS: tuple[str, ...] = (*RESUME_MUST_MATCH, "kernels", "eval_batch_size")
 #: Splits whose accuracy the manifest reports.
 SPLITS = ("train", "val", "test")
+
+
+class Agree(Protocol):
+    """How :func:`predict` runs each step of its set-up, on every rank together: returns what
+    ``step()`` returned, or raises. :func:`run_step` (the default: one rank, or the Python
+    API) lets the step's error propagate on the rank that met it; the command line under a
+    launcher passes ``lambda step: agree_on_ranks(comm, PROG, step)``
+    (:func:`distmb.cli.usage.agree_on_ranks`), which tells every rank of any rank's failure,
+    prints it once (or once per rank that met it) and exits every rank alike.
+
+    Each step reaches all of its collectives on every rank, or fails before its first one.
+    """
+
+    def __call__(self, step: Callable[[], T], /) -> T: ...
+
+
+def run_step(step: Callable[[], T]) -> T:
+    """:class:`Agree` for one rank, or ranks that handle their errors themselves: ``step()``."""
+    return step()
 
 
 @dataclass
@@ -111,6 +145,7 @@ def predict(
     verify: bool = True,
     comm: Ranks | None = None,
     log: Callable[[str], None] | None = None,
+    agree: Agree = run_step,
 ) -> Prediction:
     """Predict every vertex with the model of ``checkpoint`` (exact layer-wise inference).
 
@@ -134,6 +169,8 @@ def predict(
         comm: the ranks (:class:`distmb.comm.RankGroup` under mpirun or torchrun; default: one
             rank).
         log: prints one line (rank 0 only); default: ``print``.
+        agree: runs each step of the set-up, the steps that may refuse the prediction,
+            before any collective of the inference (:class:`Agree`; default: :func:`run_step`).
 
     Returns:
         :class:`Prediction`.
@@ -141,6 +178,8 @@ def predict(
     Raises:
         InputError: a missing or damaged checkpoint, data of another graph, an unusable
             ``out``, or arguments that do not fit together; one line naming them.
+        PartitionError: a partition of another number of parts than ranks, a missing or
+            damaged file of this rank's part, ranks that opened different partitions.
     """
     from distmb.comm import SingleProcess
 
@@ -148,30 +187,54 @@ def predict(
     if log is None:
         log = print
     say = log if comm.rank == 0 else (lambda _: None)
+    out_dir = None if out is None else Path(out).expanduser()
+
+    def open_checkpoint() -> tuple[Path, list[str], dict[str, Any], TrainConfig]:
+        """The checkpoint file, the files of an earlier prediction in ``out``, the
+        checkpoint's contents and the prediction's configuration (no collective)."""
+        from distmb.engine.checkpoint import read_checkpoint
+
+        check_arguments(dataset, part_dir, out, per_part, batch_size)
+        path = checkpoint_file(checkpoint)
+        previous: list[str] = []
+        if out is not None and (per_part or comm.rank == 0):  # the ranks that write there
+            previous = prepare_out(out, overwrite)
+        state = read_checkpoint(path, "--checkpoint")
+        config = inference_config(
+            state["args"], path, dataset, part_dir, batch_size, threads, verify, malloc
+        )
+        return path, previous, state, config
+
+    path, previous, state, config = agree(open_checkpoint)
+    local, data_text = _open_data(comm, config, agree)
+    agree(lambda: check_same_graph(state["identity"], local.identity, path, data_text))
+    model = agree(lambda: _load_model(state, config, local, path, say))
+    result = _run(
+        comm, state, config, local, model, path, data_text, out_dir, embeddings, per_part, say
+    )
+    if out_dir is not None and comm.rank == 0:
+        remove_stale(out_dir, previous, result.manifest)
+    return result
+
+
+def check_arguments(
+    dataset: str | None,
+    part_dir: str | Path | None,
+    out: str | Path | None,
+    per_part: bool,
+    batch_size: int | None,
+) -> None:
+    """Refuse arguments of :func:`predict` that do not fit together.
+
+    Raises:
+        InputError: naming them.
+    """
     if dataset is not None and part_dir is not None:
         raise InputError("--dataset and --part-dir exclude each other")
     if per_part and out is None:
         raise InputError("--per-part writes files: give --out DIR")
     if batch_size is not None and batch_size < 1:
         raise InputError(f"--batch-size must be >= 1, got {batch_size}")
-    path = checkpoint_file(checkpoint)
-    out_dir = None if out is None else Path(out).expanduser()
-    previous: list[str] = []
-    if out is not None and (per_part or comm.rank == 0):  # the ranks that write there
-        previous = prepare_out(out, overwrite)
-
-    from distmb.engine.checkpoint import read_checkpoint
-
-    state = read_checkpoint(path, "--checkpoint")
-    config = inference_config(
-        state["args"], path, dataset, part_dir, batch_size, threads, verify, malloc
-    )
-    local, data_text = _open_data(comm, config)
-    check_same_graph(state["identity"], local.identity, path, data_text)
-    result = _run(comm, state, config, local, path, data_text, out_dir, embeddings, per_part, say)
-    if out_dir is not None and comm.rank == 0:
-        remove_stale(out_dir, previous, result.manifest)
-    return result
 
 
 def checkpoint_file(checkpoint: str | Path) -> Path:
@@ -268,54 +331,76 @@ def _describe_graph(identity: dict[str, Any]) -> str:
     )
 
 
-def _open_data(comm: Ranks, config: TrainConfig) -> tuple[LocalGraph, str]:
+def _open_data(comm: Ranks, config: TrainConfig, agree: Agree) -> tuple[LocalGraph, str]:
     """This rank's :class:`LocalGraph` (opened as training opens it, quietly) and a
-    description of the data for messages."""
+    description of the data for messages; each step that may refuse the data runs through
+    ``agree``.
+
+    Under several ranks, this rank's part is opened first (no collective: a file of one part
+    fails on its rank alone), then every rank checks that all opened the same partition (its
+    all-gathers reached by every rank, its errors decided from their results)."""
     from distmb.data.local import LocalGraph
-    from distmb.engine.build.data import load_local, open_part
+    from distmb.engine.build.data import check_same_partition, load_local, open_own_part
 
+    data_text = (
+        f"--part-dir {config.part_dir}"
+        if config.part_dir
+        else f"--dataset {config.dataset or 'synthetic'}"
+    )
     if comm.size == 1:
-        data_text = (
-            f"--part-dir {config.part_dir}"
-            if config.part_dir
-            else f"--dataset {config.dataset or 'synthetic'}"
-        )
-        return load_local(config, lambda _: None), data_text
-    if not config.part_dir:
-        raise InputError(
-            f"--dataset {config.dataset or 'synthetic'} predicts on one rank; under mpirun "
-            f"-np {comm.size} give --part-dir (a partition with {comm.size} parts, e.g. the "
-            "one the job trained on)"
-        )
-    store = open_part(comm, config.part_dir, verify=config.verify)
-    return LocalGraph.from_store(store), f"--part-dir {config.part_dir}"
+        return agree(lambda: load_local(config, lambda _: None)), data_text
+    part_dir = config.part_dir or ""
+
+    def own_part() -> PartitionStore:
+        if not part_dir:
+            raise InputError(
+                f"{data_text} predicts on one rank; under mpirun -np {comm.size} give "
+                f"--part-dir (a partition with {comm.size} parts, e.g. the one the job "
+                "trained on)"
+            )
+        return open_own_part(part_dir, comm.size, comm.rank, verify=config.verify)
+
+    store = agree(own_part)
+    agree(lambda: check_same_partition(comm, part_dir, store))
+    return LocalGraph.from_store(store), data_text
 
 
-def _run(
-    comm: Ranks,
+@dataclass
+class _Model:
+    """What :func:`_load_model` prepares for the inference: the model with the checkpoint's
+    weights, the features of layer-wise evaluation (normalised as the run did), the
+    sampler over the rank's in-edges, and when loading them began (``time.perf_counter``:
+    the summary line's clock)."""
+
+    module: torch.nn.Module
+    features: FeatureSource
+    sampler: NeighborSampler
+    started: float
+
+
+def _load_model(
     state: dict[str, Any],
     config: TrainConfig,
     local: LocalGraph,
     path: Path,
-    data_text: str,
-    out: Path | None,
-    embeddings: bool,
-    per_part: bool,
     say: Callable[[str], None],
-) -> Prediction:
-    """Load the weights, infer layer by layer, write (or gather) the outputs, the manifest
-    and the summary line."""
+) -> _Model:
+    """Set the threads, the allocator and the kernels, rebuild the model with the
+    checkpoint's weights, open the features and the sampler (no collective).
+
+    Raises:
+        InputError: weights or feature statistics that do not fit the model or the data.
+    """
     import torch
 
     from distmb.engine.build.features import open_features
     from distmb.engine.build.model import model_from_config
     from distmb.engine.build.runtime import set_threads
-    from distmb.engine.evaluate import layerwise_inference, part_layer_table, split_accuracies
     from distmb.nn.kernels.dispatch import set_kernels
     from distmb.pipeline.features.normalize import FeatureNormalization
     from distmb.pipeline.sample.host import NeighborSampler
 
-    start = time.perf_counter()
+    started = time.perf_counter()
     set_threads(config)
     # --malloc: each inference batch reuses the previous one's freed buffers (the checkpoint
     # and the data were loaded before, with glibc's defaults).
@@ -342,6 +427,26 @@ def _run(
     sampler = NeighborSampler(
         local.indptr, local.indices, local.n_solid, local.n_local, config.fanout, config.seed
     )
+    return _Model(model, features, sampler, started)
+
+
+def _run(
+    comm: Ranks,
+    state: dict[str, Any],
+    config: TrainConfig,
+    local: LocalGraph,
+    model: _Model,
+    path: Path,
+    data_text: str,
+    out: Path | None,
+    embeddings: bool,
+    per_part: bool,
+    say: Callable[[str], None],
+) -> Prediction:
+    """Infer layer by layer, write (or gather) the outputs, the manifest and the summary line:
+    the collectives of the prediction, reached by every rank."""
+    from distmb.engine.evaluate import layerwise_inference, part_layer_table, split_accuracies
+
     ids = (
         np.asarray(local.store.orig_ids[: local.n_solid], dtype=np.int64)
         if local.store is not None
@@ -355,18 +460,18 @@ def _run(
     writer = (
         PerPartWriter(out, comm.rank, ids) if per_part else GatherWriter(comm, out, ids, num_nodes)
     )
-    last = model.num_layers - 1
+    last = model.module.num_layers - 1
 
     def on_layer(layer: int, rows: torch.Tensor) -> None:
         if layer < last and embeddings:
             writer.embeddings(layer, rows.numpy())  # collective when gathered: every rank
 
     logits = layerwise_inference(
-        model,
-        features,
-        sampler,
+        model.module,
+        model.features,
+        model.sampler,
         config.eval_batch_size,
-        part_layer_table(comm, local, features),
+        part_layer_table(comm, local, model.features),
         on_layer=on_layer,
     )
     writer.logits(logits.numpy())
@@ -393,7 +498,7 @@ def _run(
         result.manifest = _manifest(state, path, data_text, comm.size, result, part_rows)
         if out is not None:
             write_manifest(out, result.manifest)
-        say(_summary(result, comm.size, path, per_part, time.perf_counter() - start))
+        say(_summary(result, comm.size, path, per_part, time.perf_counter() - model.started))
     return result
 
 

@@ -1,5 +1,9 @@
 """The graph a rank trains on: the whole graph or a one-part partition on one rank
-(:func:`load_local`), or its part of a partition on every rank (:func:`open_part`)."""
+(:func:`load_local`), or its part of a partition on every rank: :func:`open_own_part` (no
+collective; its errors may be one rank's) then :func:`check_same_partition` (every rank's
+all-gathers; its errors every rank's alike), which ``distmb.train`` and ``distmb.predict``
+run as two steps that every rank agrees on (:func:`distmb.cli.usage.agree_on_ranks`), and
+:func:`open_part`, both at once, for callers whose errors abort the job."""
 
 from __future__ import annotations
 
@@ -46,7 +50,10 @@ def load_local(config: TrainConfig, log: Callable[[str], None]) -> LocalGraph:
 def open_part(comm: RankGroup, part_dir: str, *, verify: bool = True) -> PartitionStore:
     """Open part ``rank`` of ``part_dir`` on every rank, after checking on every rank that
     the partition has one part per rank and that all ranks see the same graph: the two
-    halves, :func:`open_own_part` and :func:`check_same_partition`.
+    halves, :func:`open_own_part` and :func:`check_same_partition`, at once. An error of
+    the first half on one rank leaves the others waiting in the second's all-gather: for
+    callers that abort the job on any error (scripts, tests); the commands run the halves
+    as two agreed steps.
 
     Raises:
         PartitionError: another number of parts than ranks, ranks that opened different
