@@ -84,8 +84,8 @@ class Agree(Protocol):
     """How :func:`predict` runs each step of its set-up, on every rank together: returns what
     ``step()`` returned, or raises. :func:`run_step` (the default: one rank, or the Python
     API) lets the step's error propagate on the rank that met it; the command line under a
-    launcher passes ``lambda step: agree_on_ranks(comm, PROG, step)``
-    (:func:`distmb.cli.usage.agree_on_ranks`), which tells every rank of any rank's failure,
+    launcher passes :func:`distmb.cli.predict.agree_on` (``comm``'s
+    :func:`distmb.cli.usage.agree_on_ranks`), which tells every rank of any rank's failure,
     prints it once (or once per rank that met it) and exits every rank alike.
 
     Each step reaches all of its collectives on every rank, or fails before its first one.
