@@ -106,7 +106,7 @@ def test_the_torch_ops_refill_where_triton_does_not_run(monkeypatch):
         PaddedBatch(layout, 3, torch.float32, cpu, backend="cuda")
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     assert PaddedBatch(layout, 3, torch.float32, cpu).backend == "torch"
-    with pytest.raises(ValueError, match="the Triton refill cannot run here"):
+    with pytest.raises(ValueError, match="refill back end 'triton' cannot run on cpu"):
         PaddedBatch(layout, 3, torch.float32, cpu, backend="triton")
 
 

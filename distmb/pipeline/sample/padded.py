@@ -83,13 +83,15 @@ import torch
 from distmb.pipeline.sample import padded_triton
 from distmb.pipeline.sample.blocks import Block
 from distmb.pipeline.sample.device_batch import destination_bounds
+from distmb.pipeline.sample.idmap import BACKENDS, resolve_backend
 
 #: A sink row owns at most this many fan-outs' worth of padding edges (``c_l = 16 f_l``):
 #: ``R_l = ceil(D_l / 16)`` sinks per layer, 6 % more destination rows than the bound.
 PADDING_ROW_FANOUTS = 16
-#: :class:`PaddedBatch`'s refill back ends: ``"auto"`` is ``"triton"`` where Triton runs on
-#: the buffers' device (:func:`~distmb.pipeline.sample.padded_triton.usable`), else ``"torch"``.
-REFILL_BACKENDS = ("auto", "triton", "torch")
+#: :class:`PaddedBatch`'s refill back ends, resolved as Fused-Map's
+#: (:func:`~distmb.pipeline.sample.idmap.resolve_backend`): ``"auto"`` is ``"triton"`` where
+#: Triton runs on the buffers' device, else ``"torch"``.
+REFILL_BACKENDS = BACKENDS
 
 
 @dataclass(frozen=True)
@@ -212,7 +214,7 @@ class PaddedBatch:
         backend: str = "auto",
     ) -> None:
         self.layout = layout
-        self.backend = _refill_backend(backend, device)
+        self.backend = resolve_backend(backend, device, "refill back end")
         rows = layout.input_rows
         index = dict(dtype=torch.int64, device=device)
         self.positions = torch.arange(rows, **index)
@@ -359,21 +361,6 @@ class PaddedBatch:
             )
             for layer in range(layout.num_layers)
         ]
-
-
-def _refill_backend(backend: str, device: torch.device) -> str:
-    """``backend`` (:data:`REFILL_BACKENDS`) resolved on ``device``: ``"triton"`` or
-    ``"torch"``.
-
-    Raises:
-        ValueError: an unknown back end, or ``"triton"`` where Triton cannot run.
-    """
-    if backend not in REFILL_BACKENDS:
-        raise ValueError(f"refill back end {backend!r}: expected one of {REFILL_BACKENDS}")
-    ok, why = padded_triton.usable(device)
-    if backend == "triton" and not ok:
-        raise ValueError(f"the Triton refill cannot run here: {why}")
-    return "torch" if backend == "torch" or not ok else "triton"
 
 
 def _sink_sources(layout: PaddedLayout, layer: int, device: torch.device) -> torch.Tensor:

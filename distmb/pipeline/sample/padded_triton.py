@@ -34,12 +34,12 @@ import contextlib
 
 import torch
 
-from distmb.pipeline.sample.idmap_triton import triton, usable
+from distmb.pipeline.sample.idmap_triton import triton
 
 if triton is not None:
     import triton.language as tl
 
-__all__ = ["BLOCK", "MAX_BLOCK_F", "TILE", "fill_layer", "fill_rows", "launches", "usable"]
+__all__ = ["BLOCK", "MAX_BLOCK_F", "TILE", "fill_layer", "fill_rows", "launches"]
 
 #: Entries per program of a layer's kernel.
 BLOCK = 1024
