@@ -16,11 +16,11 @@ from conftest import require_triton
 from test_gcn_gin import ref_gcn, ref_gin
 from test_nn import dense_adj, make_block
 from test_padded_blocks import check_padded_equals_unpadded, random_blocks
+from test_triton_sage import check_autocast_keeps_pytorchs_ops
 
 from distmb.nn import GCNConv, GINConv
 from distmb.nn import gin as gin_module
 from distmb.nn.kernels import triton_layer
-from distmb.nn.kernels.dispatch import set_kernels
 from distmb.pipeline.sample import Block
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
@@ -140,16 +140,6 @@ def test_padded_blocks_give_the_unpadded_rows(triton_kernels, node_calls, name):
 
 @pytest.mark.parametrize("layer", ["gcn", "gin"])
 def test_autocast_keeps_pytorchs_ops(triton_kernels, node_calls, layer):
-    """Under autocast the nodes are not used (they would not reproduce autocast's casts and
-    output dtypes): the output has the dtype of the PyTorch-ops layer's."""
-    require_triton("cpu")
-    conv = GCNConv(5, 7) if layer == "gcn" else GINConv(5, 7)
-    block = make_block(6, 13, 0, max_deg=4, seed=3)
-    x = torch.randn(13, 5)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        out = conv(block, x)
-        set_kernels("torch")
-        expected = conv(block, x)
-    assert node_calls == []
-    assert out.dtype == expected.dtype
-    torch.testing.assert_close(out, expected, rtol=2e-2, atol=2e-2)
+    check_autocast_keeps_pytorchs_ops(
+        GCNConv(5, 7) if layer == "gcn" else GINConv(5, 7), node_calls
+    )
