@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 from distmb.config.options import refuse_empty
 from distmb.core.errors import exit_on_user_error
@@ -29,8 +28,6 @@ if TYPE_CHECKING:
     from distmb.engine.predict import Agree
 
     Ranks = RankGroup
-
-T = TypeVar("T")
 
 #: The command (messages, ``--help``).
 PROG = "distmb.predict"
@@ -141,10 +138,10 @@ def _run_cli(argv: list[str] | None, comm: Ranks | None) -> None:
     if comm is None:
         args = parse_args(argv)
     else:
-        from distmb.cli.usage import parse_on_ranks
+        from distmb.cli.usage import agree_on, parse_on_ranks
 
         args = parse_on_ranks(comm, PROG, lambda: parse_args(argv))
-        agree = agree_on(comm)
+        agree = agree_on(comm, PROG)
     predict(
         args.checkpoint,
         dataset=args.dataset,
@@ -161,18 +158,6 @@ def _run_cli(argv: list[str] | None, comm: Ranks | None) -> None:
         log=lambda line: print(line, flush=True),
         agree=agree,
     )
-
-
-def agree_on(comm: Ranks) -> Agree:
-    """Each set-up step of :func:`~distmb.engine.predict.predict` run by every rank of
-    ``comm`` and its failure reported once, or by each rank that met it
-    (:func:`~distmb.cli.usage.agree_on_ranks`)."""
-    from distmb.cli.usage import agree_on_ranks
-
-    def agree(step: Callable[[], T]) -> T:
-        return agree_on_ranks(comm, PROG, step)
-
-    return agree
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
-from typing import TypeVar
 
 from distmb.config.train import TrainConfig, build_parser, config_from_args
 from distmb.core import progress
@@ -17,8 +15,6 @@ from distmb.core.errors import exit_on_user_error
 
 #: The command (error lines, ``--help``).
 PROG = "distmb.train"
-
-T = TypeVar("T")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,7 +63,7 @@ def run_distributed(args: argparse.Namespace, comm) -> None:
     import torch
 
     from distmb.cli.launch import ensure_partition
-    from distmb.cli.usage import agree_on_ranks
+    from distmb.cli.usage import agree_on
     from distmb.data.local import LocalGraph
     from distmb.engine.build import make_halo_scheme
     from distmb.engine.build.data import check_same_partition, open_own_part
@@ -92,9 +88,7 @@ def run_distributed(args: argparse.Namespace, comm) -> None:
         prepare_outputs(config, comm.rank)
         return set_threads(config)
 
-    def agree(step: Callable[[], T]) -> T:
-        return agree_on_ranks(comm, PROG, step)
-
+    agree = agree_on(comm, PROG)
     warning = agree(prepare)
     progress.configure(config.progress and comm.rank == 0, config.progress_every)
     if warning and comm.rank == 0:

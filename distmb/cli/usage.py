@@ -25,9 +25,12 @@ import io
 import sys
 from collections.abc import Callable
 from contextlib import redirect_stderr, redirect_stdout
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from distmb.core.errors import DistmbError
+
+if TYPE_CHECKING:
+    from distmb.engine.predict import Agree
 
 T = TypeVar("T")
 
@@ -140,6 +143,16 @@ def agree_on_ranks(comm: Ranks, prog: str, step: Callable[[], T]) -> T:
         outcome = (exc.exit_code, str(exc))
     report_outcomes(comm.rank, prog, comm.allgather(outcome))
     return result
+
+
+def agree_on(comm: Ranks, prog: str) -> Agree:
+    """Runs each set-up step it is given through :func:`agree_on_ranks` on ``comm``'s ranks,
+    its failure reported as ``prog``'s: ``agree_on(comm, prog)(step)``."""
+
+    def agree(step: Callable[[], T]) -> T:
+        return agree_on_ranks(comm, prog, step)
+
+    return agree
 
 
 def report_outcomes(rank: int, prog: str, outcomes: list[Outcome]) -> None:

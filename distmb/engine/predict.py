@@ -84,7 +84,7 @@ class Agree(Protocol):
     """How :func:`predict` runs each step of its set-up, on every rank together: returns what
     ``step()`` returned, or raises. :func:`run_step` (the default: one rank, or the Python
     API) lets the step's error propagate on the rank that met it; the command line under a
-    launcher passes :func:`distmb.cli.predict.agree_on` (``comm``'s
+    launcher passes :func:`distmb.cli.usage.agree_on` (``comm``'s
     :func:`distmb.cli.usage.agree_on_ranks`), which tells every rank of any rank's failure,
     prints it once (or once per rank that met it) and exits every rank alike.
 
