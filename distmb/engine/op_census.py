@@ -222,7 +222,7 @@ class EpochCensus:
             "device_waits": each(self.device_waits),
             "triton_launches": each(sum(self.triton_launches.values())),
             "triton_launches_by_stage": {k: each(v) for k, v in self.triton_launches.items() if v},
-            "launches": each(sum(launch_ops.values()) + sum(self.triton_launches.values())),
+            "launches": each(total),
             **({"launches_graphed": each(graphed)} if self.graph_steps else {}),
         }
 
