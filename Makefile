@@ -44,6 +44,7 @@ test: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 bench-partition: $(STAMP)
 	$(BIN)/python benchmarks/partition.py

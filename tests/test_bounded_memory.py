@@ -375,9 +375,7 @@ def test_rebalance_neighbour_counts_in_blocks_equal_brute_force(monkeypatch):
             expected[i, part_of[u]] += 1
     for chunk in (1, 5, 1 << 23):
         monkeypatch.setattr(assign_module, "NEIGHBOUR_COUNT_CHUNK", chunk)
-        got = assign_module.neighbour_part_counts(
-            graph.indptr, graph.indices, part_of, vertices, 4
-        )
+        got = assign_module.neighbour_part_counts(graph.indptr, graph.indices, part_of, vertices, 4)
         np.testing.assert_array_equal(got, expected)
 
 

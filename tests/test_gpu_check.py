@@ -80,8 +80,12 @@ def test_failed_timed_out_and_missing_steps_do_not_stop_the_run(tmp_path):
         gpu_check.Step("hangs", [py, "-c", "import time; time.sleep(60)"], 1),
         gpu_check.Step("missing", ["no-such-program-for-gpu-check"], 60),
         gpu_check.Step("after-fails", [py, "-c", "pass"], 60, requires="fails"),
-        gpu_check.Step("refused", [py, "-c", "raise SystemExit('NCCL allows one rank')"], 60,
-                       expect_error="NCCL allows one rank"),  # fmt: skip
+        gpu_check.Step(
+            "refused",
+            [py, "-c", "raise SystemExit('NCCL allows one rank')"],
+            60,
+            expect_error="NCCL allows one rank",
+        ),  # fmt: skip
         gpu_check.Step("not-refused", [py, "-c", "pass"], 60, expect_error="NCCL"),
         gpu_check.Step("passes", [py, "-c", "print('fine')"], 60, env={"X_GPU_CHECK": "1"}),
     ]

@@ -230,8 +230,17 @@ def test_cuda_training_learns_and_reports(tmp_path, capsys, placement):
     rows = records(
         tmp_path,
         "cuda",
-        ["--dataset", LEARNABLE, *FAST, "--epochs", "4", "--device", "cuda",
-         "--graph-placement", placement],  # fmt: skip
+        [
+            "--dataset",
+            LEARNABLE,
+            *FAST,
+            "--epochs",
+            "4",
+            "--device",
+            "cuda",
+            "--graph-placement",
+            placement,
+        ],  # fmt: skip
         capsys,
     )
     assert rows[-1]["test_acc"] > 0.25 + 0.2

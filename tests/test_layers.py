@@ -32,7 +32,7 @@ PACKAGE_ROOT = Path(__file__).resolve().parent.parent / "distmb"
 #: The packages, lowest first: a module may import its own package and those before it.
 LAYERS: tuple[str, ...] = (
     "core", "comm", "data", "partition", "pipeline", "nn", "halo", "config", "engine", "cli",
-)
+)  # fmt: skip
 #: Pairs of packages that must not import each other although one is listed below the other.
 INDEPENDENT: frozenset[frozenset[str]] = frozenset({frozenset({"partition", "pipeline"})})
 #: Top-level modules that only start things; they may import any package.
@@ -125,9 +125,7 @@ def resolve_imports(sources: dict[str, str]) -> list[Import]:
                 targets = {module_of(base, alias.name) for alias in node.names}
             else:
                 continue
-            statement = " ".join(
-                line.strip() for line in lines[node.lineno - 1 : node.end_lineno]
-            )
+            statement = " ".join(line.strip() for line in lines[node.lineno - 1 : node.end_lineno])
             for target in sorted(t for t in targets if t.split(".")[0] == "distmb"):
                 if target == importer:
                     continue

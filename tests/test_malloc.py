@@ -132,7 +132,6 @@ def test_trainer_logs_a_note_where_retain_cannot_apply(monkeypatch):
     assert any("--malloc retain: not applied" in line for line in lines)
 
 
-
 @pytest.mark.parametrize("policy", malloc.MALLOC_POLICIES)
 def test_predict_applies_its_flag(monkeypatch, tmp_path, capsys, policy):
     predict_module = importlib.import_module("distmb.cli.predict")  # the command's flags
@@ -142,9 +141,12 @@ def test_predict_applies_its_flag(monkeypatch, tmp_path, capsys, policy):
         capsys,
     )
     assert code == 0, err
-    assert predict_module.build_parser().parse_args(
-        ["--checkpoint", str(tmp_path), "--out", "o", "--malloc", policy]
-    ).malloc == policy
+    assert (
+        predict_module.build_parser()
+        .parse_args(["--checkpoint", str(tmp_path), "--out", "o", "--malloc", policy])
+        .malloc
+        == policy
+    )
     asked = []
     monkeypatch.setattr("distmb.engine.predict.configure_malloc", lambda p: asked.append(p))
     predict = importlib.import_module("distmb.engine.predict").predict

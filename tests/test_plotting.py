@@ -36,8 +36,14 @@ def test_axis_scale(values, scale):
 
 @pytest.mark.parametrize(
     ("count", "columns", "shape"),
-    [(1, 3, (1, 1)), (3, 3, (1, 3)), (4, 3, (2, 3)), (6, 3, (2, 3)), (7, 3, (3, 3)),
-     (5, 2, (3, 2))],  # fmt: skip
+    [
+        (1, 3, (1, 1)),
+        (3, 3, (1, 3)),
+        (4, 3, (2, 3)),
+        (6, 3, (2, 3)),
+        (7, 3, (3, 3)),
+        (5, 2, (3, 2)),
+    ],  # fmt: skip
 )
 def test_grid_shape_wraps_into_rows(count, columns, shape):
     rows, cols = grid_shape(count, columns)

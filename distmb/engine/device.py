@@ -65,9 +65,7 @@ def resolve_device(spec: str, local_rank: int = 0) -> torch.device:
     count = torch.cuda.device_count()
     index = local_rank % count if device.index is None else device.index
     if index >= count:
-        raise InputError(
-            f"--device {spec}: torch sees {count} GPU(s), indices 0 to {count - 1}"
-        )
+        raise InputError(f"--device {spec}: torch sees {count} GPU(s), indices 0 to {count - 1}")
     return torch.device("cuda", index)
 
 

@@ -14,9 +14,7 @@ from distmb.engine.timers import PHASES
 from distmb.halo.scheme import SECOND_COUNTERS
 
 
-def allreduce_named(
-    comm: RankGroup, arrays: dict[str, np.ndarray]
-) -> dict[str, np.ndarray]:
+def allreduce_named(comm: RankGroup, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Element-wise sums over ranks of several float64-compatible arrays in one
     ``Allreduce``: packed by name in a fixed order, unpacked by the same names."""
     names = sorted(arrays)
@@ -118,9 +116,7 @@ DEVICE_CACHE_SUMS = (
 )  # fmt: skip
 
 
-def device_cache_record(
-    comm: RankGroup, counters: dict[str, int], policy: str
-) -> dict[str, Any]:
+def device_cache_record(comm: RankGroup, counters: dict[str, int], policy: str) -> dict[str, Any]:
     """The epoch record of the GPU path's device feature cache (``device_cache``): ids
     looked up, cache hits and the ``hit_rate``, rows read from host memory (``rows_loaded``)
     and taken from the previous batch instead (``rows_reused``, Match), host->device bytes

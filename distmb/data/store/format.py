@@ -41,6 +41,7 @@ def index_dtype(count: int) -> np.dtype:
     """
     return np.dtype(np.int32 if count <= INT32_LIMIT else np.int64)
 
+
 #: How a partition stores its feature rows (``partition.json``'s ``feature_layout``; absent
 #: means ``"npy"``): ``"npy"``: ``features.npy`` (+ ``halo_features.npy``) per part;
 #: ``"ooc"``: one raw row file per part for out-of-core reads (:data:`OOC_FEATURE_FILE`).

@@ -84,6 +84,8 @@ def coalesce_gap() -> int:
 def io_depth() -> int:
     """Reads in flight per out-of-core read call (:func:`set_io_depth`)."""
     return int(_C.get_io_depth())
+
+
 #: The one dtype string of a row file's table.
 ROW_FILE_DTYPE = "float32"
 #: Bytes of padded rows :func:`write_row_file` writes at a time by default.
@@ -317,8 +319,7 @@ class RowFile:
         where = f"row file {self.path}"
         if self.num_rows < 0 or self.dim < 1:
             raise PartitionError(
-                f"{where}: expected num_rows >= 0 and dim >= 1, got {self.num_rows} and "
-                f"{self.dim}"
+                f"{where}: expected num_rows >= 0 and dim >= 1, got {self.num_rows} and {self.dim}"
             )
         if not _is_power_of_two(self.align):
             raise PartitionError(f"{where}: align must be a power of two, got {self.align}")
