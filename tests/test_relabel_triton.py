@@ -247,9 +247,11 @@ def test_bad_arguments() -> None:
 
 
 def test_kernels_compile_for_hopper() -> None:
-    """The interpreter accepts code the compiler rejects: compile every kernel (the
-    destination count on the host and on the device; sizes as 32-bit ints, as Triton passes
-    small Python ints, and as 64-bit ones) to a cubin for sm_90, no GPU needed."""
+    """The interpreter accepts code the compiler rejects: compile the layer's kernels with
+    the destination count on the device and 64-bit sizes (Triton passes Python ints of 2**31
+    and more as such; no CPU run reaches them) to a cubin for sm_90, no GPU needed. The
+    32-bit sizes a run launches them with, and the tables' fill, are compiled by
+    ``tests/test_triton_compiles.py``."""
     code = """
 import triton
 from triton.backends.compiler import GPUTarget
@@ -266,22 +268,18 @@ def compile(kernel, pointers, ints, constexprs, bools=(), int_type="i64"):
     src = ASTSource(kernel, sig, constexprs=constexprs)
     assert len(triton.compile(src, target=target).asm["cubin"]) > 0
 
-for on_device, ints in ((False, "i32"), (True, "i64")):
-    compile(r._count_kernel,
-            ["keys_ptr", "slot_of_ptr", "table_pos_ptr", "code_ptr", "count_ptr",
-             "row_end_ptr", "partials_ptr", "n_dst_ptr"],
-            ["n_dst", "m", "d", "n_solid"], {"BLOCK": r.BLOCK, "DST_ON_DEVICE": on_device},
-            ["first_ptr"], ints)
-    compile(r._scan_kernel, ["partials_ptr", "stats_ptr", "indptr_ptr", "n_dst_ptr"],
-            ["n_dst", "n_programs"], {"CHUNK": r.SCAN_CHUNK, "DST_ON_DEVICE": on_device},
-            (), ints)
-    compile(r._relabel_kernel,
-            ["keys_ptr", "slot_of_ptr", "code_ptr", "count_ptr", "row_end_ptr",
-             "offsets_ptr", "stats_ptr", "src_ids_ptr", "indptr_ptr", "indices_ptr",
-             "n_dst_ptr"],
-            ["n_dst", "m", "d", "fanout"], {"BLOCK": r.BLOCK, "DST_ON_DEVICE": on_device},
-            ["first_ptr"], ints)
-compile(r._fill_tables_kernel, ["tables_ptr"], ["capacity"], {"BLOCK": r.BLOCK}, (), "i32")
+compile(r._count_kernel,
+        ["keys_ptr", "slot_of_ptr", "table_pos_ptr", "code_ptr", "count_ptr", "row_end_ptr",
+         "partials_ptr", "n_dst_ptr"],
+        ["n_dst", "m", "d", "n_solid"], {"BLOCK": r.BLOCK, "DST_ON_DEVICE": True},
+        ["first_ptr"])
+compile(r._scan_kernel, ["partials_ptr", "stats_ptr", "indptr_ptr", "n_dst_ptr"],
+        ["n_dst", "n_programs"], {"CHUNK": r.SCAN_CHUNK, "DST_ON_DEVICE": True})
+compile(r._relabel_kernel,
+        ["keys_ptr", "slot_of_ptr", "code_ptr", "count_ptr", "row_end_ptr", "offsets_ptr",
+         "stats_ptr", "src_ids_ptr", "indptr_ptr", "indices_ptr", "n_dst_ptr"],
+        ["n_dst", "m", "d", "fanout"], {"BLOCK": r.BLOCK, "DST_ON_DEVICE": True},
+        ["first_ptr"])
 """
     compile_triton_in_subprocess(code)
 
