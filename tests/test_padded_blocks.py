@@ -212,10 +212,10 @@ def refill_census(padded: PaddedBatch, blocks: list[Block], x: torch.Tensor,
     """One :meth:`PaddedBatch.fill` counted as the op census counts an iteration: ``(ATen ops
     that launch, Triton launches, every op by name, the sync-prone ops)``; views,
     allocations and the interpreter's own ops are not launches."""
-    from distmb.engine.op_census import _OpCounter, _triton_kernel_classes, _wrap
+    from distmb.engine.op_census import _OpCounter, _wrap, triton_kernel_classes
 
     counter, undo = _OpCounter(), []
-    for kernel_class in _triton_kernel_classes():
+    for kernel_class in triton_kernel_classes():
         _wrap(kernel_class, "run", counter.kernel, undo)
     try:
         with counter:

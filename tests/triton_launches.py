@@ -151,10 +151,10 @@ class LaunchRecorder:
     @contextmanager
     def recording(self) -> Iterator[LaunchRecorder]:
         """Record the launches (and the interpreter's device-function calls) meanwhile."""
-        from distmb.engine.op_census import _triton_kernel_classes
+        from distmb.engine.op_census import triton_kernel_classes
 
         undo: list[tuple[type, str, Any]] = []
-        for kernel_class in _triton_kernel_classes():
+        for kernel_class in triton_kernel_classes():
             undo.append((kernel_class, "run", vars(kernel_class)["run"]))
             kernel_class.run = self._recording_run(kernel_class.run)
             if kernel_class.__name__ == "InterpretedFunction":  # a call: a device function's

@@ -271,7 +271,7 @@ def census_epoch(trainer: Any, epoch: int, top: int = 12) -> EpochCensus:  # noq
     _wrap(trainer.loader, "gather_batch", lambda: counter.stage("gather"), undo)
     for name in _HALO_CALLS:
         _wrap(trainer.halo, name, lambda: counter.stage("hec"), undo)
-    for kernel_class in _triton_kernel_classes():
+    for kernel_class in triton_kernel_classes():
         _wrap(kernel_class, "run", counter.kernel, undo)
     graphed = getattr(trainer, "graphed", None)
     replays_before = 0
@@ -304,7 +304,7 @@ def census_epoch(trainer: Any, epoch: int, top: int = 12) -> EpochCensus:  # noq
     )
 
 
-def _triton_kernel_classes() -> list[type]:
+def triton_kernel_classes() -> list[type]:
     """The classes whose ``run`` launches a Triton kernel: the compiled kernels' and the
     interpreter's (none when Triton is not installed)."""
     try:
