@@ -11,7 +11,9 @@ batch 1000):
    epoch. One run per ``--kernels`` value with ``--device-cache-percent`` of the rows in the
    device cache (``cache10/fused`` ...), then the whole table on the device with
    ``--prefetch 0`` and with ``--prefetch`` (``table/triton/prefetch0`` ...: triton where it
-   is among ``--kernels``, the GPU configuration), and GAT (4
+   is among ``--kernels``, the GPU configuration), the same with ``--cuda-graphs`` and (triton
+   only) with ``--compile`` (``table/triton/compile/prefetch0``: its compilations and their
+   seconds, the first epoch apart from the steady ones), and GAT (4
    heads) on the whole table with the last ``--kernels`` (``gat/table/triton/prefetch2``:
    the Triton attention kernel on CUDA).
 2. **Precision sweep** (``"precision_sweep"``): the whole-table run once per ``--precisions``
@@ -182,10 +184,11 @@ def make_trainer(
     epochs: int | None = None,
     model: str = "sage",
     cuda_graphs: bool = False,
+    compile_model: bool = False,
 ) -> Trainer:
     """A Trainer on the GPU path: ``model`` with ``cache_percent`` of the rows in the device
     cache (the whole table: policy ``degree``, no pre-sampling needed), ``--cuda-graphs``
-    when ``cuda_graphs``, the rest from ``args``."""
+    when ``cuda_graphs``, ``--compile`` when ``compile_model``, the rest from ``args``."""
     row_bytes = graph.features.shape[1] * graph.features.itemsize
     whole = cache_percent >= WHOLE_TABLE_PERCENT
     cache_mb = graph.num_nodes * min(cache_percent, 100.0) / 100 * row_bytes / 2**20
@@ -197,19 +200,27 @@ def make_trainer(
         device_cache_policy="degree" if whole else "presc",
         match_reorder=args.match_reorder, prefetch=prefetch, superbatch=args.superbatch,
         presample_epochs=args.presample_epochs, threads=args.threads, cuda_graphs=cuda_graphs,
+        compile=compile_model,
     )  # fmt: skip
     return Trainer(LocalGraph.from_graph(graph), config, log=lambda _: None)
 
 
 def run_name(
-    kernels: str, cache_percent: float, prefetch: int, model: str = "sage", graphs: bool = False
+    kernels: str,
+    cache_percent: float,
+    prefetch: int,
+    model: str = "sage",
+    graphs: bool = False,
+    compiled: bool = False,
 ) -> str:
     """``table/fused/prefetch0`` or ``cache10/triton`` (the ``--prefetch`` of the cache runs),
     prefixed by the model when it is not GraphSAGE (``gat/table/triton/prefetch2``), with
-    ``graphs/`` before the prefetch for ``--cuda-graphs`` (``table/triton/graphs/prefetch0``)."""
+    ``graphs/`` before the prefetch for ``--cuda-graphs`` (``table/triton/graphs/prefetch0``)
+    and ``compile/`` for ``--compile`` (``table/triton/compile/prefetch0``)."""
     prefix = "" if model == "sage" else f"{model}/"
     if cache_percent >= WHOLE_TABLE_PERCENT:
-        return f"{prefix}table/{kernels}/{'graphs/' if graphs else ''}prefetch{prefetch}"
+        step = "graphs/" if graphs else "compile/" if compiled else ""
+        return f"{prefix}table/{kernels}/{step}prefetch{prefetch}"
     return f"{prefix}cache{cache_percent:g}/{kernels}"
 
 
@@ -224,15 +235,19 @@ def training_part(
     accuracy: bool = False,
     model: str = "sage",
     cuda_graphs: bool = False,
+    compile_model: bool = False,
 ) -> dict[str, Any]:
     """Train ``--epochs`` epochs on the GPU path; the last epoch's time split (and the test
-    accuracy when ``accuracy``). Unset arguments come from ``args``."""
+    accuracy when ``accuracy``). Unset arguments come from ``args``. With ``compile_model``
+    (``--compile``) also the compilations, their seconds, and the first epoch (which
+    compiles) apart from the steady ones (the median of the others)."""
     cache_percent = args.device_cache_percent if cache_percent is None else cache_percent
     prefetch = args.prefetch if prefetch is None else prefetch
     precision = args.precision if precision is None else precision
     t0 = time.perf_counter()
     trainer = make_trainer(args, graph, kernels, cache_percent=cache_percent, prefetch=prefetch,
-                           precision=precision, model=model, cuda_graphs=cuda_graphs)  # fmt: skip
+                           precision=precision, model=model, cuda_graphs=cuda_graphs,
+                           compile_model=compile_model)  # fmt: skip
     setup_s = time.perf_counter() - t0
     epochs = [trainer.train_epoch(e) for e in range(args.epochs)]
     last = epochs[-1]
@@ -240,9 +255,10 @@ def training_part(
     cache = stages.features.counters() if stages is not None else {}
     compute = last["fwd"] + last["bwd"] + last["opt"]
     record = {
-        "name": run_name(kernels, cache_percent, prefetch, model, cuda_graphs),
+        "name": run_name(kernels, cache_percent, prefetch, model, cuda_graphs, compile_model),
         "model": model,
         "cuda_graphs": cuda_graphs,
+        "compile": compile_model,
         "kernels": kernels,
         "precision": precision,
         "prefetch": prefetch,
@@ -264,6 +280,12 @@ def training_part(
     if trainer.graphed is not None:
         record["graph_captures"] = trainer.graphed.captures
         record["graph_replays"] = trainer.graphed.replays
+    if trainer.compiled is not None:
+        times = record["epoch_times_s"]
+        record["compiles"] = trainer.compiled.compiles
+        record["compile_s"] = round(trainer.compiled.compile_s, 2)  # the calls that compiled
+        record["first_epoch_s"] = times[0]
+        record["steady_epoch_s"] = float(np.median(times[1:])) if len(times) > 1 else None
     if accuracy:
         t0 = time.perf_counter()
         record["test_acc"] = round(trainer.evaluate()["test_acc"], 4)
@@ -275,7 +297,8 @@ def training_part(
 def training_runs(args: argparse.Namespace, graph) -> list[dict[str, Any]]:
     """One run per ``--kernels`` with the device cache, then the whole table with
     ``--prefetch 0`` and with ``--prefetch`` (:func:`profiled_kernels`: triton on CUDA, the
-    GPU configuration), then GAT (``--heads`` 4) on the whole table with the last
+    GPU configuration), the same with ``--cuda-graphs`` and with ``--compile`` (triton
+    only: :func:`graphed_run`), then GAT (``--heads`` 4) on the whole table with the last
     ``--kernels`` (on CUDA: triton, the attention kernel)."""
     kernels = args.kernels.split(",")
     runs = [training_part(args, graph, k) for k in kernels]
@@ -285,22 +308,30 @@ def training_runs(args: argparse.Namespace, graph) -> list[dict[str, Any]]:
                                   prefetch=prefetch))  # fmt: skip
     for prefetch in dict.fromkeys((0, args.prefetch)):
         runs.append(graphed_run(args, graph, table_kernels, prefetch))
+    if table_kernels == "triton":  # --compile: the Triton layers only
+        runs.append(graphed_run(args, graph, table_kernels, 0, compile_model=True))
     runs.append(training_part(args, graph, kernels[-1], cache_percent=WHOLE_TABLE_PERCENT,
                               model="gat"))  # fmt: skip
     return runs
 
 
-def graphed_run(args: argparse.Namespace, graph, kernels: str, prefetch: int) -> dict[str, Any]:
-    """The whole-table run with ``--cuda-graphs``; where it fails (a step that cannot be
-    captured), a record of the failure instead, so that the benchmark's other parts still
+def graphed_run(
+    args: argparse.Namespace, graph, kernels: str, prefetch: int, compile_model: bool = False
+) -> dict[str, Any]:
+    """The whole-table run with ``--cuda-graphs`` (with ``--compile`` instead when
+    ``compile_model``); where it fails (a step that cannot be captured, a graph that does
+    not compile), a record of the failure instead, so that the benchmark's other parts still
     run (``"failed"``: the error's type and message)."""
+    graphs = not compile_model
     try:
         return training_part(args, graph, kernels, cache_percent=WHOLE_TABLE_PERCENT,
-                             prefetch=prefetch, cuda_graphs=True)  # fmt: skip
+                             prefetch=prefetch, cuda_graphs=graphs,
+                             compile_model=compile_model)  # fmt: skip
     except Exception as exc:  # noqa: BLE001 - recorded, and the benchmark goes on
-        name = run_name(kernels, WHOLE_TABLE_PERCENT, prefetch, graphs=True)
-        record = {"name": name, "model": "sage", "cuda_graphs": True,
-                  "failed": f"{type(exc).__name__}: {exc}"}  # fmt: skip
+        name = run_name(kernels, WHOLE_TABLE_PERCENT, prefetch, graphs=graphs,
+                        compiled=compile_model)  # fmt: skip
+        record = {"name": name, "model": "sage", "cuda_graphs": graphs,
+                  "compile": compile_model, "failed": f"{type(exc).__name__}: {exc}"}  # fmt: skip
         print(f"train [{name}]: failed: {record['failed']}", flush=True)
         return record
 

@@ -95,6 +95,7 @@ FLAG_FIELDS = {
     "--device-cache-policy": "device_cache_policy",
     "--match-reorder": "match_reorder",
     "--cuda-graphs": "cuda_graphs",
+    "--compile": "compile",
     "--hec-size": "hec_size",
     "--hec-nc": "hec_nc",
     "--hec-lifespan": "hec_lifespan",
@@ -162,6 +163,7 @@ ALSO_CHANGED = {
     "--device-cache-policy": {"sampler"},
     "--match-reorder": {"sampler"},
     "--cuda-graphs": {"sampler"},
+    "--compile": {"sampler", "kernels"},
 }
 
 
@@ -213,6 +215,7 @@ def test_every_flag_maps_to_one_field_and_back():
         "--graph-placement": ["host", "--sampler", "device"],
         "--match-reorder": ["--sampler", "device"],
         "--cuda-graphs": ["--sampler", "device"],
+        "--compile": ["--sampler", "device", "--kernels", "triton"],
         "--device": ["auto"],
         "--sampler": ["device"],
         "--comm": ["torch"],
@@ -264,7 +267,8 @@ def test_cli_defaults_equal_dataclass_defaults():
         cache_policy="belady", superbatch=32, presample_epochs=1, graph_layout="mmap",
         neighbor_cache_mb=256.0, neighbor_cache_order="degree", device="cpu", sampler="auto",
         graph_placement="device", device_cache_mb=4096.0,
-        device_cache_policy="presc", match_reorder=False, cuda_graphs=False, hec_size=1_000_000,
+        device_cache_policy="presc", match_reorder=False, cuda_graphs=False, compile=False,
+        hec_size=1_000_000,
         hec_nc=2000, hec_lifespan=2, hec_delay=1,
         no_hec=False, exact_remote=False, partition_cache=".cache/distmb-parts",
         comm="auto", grad_bucket_mb=0.25, collective_timeout=300.0,
@@ -377,6 +381,7 @@ def test_relations(argv, message):
     [
         ["--match-reorder"],
         ["--cuda-graphs"],
+        ["--compile", "--kernels", "triton"],
         ["--device-cache-mb", "10", "--device-cache-policy", "degree"],
     ],
 )

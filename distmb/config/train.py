@@ -85,6 +85,7 @@ __all__ = [
     "HecSettings",
     "TrainConfig",
     "build_parser",
+    "compile_problem",
     "config_from_args",
     "cuda_graphs_problem",
     "flag_of",
@@ -182,6 +183,7 @@ class TrainConfig(
             if problem:
                 raise InputError(problem)
         problem = cuda_graphs_problem(self) if self.cuda_graphs else None
+        problem = problem or (compile_problem(self) if self.compile else None)
         if problem:
             raise InputError(problem)
         if self.features in ("memory", "mmap"):
@@ -297,6 +299,34 @@ def cuda_graphs_problem(config: TrainConfig) -> str | None:
         return (
             f"--cuda-graphs with --model {config.model}: the built-in models only (the padded "
             "blocks are checked against their layers)"
+        )
+    return None
+
+
+def compile_problem(config: TrainConfig) -> str | None:
+    """Why ``--compile`` cannot run with the rest of ``config``'s options, or None
+    (:meth:`TrainConfig.validate` asks when the flag is on; :mod:`distmb.engine.compiled`
+    adds what only the built run knows: its ranks, a model object given in code)."""
+    if config.cuda_graphs:
+        return (
+            "--compile with --cuda-graphs: pick one (the graphed step replays eager kernels "
+            "over padded buffers; a compiled forward would be captured in it untested)"
+        )
+    if config.kernels != "triton":
+        return (
+            f"--compile with --kernels {config.kernels}: the Triton layers only (their nodes "
+            "are custom operators the compiler traces; the fused C++ kernels and the "
+            "PyTorch-ops aggregation's sparse CSR product break the graph); add --kernels triton"
+        )
+    if config.precision in ("bf16", "fp16"):
+        return (
+            f"--compile with --precision {config.precision}: under autocast the layers take "
+            "the PyTorch-ops path, which does not trace; use --precision fp32 or tf32"
+        )
+    if config.model not in MODELS:
+        return (
+            f"--compile with --model {config.model}: the built-in models only (their Triton "
+            "layers are the operators the compiler traces)"
         )
     return None
 

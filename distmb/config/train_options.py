@@ -394,6 +394,12 @@ class GpuPathOptions:
         "With --device cpu --sampler device the same padded step runs without a graph (for "
         "testing)",
     )
+    compile: bool = option(
+        False,
+        "torch.compile the training forward (dynamic shapes, one graph without breaks: the "
+        "Triton layers as custom operators; evaluation stays eager). --kernels triton, a "
+        "built-in model, one rank; not with --cuda-graphs or --precision bf16/fp16",
+    )
 
 
 @option_group(GROUP_HEC)

@@ -41,6 +41,7 @@ from distmb.engine.checkpoint import (
     save_cache_state,
     save_checkpoint,
 )
+from distmb.engine.compiled import compiled_forward_for
 from distmb.engine.epoch_loss import EpochLoss
 from distmb.engine.evaluate import layerwise_inference, split_accuracies
 from distmb.engine.graphed_step import graphed_step_for
@@ -147,6 +148,8 @@ class Trainer:
         #: ``--cuda-graphs``' step (None without it); its graphs are captured at the first
         #: steps, after the resume below has loaded the optimizer's state.
         self.graphed = graphed_step_for(self) if config.cuda_graphs else None
+        #: ``--compile``'s training forward (None without it; :mod:`distmb.engine.compiled`).
+        self.compiled = compiled_forward_for(self) if config.compile else None
         # The run's identity in every record: rank 0's, so that all ranks agree (a resumed
         # run keeps the identity and start time of the run it continues).
         self.run_id, self.started = self.comm.allgather(
@@ -472,6 +475,8 @@ class Trainer:
         def layer_input(layer: int, _block, h: torch.Tensor) -> torch.Tensor:
             return self.halo.layer_input(batch, layer, h, step, num_steps)
 
+        if self.compiled is not None:  # one rank: no halo rows to add (layer_input's h)
+            return self.compiled(batch.blocks, batch.x)
         return self.model(batch.blocks, batch.x, layer_input=layer_input)
 
     def evaluate(self) -> dict[str, float]:

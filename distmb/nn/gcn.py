@@ -97,9 +97,7 @@ class GCNConv(nn.Module):
         check_layer_input("GCNConv", x_src, self.in_dim)
         if aggregate_triton.takes_layer(x_src, list(self.parameters())):
             kind = "symmetric_self" if self.self_loops else "symmetric"
-            h = triton_layer.LinearAggregate.apply(
-                x_src, self.fc.weight, None, self.bias, block, kind
-            )
+            h = triton_layer.linear_aggregate(x_src, self.fc.weight, None, self.bias, block, kind)
             if self.activation:
                 h = fused_update.output_dropout(torch.relu(h), self.dropout)
             return h

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from torch.autograd.function import FunctionCtx, once_differentiable
 
 from distmb.nn.aggregate import aggregate, check_layer_input
+from distmb.nn.kernels import ops as kernel_ops
 from distmb.nn.kernels import triton_aggregate as aggregate_triton
 from distmb.pipeline.sample import Block
 
@@ -79,7 +80,10 @@ class GINConv(nn.Module):
         """
         check_layer_input("GINConv", x_src, self.in_dim)
         if aggregate_triton.takes_layer(x_src, [*self.parameters(), self.eps]):
-            h = self.mlp(_TritonGINAggregate.apply(x_src, self.eps, block))
+            if torch.compiler.is_compiling():  # --compile: traceable operators
+                h = self.mlp(kernel_ops.gin_aggregate(x_src, self.eps, block))
+            else:
+                h = self.mlp(_TritonGINAggregate.apply(x_src, self.eps, block))
         else:
             neighbours = aggregate(block, x_src, "sum")
             h = self.mlp((1 + self.eps.to(x_src.dtype)) * x_src[: block.n_dst] + neighbours)

@@ -103,7 +103,7 @@ class SAGEConv(nn.Module):
             return self._forward_fused(block, x_src)
         if aggregate_triton.takes_layer(x_src, list(self.parameters())):
             w_self = None if self.fc_self is None else self.fc_self.weight
-            h = triton_layer.LinearAggregate.apply(
+            h = triton_layer.linear_aggregate(
                 x_src, self.fc_neigh.weight, w_self, self.bias, block, self.aggr
             )
         else:

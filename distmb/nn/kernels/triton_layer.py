@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import FunctionCtx, once_differentiable
 
+from distmb.nn.kernels import ops as kernel_ops
 from distmb.nn.kernels import triton_aggregate as aggregate_triton
 from distmb.pipeline.sample import Block
 
@@ -93,3 +94,19 @@ class LinearAggregate(torch.autograd.Function):
                     block, kind, grad_out.mm(wn), grad_self
                 )
         return grad_x, grad_wn, grad_ws, grad_b, None, None
+
+
+def linear_aggregate(
+    x_src: Tensor,
+    w_neigh: Tensor,
+    w_self: Tensor | None,
+    bias: Tensor,
+    block: Block,
+    kind: str,
+) -> Tensor:
+    """:class:`LinearAggregate` (arguments of its ``apply``): float[n_dst, out]. While
+    ``torch.compile`` traces (``--compile``) the same node as the traceable operators of
+    :mod:`distmb.nn.kernels.ops` (the same launches, values and gradients)."""
+    if torch.compiler.is_compiling():
+        return kernel_ops.linear_aggregate(x_src, w_neigh, w_self, bias, block, kind)
+    return LinearAggregate.apply(x_src, w_neigh, w_self, bias, block, kind)
