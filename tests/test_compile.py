@@ -23,11 +23,14 @@ from distmb.core.errors import InputError
 from distmb.engine import compiled
 from distmb.engine.compiled import CompiledForward, compile_refusal
 from distmb.nn.kernels import ops
+from distmb.nn.kernels.dispatch import set_kernels
 from distmb.nn.models import build_model
 
 #: aot_eager runs the eager ATen ops and the same kernels: equal up to a decomposition's
 #: float reassociation (measured: equal bit for bit).
 RTOL, ATOL = 1e-6, 1e-6
+#: Against PyTorch's ops (``--kernels torch``): float32 sums in another order.
+TORCH_RTOL, TORCH_ATOL = 1e-5, 1e-5
 #: ``(n_dst of the last block, of the first, n_src of the first)`` of three batches: every
 #: size differs from batch to batch (one compiled graph must serve them all).
 SHAPES = [(5, 12, 30), (7, 15, 33), (9, 20, 41)]
@@ -82,7 +85,35 @@ def test_models_trace_as_one_graph_like_the_eager_path(triton_kernels, name):
         names = [n for n, _ in model.named_parameters()]
         for n, g, w in zip(names, got_grads, want_grads, strict=True):
             torch.testing.assert_close(g, w, rtol=RTOL, atol=ATOL, msg=n)
+        # An independent reference (PyTorch's ops, --kernels torch): the nodes' shared
+        # forward and backward, which the eager path runs too, checked on the compiled path.
+        set_kernels("torch")
+        try:
+            ref, ref_grads = forward_and_grads(model, model, blocks, x)
+        finally:
+            set_kernels("triton")
+        torch.testing.assert_close(got, ref, rtol=TORCH_RTOL, atol=TORCH_ATOL)
+        for n, g, r in zip(names, got_grads, ref_grads, strict=True):
+            torch.testing.assert_close(g, r, rtol=TORCH_RTOL, atol=TORCH_ATOL, msg=n)
     assert forward.compiles == 1
+
+
+def test_a_first_layer_that_projects_first_compiles(triton_kernels):
+    """in_dim > hidden: the first layer projects before it aggregates and its features need
+    no gradient, so only ``w_neigh``'s gradient needs the backward aggregation (the
+    transposed CSR); the eager path's logits and gradients."""
+    require_triton("cpu")
+    torch.manual_seed(0)
+    model = build_model("sage", in_dim=20, hidden=HIDDEN, num_classes=CLASSES, num_layers=2,
+                        dropout=0.0)  # fmt: skip
+    forward = CompiledForward(model, backend="aot_eager")
+    blocks = two_layer_blocks(0, *SHAPES[0])
+    x = torch.randn(blocks[0].n_src, 20, generator=torch.Generator().manual_seed(0))
+    got, got_grads = forward_and_grads(forward, model, blocks, x)
+    want, want_grads = forward_and_grads(model, model, blocks, x)
+    torch.testing.assert_close(got, want, rtol=RTOL, atol=ATOL)
+    for g, w in zip(got_grads, want_grads, strict=True):
+        torch.testing.assert_close(g, w, rtol=RTOL, atol=ATOL)
 
 
 def test_operators_pass_opcheck(triton_kernels):

@@ -221,6 +221,24 @@ def test_transposed_csr_is_cached_and_rebuilt_when_stale():
     assert aggregate_triton.transposed_csr(block)[0] is not t_indptr
 
 
+def test_a_transposed_csr_set_from_tensors_is_used_until_stale():
+    """``set_transposed_csr`` (--compile's operators hand the block its transposed CSR as
+    tensors): ``transposed_csr`` returns those tensors, not a rebuilt copy, until the block's
+    ``indices`` change; ``transposed_csr_edges`` builds its own (it also returns the order)."""
+    block = random_block(7, 10, 25, max_deg=5, hub=9)
+    want = aggregate_triton.transposed_csr(random_block(7, 10, 25, max_deg=5, hub=9))
+    given = (want[0].clone(), want[1].clone())
+    aggregate_triton.set_transposed_csr(block, *given)
+    got = aggregate_triton.transposed_csr(block)
+    assert got[0] is given[0] and got[1] is given[1]
+    t_indptr, order, t_dst = aggregate_triton.transposed_csr_edges(block)
+    assert torch.equal(t_indptr, want[0]) and torch.equal(t_dst, want[1])
+    assert torch.equal(block.indices[order], torch.sort(block.indices, stable=True).values)
+    aggregate_triton.set_transposed_csr(block, *given)
+    block.indices[0] = (block.indices[0] + 1) % block.n_src  # in place: a new version
+    assert aggregate_triton.transposed_csr(block)[0] is not given[0]
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kind", ["mean", "gcn"])
 def test_in_kernel_factors_are_pytorchs(device, kind):

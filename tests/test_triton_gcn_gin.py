@@ -1,7 +1,7 @@
 """GCNConv and GINConv on the Triton path (``--kernels triton``): each layer's aggregation as
 one autograd node (``distmb.nn.kernels.triton_layer.LinearAggregate``: symmetric factors and
 self loops in the kernel, ``addmm`` / the kernel's addend for ``W`` and the bias;
-``distmb.nn.gin. _TritonGINAggregate``: ``(1 + eps) x_v`` in the kernel) against
+``distmb.nn.kernels.triton_layer.GINAggregate``: ``(1 + eps) x_v`` in the kernel) against
 test_gcn_gin's dense float64 references (values, and the gradients of the input and of every
 parameter, ``eps`` included), and on padded blocks against the unpadded model; under
 Triton's interpreter on CPU tensors here, compiled on a GPU under ``pytest -m cuda``."""
@@ -19,7 +19,6 @@ from test_padded_blocks import check_padded_equals_unpadded, random_blocks
 from test_triton_sage import check_autocast_keeps_pytorchs_ops
 
 from distmb.nn import GCNConv, GINConv
-from distmb.nn import gin as gin_module
 from distmb.nn.kernels import triton_layer
 from distmb.pipeline.sample import Block
 
@@ -33,7 +32,7 @@ def node_calls(monkeypatch) -> list[str]:
     """One entry per Triton node built (the tests would otherwise pass on the PyTorch-ops
     path as well)."""
     calls: list[str] = []
-    for module, node in ((triton_layer, "LinearAggregate"), (gin_module, "_TritonGINAggregate")):
+    for module, node in ((triton_layer, "LinearAggregate"), (triton_layer, "GINAggregate")):
         cls = getattr(module, node)
         apply = cls.apply
         monkeypatch.setattr(
@@ -107,7 +106,7 @@ def test_gin_layer_matches_the_dense_reference(
     torch.manual_seed(2)
     conv = GINConv(6, 5, eps=eps, train_eps=train_eps, activation=True)
     check_layer(conv, ref_gin, layer_block(7), x_grad, device)
-    assert node_calls == ["_TritonGINAggregate"]
+    assert node_calls == ["GINAggregate"]
 
 
 def test_gcn_normalises_by_block_degrees_by_hand(triton_kernels, node_calls):
@@ -134,7 +133,7 @@ def test_padded_blocks_give_the_unpadded_rows(triton_kernels, node_calls, name):
     blocks = random_blocks(3, fanouts, n_solid=10_000, seed=5)
     check_padded_equals_unpadded(name, blocks, fanouts, 10_000)
     assert node_calls and set(node_calls) == {
-        "LinearAggregate" if name == "gcn" else "_TritonGINAggregate"
+        "LinearAggregate" if name == "gcn" else "GINAggregate"
     }
 
 

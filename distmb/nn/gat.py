@@ -24,7 +24,6 @@ from distmb.nn.aggregate import (
 from distmb.nn.kernels import cpu_update as fused_update
 from distmb.nn.kernels import ops as kernel_ops
 from distmb.nn.kernels import triton_aggregate as aggregate_triton
-from distmb.nn.kernels import triton_gat_layer as gat_layer_triton
 from distmb.nn.kernels.dispatch import get_kernels
 from distmb.pipeline.sample import Block
 
@@ -158,9 +157,7 @@ class GATConv(nn.Module):
                 z = torch.relu(z)
             z = z.view(block.n_src, self.heads, self.out_dim)
             if not attention_dropout:  # the scores and the attention as one node
-                # --compile: the same node as traceable operators
-                layer = kernel_ops if torch.compiler.is_compiling() else gat_layer_triton
-                out = layer.attention_layer(
+                out = kernel_ops.attention_layer(
                     block, z, self.attn_l, self.attn_r, self.negative_slope, self.self_loops
                 )
                 return self._finish(block, out)

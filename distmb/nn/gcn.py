@@ -22,8 +22,8 @@ from torch import Tensor, nn
 
 from distmb.nn.aggregate import add_self_loops, aggregate, check_layer_input, in_degrees
 from distmb.nn.kernels import cpu_update as fused_update
+from distmb.nn.kernels import ops as kernel_ops
 from distmb.nn.kernels import triton_aggregate as aggregate_triton
-from distmb.nn.kernels import triton_layer
 from distmb.pipeline.sample import Block
 
 
@@ -97,7 +97,7 @@ class GCNConv(nn.Module):
         check_layer_input("GCNConv", x_src, self.in_dim)
         if aggregate_triton.takes_layer(x_src, list(self.parameters())):
             kind = "symmetric_self" if self.self_loops else "symmetric"
-            h = triton_layer.linear_aggregate(x_src, self.fc.weight, None, self.bias, block, kind)
+            h = kernel_ops.linear_aggregate(x_src, self.fc.weight, None, self.bias, block, kind)
             if self.activation:
                 h = fused_update.output_dropout(torch.relu(h), self.dropout)
             return h

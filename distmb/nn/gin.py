@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
-from torch.autograd.function import FunctionCtx, once_differentiable
 
 from distmb.nn.aggregate import aggregate, check_layer_input
 from distmb.nn.kernels import ops as kernel_ops
@@ -29,8 +28,9 @@ class GINConv(nn.Module):
 
     With ``--kernels triton`` (where :func:`~distmb.nn.kernels.triton_aggregate.takes_layer`
     holds: no autocast) ``(1 + eps) x_v + sum`` is one Triton kernel and one autograd node
-    (:class:`_TritonGINAggregate`: ``eps`` read in the kernel, its gradient one dot
-    product), followed by the same MLP.
+    (:class:`~distmb.nn.kernels.triton_layer.GINAggregate`: ``eps`` read in the kernel, its
+    gradient one dot product; while ``torch.compile`` traces, its custom operator:
+    :func:`~distmb.nn.kernels.ops.gin_aggregate`), followed by the same MLP.
 
     Args:
         in_dim: input width.
@@ -80,10 +80,7 @@ class GINConv(nn.Module):
         """
         check_layer_input("GINConv", x_src, self.in_dim)
         if aggregate_triton.takes_layer(x_src, [*self.parameters(), self.eps]):
-            if torch.compiler.is_compiling():  # --compile: traceable operators
-                h = self.mlp(kernel_ops.gin_aggregate(x_src, self.eps, block))
-            else:
-                h = self.mlp(_TritonGINAggregate.apply(x_src, self.eps, block))
+            h = self.mlp(kernel_ops.gin_aggregate(x_src, self.eps, block))
         else:
             neighbours = aggregate(block, x_src, "sum")
             h = self.mlp((1 + self.eps.to(x_src.dtype)) * x_src[: block.n_dst] + neighbours)
@@ -96,38 +93,3 @@ class GINConv(nn.Module):
             f"{self.in_dim}, {self.out_dim}, eps={self.initial_eps}, "
             f"train_eps={self.train_eps}, activation={self.activation}, dropout={self.dropout.p}"
         )
-
-
-class _TritonGINAggregate(torch.autograd.Function):
-    """GIN's ``(1 + eps) · x_src[:n_dst] + sum_{u -> v} x_u`` on the Triton path as one
-    autograd node and one kernel each way
-    (:func:`~distmb.nn.kernels.triton_aggregate.aggregate_forward` with ``self_eps``: the own
-    row weighted ``1 + eps`` in the kernel, in float32, added after the neighbour sum as the
-    PyTorch ops add it). Backward: ``x``'s gradient is the transposed sum with the own row
-    weighted ``1 + eps`` again (autograd would add a zero-padded slice gradient), ``eps``'s
-    the dot product ``<grad_out, x_src[:n_dst]>`` (summed in another order than autograd's
-    product and sum: the same up to float rounding), nothing for an input that needs none.
-
-    Args of forward: x_src [n_src, F], eps [1] (a parameter or a buffer) in ``x_src``'s
-    dtype, the block; output [n_dst, F] in ``x_src``'s dtype.
-    """
-
-    @staticmethod
-    def forward(ctx: FunctionCtx, x_src: Tensor, eps: Tensor, block: Block) -> Tensor:
-        ctx.save_for_backward(x_src, eps)
-        ctx.block = block
-        return aggregate_triton.aggregate_forward(block, x_src, "sum", self_eps=eps)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx: FunctionCtx, grad_out: Tensor) -> tuple[Tensor | None, ...]:
-        x, eps = ctx.saved_tensors
-        block = ctx.block
-        need_x, need_eps = ctx.needs_input_grad[:2]
-        grad_x = grad_eps = None
-        if need_x:
-            grad_x = aggregate_triton.aggregate_backward(block, "sum", grad_out, self_eps=eps)
-        if need_eps:
-            x_dst = x[: block.n_dst]
-            grad_eps = torch.dot(grad_out.reshape(-1), x_dst.reshape(-1)).reshape(1)
-        return grad_x, grad_eps, None

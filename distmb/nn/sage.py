@@ -11,8 +11,8 @@ from torch import Tensor, nn
 from distmb.nn.aggregate import AGGREGATORS, aggregate, check_layer_input
 from distmb.nn.kernels import cpu_aggregate as fused_aggregate
 from distmb.nn.kernels import cpu_update as fused_update
+from distmb.nn.kernels import ops as kernel_ops
 from distmb.nn.kernels import triton_aggregate as aggregate_triton
-from distmb.nn.kernels import triton_layer
 from distmb.nn.kernels.dispatch import get_kernels
 from distmb.pipeline.rows import IndexedRows
 from distmb.pipeline.sample import Block
@@ -103,7 +103,7 @@ class SAGEConv(nn.Module):
             return self._forward_fused(block, x_src)
         if aggregate_triton.takes_layer(x_src, list(self.parameters())):
             w_self = None if self.fc_self is None else self.fc_self.weight
-            h = triton_layer.linear_aggregate(
+            h = kernel_ops.linear_aggregate(
                 x_src, self.fc_neigh.weight, w_self, self.bias, block, self.aggr
             )
         else:

@@ -1,8 +1,14 @@
-"""The Triton path's layer nodes as PyTorch custom operators (namespace ``distmb``), so that
-``torch.compile(model, dynamic=True, fullgraph=True)`` (``--compile``) traces a whole model
-without a graph break: each is opaque to the compiler (its implementation runs eagerly at
-run time, the Triton kernels launched as in the eager path) and has a fake implementation
-(output shapes, symbolic in the batch's sizes) and a backward, itself a custom operator.
+"""The Triton path's layer nodes as the layers take them: eagerly their autograd functions
+(:class:`~distmb.nn.kernels.triton_layer.LinearAggregate`,
+:class:`~distmb.nn.kernels.triton_layer.GINAggregate`,
+:func:`~distmb.nn.kernels.triton_gat_layer.attention_layer`), and while ``torch.compile``
+traces (:func:`torch.compiler.is_compiling`, ``--compile``) the same nodes as PyTorch custom
+operators (namespace ``distmb``), so that ``torch.compile(model, dynamic=True,
+fullgraph=True)`` traces a whole model without a graph break: each is opaque to the compiler
+(its implementation runs eagerly at run time, the Triton kernels launched as in the eager
+path) and has a fake implementation (output shapes, symbolic in the batch's sizes) and a
+backward, itself a custom operator. :func:`linear_aggregate` (SAGEConv, GCNConv),
+:func:`gin_aggregate` and :func:`attention_layer` choose.
 
 Why opaque custom operators (``torch.library.custom_op``) and not ``torch.library.triton_op``:
 a ``triton_op`` is traced into by the compiler, which then needs the Triton kernels as
@@ -17,22 +23,25 @@ transposed CSR (:func:`transposed_csr`, built before the layer's operator: its r
 ``t_indptr`` int64[n_src + 1] and the destination of every transposed edge ``t_dst``
 int64[E]). The sizes are the tensors' (``n_dst = indptr.shape[0] - 1``, ``n_src =
 x.shape[0]``), so a compiled graph is symbolic in them and one graph serves every batch.
-
-The layers use them only while compiling (:func:`torch.compiler.is_compiling`): the eager
-path keeps its autograd functions (the op census counts their launches, and a custom
-operator's dispatch costs host time per call). The same kernels run in the same order with
-the same arguments either way, so the values and gradients are the eager path's bit for bit.
+Inside, an operator rebuilds the block from them (the transposed CSR in its cache) and calls
+the node's own forward or backward function, the one its autograd function calls: the same
+kernels run in the same order with the same arguments either way, so the values and
+gradients are the eager path's bit for bit. Eagerly the layers keep the autograd functions:
+the op census counts their launches, and a custom operator's dispatch costs host time per
+call.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 from torch.library import custom_op, register_autograd, register_fake
 
 from distmb.nn.kernels import triton_aggregate as aggregate_triton
-from distmb.nn.kernels.triton_gat import STATS_DTYPE, gat_backward, gat_forward
-from distmb.nn.kernels.triton_gat_layer import gat_scores
+from distmb.nn.kernels import triton_gat_layer, triton_layer
+from distmb.nn.kernels.triton_gat import STATS_DTYPE
 from distmb.pipeline.sample import Block
 
 #: The operators' namespace (``torch.ops.distmb``).
@@ -42,18 +51,32 @@ NAMESPACE = "distmb"
 NO_GRAD_SHAPE = (0,)
 
 
-def _block(indptr: Tensor, indices: Tensor, n_src: int) -> Block:
-    """A block of these CSR tensors for the kernels' Python wrappers (no halo leaves; its
-    ``src_ids`` are never read: an empty tensor)."""
-    return Block(int(indptr.numel()) - 1, int(n_src), 0, indptr, indices, indices.new_empty(0))
+def _block(
+    indptr: Tensor,
+    indices: Tensor,
+    n_src: int,
+    t_indptr: Tensor | None = None,
+    t_dst: Tensor | None = None,
+) -> Block:
+    """The block of these CSR tensors for the nodes' functions (no halo leaves; its
+    ``src_ids`` are never read: an empty tensor), with the transposed CSR where given (else
+    built where a kernel needs it)."""
+    block = Block(int(indptr.numel()) - 1, int(n_src), 0, indptr, indices, indices.new_empty(0))
+    if t_indptr is not None and t_dst is not None:
+        aggregate_triton.set_transposed_csr(block, t_indptr, t_dst)
+    return block
 
 
-def _none_unless(needed: bool, grad: Tensor) -> Tensor | None:
-    return grad if needed else None
+def _or_empty(grad: Tensor | None, like: Tensor) -> Tensor:
+    """``grad``, or for None an empty tensor of ``like``'s device and dtype (a new one each
+    time: an operator's outputs may not alias each other)."""
+    return like.new_empty(NO_GRAD_SHAPE) if grad is None else grad
 
 
-def _no_grad(like: Tensor) -> Tensor:
-    return like.new_empty(NO_GRAD_SHAPE)
+def _grads_or_none(needs: Sequence[bool], grads: Sequence[Tensor], n_other: int) -> tuple:
+    """An autograd formula's result: the needed ``grads``, None for the others and for the
+    ``n_other`` inputs that take no gradient."""
+    return (*(g if n else None for n, g in zip(needs, grads, strict=True)), *[None] * n_other)
 
 
 # -- the transposed CSR -----------------------------------------------------------------------
@@ -77,65 +100,6 @@ def transposed_csr(block: Block) -> tuple[Tensor, Tensor]:
     return torch.ops.distmb.transposed_csr(block.indptr, block.indices, block.n_src)
 
 
-# -- the aggregation kernel over tensors ------------------------------------------------------
-
-
-def _gather(
-    indptr: Tensor,
-    indices: Tensor,
-    t_indptr: Tensor | None,
-    x: Tensor,
-    kind: str,
-    addend: Tensor | None = None,
-    self_eps: Tensor | None = None,
-) -> Tensor:
-    """:func:`~distmb.nn.kernels.triton_aggregate.aggregate_forward` over the CSR tensors
-    (``t_indptr`` needed by the ``"symmetric"`` kinds): x [n_src, F] -> [n_dst, F]."""
-    row_scale, col_scale, own_row = aggregate_triton.KINDS[kind]
-    return aggregate_triton.csr_gather(
-        indptr,
-        indices,
-        x,
-        row_scale=row_scale,
-        col_scale=col_scale,
-        col_indptr=None if col_scale == "sum" else t_indptr,
-        n_self=int(indptr.numel()) - 1 if own_row or self_eps is not None else 0,
-        addend=addend,
-        self_eps=self_eps,
-    )
-
-
-def _gather_backward(
-    indptr: Tensor,
-    t_indptr: Tensor | None,
-    t_dst: Tensor | None,
-    grad_out: Tensor,
-    kind: str,
-    addend: Tensor | None = None,
-    self_eps: Tensor | None = None,
-) -> Tensor:
-    """:func:`~distmb.nn.kernels.triton_aggregate.aggregate_backward` over the CSR tensors:
-    grad_out [n_dst, F] -> [n_src, F].
-
-    Raises:
-        ValueError: the transposed CSR is missing.
-    """
-    if t_indptr is None or t_dst is None:
-        raise ValueError("the aggregation's input gradient needs the transposed CSR")
-    row_scale, col_scale, own_row = aggregate_triton.KINDS[kind]
-    return aggregate_triton.csr_gather(
-        t_indptr,
-        t_dst,
-        grad_out,
-        row_scale=col_scale,
-        col_scale=row_scale,
-        col_indptr=None if row_scale == "sum" else indptr,
-        n_self=int(indptr.numel()) - 1 if own_row or self_eps is not None else 0,
-        addend=addend,
-        self_eps=self_eps,
-    )
-
-
 # -- SAGEConv's and GCNConv's node ------------------------------------------------------------
 
 
@@ -151,20 +115,10 @@ def _linear_aggregate(
     t_dst: Tensor | None,
     kind: str,
 ) -> tuple[Tensor, Tensor]:
-    # LinearAggregate.forward's launches, over tensors; h: the aggregation (aggregate first).
-    n_dst = int(indptr.numel()) - 1
-    if w_neigh.shape[0] < w_neigh.shape[1]:  # project first
-        z = torch.mm(x_src, w_neigh.t())
-        if w_self is None:
-            addend = bias.expand(n_dst, -1)
-        else:
-            addend = torch.addmm(bias, x_src[:n_dst], w_self.t())
-        return _gather(indptr, indices, t_indptr, z, kind, addend), _no_grad(x_src)
-    h = _gather(indptr, indices, t_indptr, x_src, kind)
-    out = torch.addmm(bias, h, w_neigh.t())
-    if w_self is not None:
-        out.addmm_(x_src[:n_dst], w_self.t())
-    return out, h
+    # (out, h): h the aggregation the backward keeps (aggregate first), else empty.
+    block = _block(indptr, indices, x_src.shape[0], t_indptr, t_dst)
+    out, h = triton_layer.linear_aggregate_forward(x_src, w_neigh, w_self, bias, block, kind)
+    return out, _or_empty(h, x_src)
 
 
 @register_fake(f"{NAMESPACE}::linear_aggregate")
@@ -181,7 +135,7 @@ def _(
 ) -> tuple[Tensor, Tensor]:
     n_dst = indptr.shape[0] - 1
     out = x_src.new_empty((n_dst, w_neigh.shape[0]))
-    if w_neigh.shape[0] < w_neigh.shape[1]:
+    if triton_layer.projects_first(w_neigh):
         return out, x_src.new_empty(NO_GRAD_SHAPE)
     return out, x_src.new_empty((n_dst, x_src.shape[1]))
 
@@ -194,37 +148,16 @@ def _linear_aggregate_backward(
     ws: Tensor | None,
     h: Tensor,
     indptr: Tensor,
+    indices: Tensor,
     t_indptr: Tensor | None,
     t_dst: Tensor | None,
     kind: str,
     needs: list[bool],
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    # LinearAggregate.backward's launches; ``needs``: (x, w_neigh, w_self, bias).
-    need_x, need_wn, need_ws, need_b = needs
-    n_dst = int(indptr.numel()) - 1
-    x_dst = x[:n_dst]
-    # Not needed: an empty tensor each (an operator's outputs may not alias each other).
-    grad_x, grad_wn, grad_ws, grad_b = (_no_grad(grad_out) for _ in range(4))
-    if need_b:
-        grad_b = grad_out.sum(0)
-    if ws is not None and need_ws:
-        grad_ws = grad_out.t().mm(x_dst)
-    if wn.shape[0] < wn.shape[1]:  # project first
-        if need_x or need_wn:
-            grad_z = _gather_backward(indptr, t_indptr, t_dst, grad_out, kind)
-            if need_wn:
-                grad_wn = grad_z.t().mm(x)
-            if need_x:
-                grad_x = grad_z.mm(wn)
-                if ws is not None:
-                    grad_x[:n_dst].addmm_(grad_out, ws)
-    else:
-        if need_wn:
-            grad_wn = grad_out.t().mm(h)
-        if need_x:
-            grad_self = None if ws is None else grad_out.mm(ws)
-            grad_x = _gather_backward(indptr, t_indptr, t_dst, grad_out.mm(wn), kind, grad_self)
-    return grad_x, grad_wn, grad_ws, grad_b
+    # ``needs``: (x, w_neigh, w_self, bias); an empty tensor for each gradient not computed.
+    block = _block(indptr, indices, x.shape[0], t_indptr, t_dst)
+    grads = triton_layer.linear_aggregate_backward(grad_out, x, wn, ws, h, block, kind, needs)
+    return tuple(_or_empty(g, grad_out) for g in grads)  # type: ignore[return-value]
 
 
 @register_fake(f"{NAMESPACE}::linear_aggregate_backward")
@@ -235,6 +168,7 @@ def _(
     ws: Tensor | None,
     h: Tensor,
     indptr: Tensor,
+    indices: Tensor,
     t_indptr: Tensor | None,
     t_dst: Tensor | None,
     kind: str,
@@ -248,18 +182,17 @@ def _(
 
 
 def _linear_aggregate_setup(ctx, inputs: tuple, output: tuple[Tensor, Tensor]) -> None:  # noqa: ANN001
-    x_src, w_neigh, w_self, _, indptr, _, t_indptr, t_dst, kind = inputs
-    ctx.save_for_backward(x_src, w_neigh, w_self, output[1], indptr, t_indptr, t_dst)
+    x_src, w_neigh, w_self, _, indptr, indices, t_indptr, t_dst, kind = inputs
+    ctx.save_for_backward(x_src, w_neigh, w_self, output[1], indptr, indices, t_indptr, t_dst)
     ctx.kind = kind
 
 
 def _linear_aggregate_grad(ctx, grad_out: Tensor, _grad_h: Tensor | None) -> tuple:  # noqa: ANN001
-    x, wn, ws, h, indptr, t_indptr, t_dst = ctx.saved_tensors
     needs = [bool(n) for n in ctx.needs_input_grad[:4]]
     grads = torch.ops.distmb.linear_aggregate_backward(
-        grad_out, x, wn, ws, h, indptr, t_indptr, t_dst, ctx.kind, needs
+        grad_out, *ctx.saved_tensors, ctx.kind, needs
     )
-    return (*(_none_unless(n, g) for n, g in zip(needs, grads, strict=True)), *[None] * 5)
+    return _grads_or_none(needs, grads, 5)
 
 
 register_autograd(
@@ -275,13 +208,17 @@ def linear_aggregate(
     block: Block,
     kind: str,
 ) -> Tensor:
-    """:class:`~distmb.nn.kernels.triton_layer.LinearAggregate` as traceable operators: the
-    same arguments, values and gradients; the transposed CSR built first where the forward
-    (the ``"symmetric"`` kinds) or ``x_src``'s gradient needs it."""
+    """SAGEConv's and GCNConv's node (:class:`~distmb.nn.kernels.triton_layer.LinearAggregate`,
+    the arguments of its ``apply``): float[n_dst, out]. While compiling, its operators, the
+    transposed CSR built first where the forward (the ``"symmetric"`` kinds) or a backward
+    aggregation (``x_src``'s gradient; ``w_neigh``'s when projecting first) needs it."""
+    if not torch.compiler.is_compiling():
+        return triton_layer.LinearAggregate.apply(x_src, w_neigh, w_self, bias, block, kind)
+    backward_aggregates = torch.is_grad_enabled() and (
+        x_src.requires_grad or (triton_layer.projects_first(w_neigh) and w_neigh.requires_grad)
+    )
     t_indptr = t_dst = None
-    if aggregate_triton.KINDS[kind][1] != "sum" or (
-        x_src.requires_grad and torch.is_grad_enabled()
-    ):
+    if aggregate_triton.KINDS[kind][1] != "sum" or backward_aggregates:
         t_indptr, t_dst = transposed_csr(block)
     out, _ = torch.ops.distmb.linear_aggregate(
         x_src, w_neigh, w_self, bias, block.indptr, block.indices, t_indptr, t_dst, kind
@@ -301,8 +238,8 @@ def _gin_aggregate(
     t_indptr: Tensor | None,
     t_dst: Tensor | None,
 ) -> Tensor:
-    # _TritonGINAggregate.forward's launch (the transposed CSR: for the backward only).
-    return _gather(indptr, indices, None, x_src, "sum", self_eps=eps)
+    # The transposed CSR: for the backward only.
+    return triton_layer.gin_aggregate_forward(x_src, eps, _block(indptr, indices, x_src.shape[0]))
 
 
 @register_fake(f"{NAMESPACE}::gin_aggregate")
@@ -323,19 +260,15 @@ def _gin_aggregate_backward(
     x: Tensor,
     eps: Tensor,
     indptr: Tensor,
+    indices: Tensor,
     t_indptr: Tensor | None,
     t_dst: Tensor | None,
     needs: list[bool],
 ) -> tuple[Tensor, Tensor]:
-    # _TritonGINAggregate.backward's launches; ``needs``: (x, eps).
-    need_x, need_eps = needs
-    grad_x, grad_eps = _no_grad(grad_out), _no_grad(grad_out)
-    if need_x:
-        grad_x = _gather_backward(indptr, t_indptr, t_dst, grad_out, "sum", self_eps=eps)
-    if need_eps:
-        x_dst = x[: int(indptr.numel()) - 1]
-        grad_eps = torch.dot(grad_out.reshape(-1), x_dst.reshape(-1)).reshape(1)
-    return grad_x, grad_eps
+    # ``needs``: (x, eps); an empty tensor for each gradient not computed.
+    block = _block(indptr, indices, x.shape[0], t_indptr, t_dst)
+    grads = triton_layer.gin_aggregate_backward(grad_out, x, eps, block, needs)
+    return tuple(_or_empty(g, grad_out) for g in grads)  # type: ignore[return-value]
 
 
 @register_fake(f"{NAMESPACE}::gin_aggregate_backward")
@@ -344,6 +277,7 @@ def _(
     x: Tensor,
     eps: Tensor,
     indptr: Tensor,
+    indices: Tensor,
     t_indptr: Tensor | None,
     t_dst: Tensor | None,
     needs: list[bool],
@@ -356,17 +290,13 @@ def _(
 
 
 def _gin_setup(ctx, inputs: tuple, output: Tensor) -> None:  # noqa: ANN001
-    x_src, eps, indptr, _, t_indptr, t_dst = inputs
-    ctx.save_for_backward(x_src, eps, indptr, t_indptr, t_dst)
+    ctx.save_for_backward(*inputs)
 
 
 def _gin_grad(ctx, grad_out: Tensor) -> tuple:  # noqa: ANN001
-    x, eps, indptr, t_indptr, t_dst = ctx.saved_tensors
     needs = [bool(n) for n in ctx.needs_input_grad[:2]]
-    grads = torch.ops.distmb.gin_aggregate_backward(
-        grad_out, x, eps, indptr, t_indptr, t_dst, needs
-    )
-    return (*(_none_unless(n, g) for n, g in zip(needs, grads, strict=True)), *[None] * 4)
+    grads = torch.ops.distmb.gin_aggregate_backward(grad_out, *ctx.saved_tensors, needs)
+    return _grads_or_none(needs, grads, 4)
 
 
 register_autograd(f"{NAMESPACE}::gin_aggregate", _gin_grad, setup_context=_gin_setup)
@@ -374,8 +304,11 @@ register_autograd(f"{NAMESPACE}::gin_aggregate", _gin_grad, setup_context=_gin_s
 
 def gin_aggregate(x_src: Tensor, eps: Tensor, block: Block) -> Tensor:
     """GIN's ``(1 + eps) x_src[:n_dst] + sum_{u -> v} x_u``
-    (:class:`~distmb.nn.gin._TritonGINAggregate`) as traceable operators: x_src [n_src, F],
-    eps [1] -> [n_dst, F]; the transposed CSR built first when ``x_src`` needs a gradient."""
+    (:class:`~distmb.nn.kernels.triton_layer.GINAggregate`): x_src [n_src, F], eps [1] ->
+    [n_dst, F]. While compiling, its operators, the transposed CSR built first when
+    ``x_src`` needs a gradient."""
+    if not torch.compiler.is_compiling():
+        return triton_layer.GINAggregate.apply(x_src, eps, block)
     t_indptr = t_dst = None
     if x_src.requires_grad and torch.is_grad_enabled():
         t_indptr, t_dst = transposed_csr(block)
@@ -395,12 +328,9 @@ def _gat_attention(
     negative_slope: float,
     self_loops: bool,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    # _TritonAttentionLayer.forward's launches; also returns what its backward keeps.
-    z, attn_l, attn_r = z.contiguous(), attn_l.contiguous(), attn_r.contiguous()
+    # out, then what the backward keeps: el, er, row_max, row_sum.
     block = _block(indptr, indices, z.shape[0])
-    el, er = gat_scores(z, attn_l, attn_r, block.n_dst)
-    out, row_max, row_sum = gat_forward(block, el, er, z, negative_slope, self_loops)
-    return out, el, er, row_max, row_sum
+    return triton_gat_layer.attention_forward(block, z, attn_l, attn_r, negative_slope, self_loops)
 
 
 @register_fake(f"{NAMESPACE}::gat_attention")
@@ -439,21 +369,14 @@ def _gat_attention_backward(
     self_loops: bool,
     needs: list[bool],
 ) -> tuple[Tensor, Tensor, Tensor]:
-    # _TritonAttentionLayer.backward's launches (the transposed CSR built here, as the eager
-    # node builds it on its first backward); ``needs``: (z, attn_l, attn_r).
-    z, attn_l, attn_r = z.contiguous(), attn_l.contiguous(), attn_r.contiguous()
+    # ``needs``: (z, attn_l, attn_r); the transposed CSR built here, as the eager node builds
+    # it on its first backward; an empty tensor for each gradient not computed.
     block = _block(indptr, indices, z.shape[0])
-    grad_el, grad_er, grad_z = gat_backward(
-        block, el, er, z, negative_slope, row_max, row_sum, grad_out.contiguous(),
-        need_scores=True, self_loops=self_loops, fold=(attn_l, attn_r),
+    grads = triton_gat_layer.attention_backward(
+        grad_out, z, attn_l, attn_r, (el, er, row_max, row_sum), block, negative_slope,
+        self_loops, needs,
     )  # fmt: skip
-    need_z, need_l, need_r = needs
-    grad_l, grad_r = _no_grad(grad_out), _no_grad(grad_out)
-    if need_l:
-        grad_l = (grad_el.unsqueeze(-1) * z).sum(0).to(attn_l.dtype)
-    if need_r:
-        grad_r = (grad_er.unsqueeze(-1) * z[: block.n_dst]).sum(0).to(attn_r.dtype)
-    return grad_z if need_z else _no_grad(grad_out), grad_l, grad_r
+    return tuple(_or_empty(g, grad_out) for g in grads)  # type: ignore[return-value]
 
 
 @register_fake(f"{NAMESPACE}::gat_attention_backward")
@@ -492,7 +415,7 @@ def _gat_grad(ctx, grad_out: Tensor, *_stats: Tensor | None) -> tuple:  # noqa: 
     grads = torch.ops.distmb.gat_attention_backward(
         grad_out, *ctx.saved_tensors, ctx.negative_slope, ctx.self_loops, needs
     )
-    return (*(_none_unless(n, g) for n, g in zip(needs, grads, strict=True)), *[None] * 4)
+    return _grads_or_none(needs, grads, 4)
 
 
 register_autograd(f"{NAMESPACE}::gat_attention", _gat_grad, setup_context=_gat_setup)
@@ -506,8 +429,13 @@ def attention_layer(
     negative_slope: float,
     self_loops: bool = False,
 ) -> Tensor:
-    """:func:`~distmb.nn.kernels.triton_gat_layer.attention_layer` as traceable operators:
-    the same arguments, values and gradients (float[n_dst, H, D] in ``z``'s dtype)."""
+    """GATConv's scores and attention
+    (:func:`~distmb.nn.kernels.triton_gat_layer.attention_layer`, its arguments):
+    float[n_dst, H, D] in ``z``'s dtype. While compiling, its operators."""
+    if not torch.compiler.is_compiling():
+        return triton_gat_layer.attention_layer(
+            block, z, attn_l, attn_r, negative_slope, self_loops
+        )
     out, *_ = torch.ops.distmb.gat_attention(
         z, attn_l, attn_r, block.indptr, block.indices, float(negative_slope), self_loops
     )

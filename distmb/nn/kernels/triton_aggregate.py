@@ -372,9 +372,39 @@ def csr_gather(
 
 
 def transposed_csr(block: Block) -> tuple[Tensor, Tensor]:
-    """(indptr int64[n_src + 1], destination int64[E]) of :func:`transposed_csr_edges`."""
-    t_indptr, _, t_dst = transposed_csr_edges(block)
+    """(indptr int64[n_src + 1], destination int64[E]) of :func:`transposed_csr_edges` (or
+    of :func:`set_transposed_csr`)."""
+    cached = _cached_transpose(block)
+    t_indptr, _, t_dst = cached if cached is not None else transposed_csr_edges(block)
     return t_indptr, t_dst
+
+
+def set_transposed_csr(block: Block, t_indptr: Tensor, t_dst: Tensor) -> None:
+    """Cache on ``block`` its transposed CSR built elsewhere (``--compile``'s operators take it
+    as tensors, :mod:`distmb.nn.kernels.ops`): :func:`transposed_csr`'s ``t_indptr``
+    int64[n_src + 1] and ``t_dst`` int64[E], returned by it until ``indptr`` / ``indices``
+    change; :func:`transposed_csr_edges` (which also returns the edge order) builds its own."""
+    setattr(block, _TRANSPOSE_ATTR, (_transpose_key(block), t_indptr, None, t_dst))
+
+
+def _transpose_key(block: Block) -> tuple[int, ...]:
+    """What the cached transposed CSR was built from: ``indptr``, ``indices`` (identity and
+    in-place version) and ``n_src``."""
+    return (
+        id(block.indptr),
+        block.indptr._version,
+        id(block.indices),
+        block.indices._version,
+        block.n_src,
+    )
+
+
+def _cached_transpose(block: Block) -> tuple[Tensor, Tensor | None, Tensor] | None:
+    """The block's cached ``(t_indptr, order or None, t_dst)`` if still valid, else None."""
+    cached = getattr(block, _TRANSPOSE_ATTR, None)
+    if cached is None or cached[0] != _transpose_key(block):
+        return None
+    return cached[1], cached[2], cached[3]
 
 
 def transposed_csr_edges(block: Block) -> tuple[Tensor, Tensor, Tensor]:
@@ -387,16 +417,9 @@ def transposed_csr_edges(block: Block) -> tuple[Tensor, Tensor, Tensor]:
     Raises:
         RuntimeError: Triton is not installed.
     """
-    key = (
-        id(block.indptr),
-        block.indptr._version,
-        id(block.indices),
-        block.indices._version,
-        block.n_src,
-    )
-    cached = getattr(block, _TRANSPOSE_ATTR, None)
-    if cached is not None and cached[0] == key:
-        return cached[1], cached[2], cached[3]
+    cached = _cached_transpose(block)
+    if cached is not None and cached[1] is not None:
+        return cached[0], cached[1], cached[2]
     require_triton()
     n_edges, device = block.num_edges, block.indices.device
     sorted_cols, order = torch.sort(block.indices, stable=True)
@@ -409,7 +432,7 @@ def transposed_csr_edges(block: Block) -> tuple[Tensor, Tensor, Tensor]:
             n_edges, block.n_src, block.n_dst, n_edges.bit_length(),
             (block.n_dst + 1).bit_length(), BLOCK=TRANSPOSE_BLOCK, num_warps=NUM_WARPS,
         )  # fmt: skip
-    setattr(block, _TRANSPOSE_ATTR, (key, t_indptr, order, t_dst))
+    setattr(block, _TRANSPOSE_ATTR, (_transpose_key(block), t_indptr, order, t_dst))
     return t_indptr, order, t_dst
 
 

@@ -8,6 +8,8 @@ CUDA tensors, and CPU tensors under Triton's interpreter.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor
 from torch.autograd.function import FunctionCtx, once_differentiable
@@ -90,9 +92,58 @@ def gat_scores(z: Tensor, attn_l: Tensor, attn_r: Tensor, n_dst: int) -> tuple[T
     return el, er
 
 
+def attention_forward(
+    block: Block,
+    z: Tensor,
+    attn_l: Tensor,
+    attn_r: Tensor,
+    negative_slope: float,
+    self_loops: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """:func:`attention_layer`'s forward, no autograd (its arguments): ``out`` float[n_dst,
+    H, D] in ``z``'s dtype, then what the backward keeps: the scores ``el`` float32[n_src,
+    H], ``er`` float32[n_dst, H] (:func:`gat_scores`) and the softmax's ``row_max``,
+    ``row_sum`` float32[n_dst, H] (:func:`~distmb.nn.kernels.triton_gat.gat_forward`)."""
+    z, attn_l, attn_r = z.contiguous(), attn_l.contiguous(), attn_r.contiguous()
+    el, er = gat_scores(z, attn_l, attn_r, block.n_dst)
+    out, row_max, row_sum = gat_forward(block, el, er, z, negative_slope, self_loops)
+    return out, el, er, row_max, row_sum
+
+
+def attention_backward(
+    grad_out: Tensor,
+    z: Tensor,
+    attn_l: Tensor,
+    attn_r: Tensor,
+    saved: Sequence[Tensor],
+    block: Block,
+    negative_slope: float,
+    self_loops: bool,
+    needs: Sequence[bool],
+) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+    """:func:`attention_layer`'s backward, no autograd: grad_out float[n_dst, H, D] -> the
+    gradients of ``(z, attn_l, attn_r)`` (their shapes and dtypes), None where ``needs``
+    (three flags, in that order) is false. ``saved``: :func:`attention_forward`'s ``(el,
+    er, row_max, row_sum)``; the other arguments the forward's. The block's transposed CSR is
+    built on first use and cached on the block
+    (:func:`~distmb.nn.kernels.triton_aggregate.transposed_csr_edges`)."""
+    z, attn_l, attn_r = z.contiguous(), attn_l.contiguous(), attn_r.contiguous()
+    el, er, row_max, row_sum = saved
+    grad_el, grad_er, grad_z = gat_backward(
+        block, el, er, z, negative_slope, row_max, row_sum, grad_out.contiguous(),
+        need_scores=True, self_loops=self_loops, fold=(attn_l, attn_r),
+    )  # fmt: skip
+    need_z, need_l, need_r = needs
+    grad_l = (grad_el.unsqueeze(-1) * z).sum(0).to(attn_l.dtype) if need_l else None
+    grad_r = None
+    if need_r:
+        grad_r = (grad_er.unsqueeze(-1) * z[: block.n_dst]).sum(0).to(attn_r.dtype)
+    return grad_z if need_z else None, grad_l, grad_r
+
+
 class _TritonAttentionLayer(torch.autograd.Function):
     """:func:`attention_layer`: the scores and the attention as one node; gradients w.r.t.
-    ``z``, ``a_l`` and ``a_r``."""
+    ``z``, ``a_l`` and ``a_r`` (:func:`attention_forward`, :func:`attention_backward`)."""
 
     @staticmethod
     def forward(  # type: ignore[override]
@@ -104,12 +155,10 @@ class _TritonAttentionLayer(torch.autograd.Function):
         negative_slope: float,
         self_loops: bool,
     ) -> Tensor:
-        z, attn_l, attn_r = z.contiguous(), attn_l.contiguous(), attn_r.contiguous()
-        el, er = gat_scores(z, attn_l, attn_r, block.n_dst)
-        out, row_max, row_sum = gat_forward(block, el, er, z, negative_slope, self_loops)
+        out, *saved = attention_forward(block, z, attn_l, attn_r, negative_slope, self_loops)
         ctx.block, ctx.negative_slope = block, negative_slope  # type: ignore[attr-defined]
         ctx.self_loops = self_loops  # type: ignore[attr-defined]
-        ctx.save_for_backward(z, attn_l, attn_r, el, er, row_max, row_sum)
+        ctx.save_for_backward(z, attn_l, attn_r, *saved)
         return out
 
     @staticmethod
@@ -117,19 +166,13 @@ class _TritonAttentionLayer(torch.autograd.Function):
     def backward(  # type: ignore[override]
         ctx: FunctionCtx, grad_out: Tensor
     ) -> tuple[Tensor | None, Tensor | None, Tensor | None, None, None, None]:
-        z, attn_l, attn_r, el, er, row_max, row_sum = ctx.saved_tensors  # type: ignore[attr-defined]
-        block = ctx.block  # type: ignore[attr-defined]
-        grad_el, grad_er, grad_z = gat_backward(
-            block, el, er, z, ctx.negative_slope, row_max, row_sum,  # type: ignore[attr-defined]
-            grad_out.contiguous(), need_scores=True,
-            self_loops=ctx.self_loops, fold=(attn_l, attn_r),  # type: ignore[attr-defined]
+        z, attn_l, attn_r, *saved = ctx.saved_tensors  # type: ignore[attr-defined]
+        grads = attention_backward(
+            grad_out, z, attn_l, attn_r, saved, ctx.block,  # type: ignore[attr-defined]
+            ctx.negative_slope, ctx.self_loops,  # type: ignore[attr-defined]
+            ctx.needs_input_grad[:3],  # type: ignore[attr-defined]
         )  # fmt: skip
-        need_z, need_l, need_r = ctx.needs_input_grad[:3]  # type: ignore[attr-defined]
-        grad_l = (grad_el.unsqueeze(-1) * z).sum(0).to(attn_l.dtype) if need_l else None
-        grad_r = None
-        if need_r:
-            grad_r = (grad_er.unsqueeze(-1) * z[: block.n_dst]).sum(0).to(attn_r.dtype)
-        return grad_z if need_z else None, grad_l, grad_r, None, None, None
+        return *grads, None, None, None
 
 
 def attention_layer(
