@@ -66,16 +66,6 @@ def _csr(block: Block) -> tuple[np.ndarray, np.ndarray]:
     return _np(block.indptr), _np(block.indices)
 
 
-def _transpose_key(block: Block) -> tuple[int, int, int, int, int]:
-    return (
-        id(block.indptr),
-        block.indptr._version,
-        id(block.indices),
-        block.indices._version,
-        block.n_src,
-    )
-
-
 def block_transpose(block: Block) -> BlockTranspose:
     """The block's transposed CSR, built on first use and cached on the block object.
 
@@ -85,7 +75,7 @@ def block_transpose(block: Block) -> BlockTranspose:
     Raises:
         IndexError: a source index outside ``[0, n_src)`` or a decreasing ``indptr``.
     """
-    key = _transpose_key(block)
+    key = block.structure_key()
     cached = getattr(block, _TRANSPOSE_ATTR, None)
     if isinstance(cached, BlockTranspose) and cached.key == key:
         return cached

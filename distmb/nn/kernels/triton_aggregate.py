@@ -384,25 +384,13 @@ def set_transposed_csr(block: Block, t_indptr: Tensor, t_dst: Tensor) -> None:
     as tensors, :mod:`distmb.nn.kernels.ops`): :func:`transposed_csr`'s ``t_indptr``
     int64[n_src + 1] and ``t_dst`` int64[E], returned by it until ``indptr`` / ``indices``
     change; :func:`transposed_csr_edges` (which also returns the edge order) builds its own."""
-    setattr(block, _TRANSPOSE_ATTR, (_transpose_key(block), t_indptr, None, t_dst))
-
-
-def _transpose_key(block: Block) -> tuple[int, ...]:
-    """What the cached transposed CSR was built from: ``indptr``, ``indices`` (identity and
-    in-place version) and ``n_src``."""
-    return (
-        id(block.indptr),
-        block.indptr._version,
-        id(block.indices),
-        block.indices._version,
-        block.n_src,
-    )
+    setattr(block, _TRANSPOSE_ATTR, (block.structure_key(), t_indptr, None, t_dst))
 
 
 def _cached_transpose(block: Block) -> tuple[Tensor, Tensor | None, Tensor] | None:
     """The block's cached ``(t_indptr, order or None, t_dst)`` if still valid, else None."""
     cached = getattr(block, _TRANSPOSE_ATTR, None)
-    if cached is None or cached[0] != _transpose_key(block):
+    if cached is None or cached[0] != block.structure_key():
         return None
     return cached[1], cached[2], cached[3]
 
@@ -432,7 +420,7 @@ def transposed_csr_edges(block: Block) -> tuple[Tensor, Tensor, Tensor]:
             n_edges, block.n_src, block.n_dst, n_edges.bit_length(),
             (block.n_dst + 1).bit_length(), BLOCK=TRANSPOSE_BLOCK, num_warps=NUM_WARPS,
         )  # fmt: skip
-    setattr(block, _TRANSPOSE_ATTR, (_transpose_key(block), t_indptr, order, t_dst))
+    setattr(block, _TRANSPOSE_ATTR, (block.structure_key(), t_indptr, order, t_dst))
     return t_indptr, order, t_dst
 
 

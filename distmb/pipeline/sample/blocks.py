@@ -48,6 +48,18 @@ class Block:
         """int64[num_edges]: destination position of every edge (CSR expanded)."""
         return edge_destinations(self.indptr, self.num_edges)
 
+    def structure_key(self) -> tuple[int, int, int, int, int]:
+        """What a structure derived from the CSR (a cached transposed CSR) was built from:
+        ``indptr``'s and ``indices``' identities and in-place versions, and ``n_src``; a
+        cache compares it to tell a stale entry (tensors replaced or modified in place)."""
+        return (
+            id(self.indptr),
+            self.indptr._version,
+            id(self.indices),
+            self.indices._version,
+            self.n_src,
+        )
+
     @property
     def device(self) -> torch.device:
         """Where the block's index tensors live."""
