@@ -16,7 +16,13 @@ import pytest
 import torch
 from conftest import TIMING_KEYS
 from test_comm_torch import ACC_NOISE, HIT_RATE_NOISE
-from test_distributed import FAST, SCRIPTS, mpirun, small_parts  # noqa: F401 (fixture)
+from test_distributed import (  # noqa: F401 (fixture)
+    FAST,
+    SCRIPTS,
+    launch_runs,
+    mpirun,
+    small_parts,
+)
 
 from distmb.comm.mpienv import local_rank_from_env
 from distmb.core.errors import InputError
@@ -34,6 +40,23 @@ def _train(ranks: int, part_dir, tmp_path, name: str, *extra: str) -> tuple[list
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in results.read_text().splitlines()]
     return [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in rows], proc.stdout
+
+
+def _train_in_one_launch(
+    ranks: int, part_dir, tmp_path, runs: dict[str, list[str]]
+) -> dict[str, tuple[list[dict], str]]:
+    """:func:`_train`'s runs (name -> extra flags), one after the other in one launch."""
+    argvs = {
+        name: ["--part-dir", str(part_dir), *FAST, "--epochs", "3",
+               "--results", str(tmp_path / f"{name}.jsonl"), *extra]
+        for name, extra in runs.items()
+    }  # fmt: skip
+    outputs = launch_runs(ranks, argvs, tmp_path, 240 * len(runs))
+    out = {}
+    for name, stdout in outputs.items():
+        rows = [json.loads(line) for line in (tmp_path / f"{name}.jsonl").read_text().splitlines()]
+        out[name] = ([{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in rows], stdout)
+    return out
 
 
 def _close_hit_rates(a: list[dict], b: list[dict]) -> None:
@@ -100,14 +123,19 @@ def test_device_path_trains_like_the_cpp_path(small_parts, tmp_path, ranks):  # 
     noise, HEC hit rates per layer within 2 points (pooled over seeds); the device HEC is
     the one in use."""
     runs: dict[str, list[list[dict]]] = {"cpp": [], "device": []}
+    flags = {
+        f"{sampler}{seed}": [*SAMPLER_RUN, "--sampler", sampler, "--seed", str(seed)]
+        for seed in SAMPLER_SEEDS
+        for sampler in runs
+    }
+    trained = _train_in_one_launch(ranks, small_parts[ranks], tmp_path, flags)
     for seed in SAMPLER_SEEDS:
         for sampler, rows in runs.items():
-            flags = [*SAMPLER_RUN, "--sampler", sampler, "--seed", str(seed)]
-            records, out = _train(ranks, small_parts[ranks], tmp_path, f"{sampler}{seed}", *flags)
+            records, out = trained[f"{sampler}{seed}"]
             rows.append(records)
-            if sampler == "device":  # HistoricalEmbeddingScheme.describe: the device cache's tables
-                assert "on cpu (--hec-size" in out
-                assert all(r["bytes_pushed"] > 0 for r in records)
+            # HistoricalEmbeddingScheme.describe: the device cache's tables (not the C++ path's)
+            assert ("on cpu (--hec-size" in out) == (sampler == "device"), out
+            assert all(r["bytes_pushed"] > 0 for r in records)
 
     def mean_acc(key: str, sampler: str) -> float:
         return sum(rows[-1][key] for rows in runs[sampler]) / len(SAMPLER_SEEDS)
@@ -123,17 +151,22 @@ def test_device_path_trains_like_the_cpp_path(small_parts, tmp_path, ranks):  # 
 def test_device_path_torch_equals_mpi_on_two_ranks(small_parts, tmp_path):  # noqa: F811
     """2 ranks: every collective adds a + b, so --comm torch (bucketed all-reduce, push over
     all_to_all_single) and the unbucketed all-reduce give the MPI run's records to the bit."""
-    mpi, _ = _train(2, small_parts[2], tmp_path, "mpi", *DEVICE_PATH, "--comm", "mpi")
-    tch, out = _train(2, small_parts[2], tmp_path, "torch", *DEVICE_PATH, "--comm", "torch")
-    flat, _ = _train(2, small_parts[2], tmp_path, "flat", *DEVICE_PATH, "--comm", "torch",
-                     "--grad-bucket-mb", "0")  # fmt: skip
+    runs = _train_in_one_launch(2, small_parts[2], tmp_path, {
+        "mpi": [*DEVICE_PATH, "--comm", "mpi"],
+        "torch": [*DEVICE_PATH, "--comm", "torch"],
+        "flat": [*DEVICE_PATH, "--comm", "torch", "--grad-bucket-mb", "0"],
+    })  # fmt: skip
+    (mpi, _), (tch, out), (flat, _) = runs["mpi"], runs["torch"], runs["flat"]
     assert "in buckets during the backward pass" in out
     assert mpi == tch == flat
 
 
 def test_device_path_torch_and_mpi_agree_on_three_ranks(small_parts, tmp_path):  # noqa: F811
-    mpi, _ = _train(3, small_parts[3], tmp_path, "mpi", *DEVICE_PATH, "--comm", "mpi")
-    tch, _ = _train(3, small_parts[3], tmp_path, "torch", *DEVICE_PATH, "--comm", "torch")
+    runs = _train_in_one_launch(3, small_parts[3], tmp_path, {
+        "mpi": [*DEVICE_PATH, "--comm", "mpi"],
+        "torch": [*DEVICE_PATH, "--comm", "torch"],
+    })  # fmt: skip
+    (mpi, _), (tch, _) = runs["mpi"], runs["torch"]
     assert abs(mpi[-1]["val_acc"] - tch[-1]["val_acc"]) <= ACC_NOISE
     _close_hit_rates(mpi, tch)
 
@@ -142,10 +175,11 @@ def test_device_path_torch_and_mpi_agree_on_three_ranks(small_parts, tmp_path): 
 def test_device_path_without_hec_and_exact(small_parts, tmp_path, comm):  # noqa: F811
     """--no-hec and --exact-remote on the GPU path: nothing pushed without the HEC; the exact
     baseline moves its bytes and fills no cache."""
-    drop, _ = _train(2, small_parts[2], tmp_path, "drop", *DEVICE_PATH, "--comm", comm,
-                     "--no-hec")  # fmt: skip
-    exact, _ = _train(2, small_parts[2], tmp_path, "exact", *DEVICE_PATH, "--comm", comm,
-                      "--exact-remote")  # fmt: skip
+    runs = _train_in_one_launch(2, small_parts[2], tmp_path, {
+        "drop": [*DEVICE_PATH, "--comm", comm, "--no-hec"],
+        "exact": [*DEVICE_PATH, "--comm", comm, "--exact-remote"],
+    })  # fmt: skip
+    (drop, _), (exact, _) = runs["drop"], runs["exact"]
     assert all(r["bytes_pushed"] == 0 and r["bytes_exact_remote"] == 0 for r in drop)
     assert all(r["bytes_exact_remote"] > 0 and r["bytes_pushed"] == 0 for r in exact)
     assert all(0.0 <= r["test_acc"] <= 1.0 for r in drop + exact)
@@ -154,9 +188,14 @@ def test_device_path_without_hec_and_exact(small_parts, tmp_path, comm):  # noqa
 @pytest.mark.parametrize("comm", ["mpi", "torch"])
 def test_device_path_resume_is_bit_identical_with_the_device_hec(small_parts, tmp_path, comm):  # noqa: F811
     base = [*DEVICE_PATH, "--comm", comm, "--eval-every", "1"]
-    straight, _ = _train(2, small_parts[2], tmp_path, "straight", *base, "--epochs", "4")
     ckpt = ["--checkpoint-dir", str(tmp_path / "ckpt")]
-    first, _ = _train(2, small_parts[2], tmp_path, "first", *base, "--epochs", "2", *ckpt)
+    # The uninterrupted run and the first half share a launch; the resumed half starts in a
+    # fresh launch (nothing but the checkpoint carries over).
+    runs = _train_in_one_launch(2, small_parts[2], tmp_path, {
+        "straight": [*base, "--epochs", "4"],
+        "first": [*base, "--epochs", "2", *ckpt],
+    })  # fmt: skip
+    (straight, _), (first, _) = runs["straight"], runs["first"]
     second, out = _train(2, small_parts[2], tmp_path, "second", *base, "--epochs", "4", *ckpt,
                          "--resume")  # fmt: skip
     assert "caches start empty" not in out  # the device caches' lines were restored

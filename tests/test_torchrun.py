@@ -18,7 +18,13 @@ import pytest
 import torch
 from conftest import SMALL, TIMING_KEYS
 from test_comm_torch import ACC_NOISE, HIT_RATE_NOISE, TORCH_LINE
-from test_distributed import FAST, SCRIPTS, mpirun, small_parts  # noqa: F401 (fixture)
+from test_distributed import (  # noqa: F401 (fixture)
+    FAST,
+    SCRIPTS,
+    launch_runs,
+    mpirun,
+    small_parts,
+)
 
 from distmb.comm.mpienv import MPI_LAUNCH_MARKERS, is_torchrun_launch
 from distmb.core.errors import InputError
@@ -159,10 +165,14 @@ def test_exact_remote_over_torch_equals_mpi(small_parts, tmp_path):  # noqa: F81
     """--exact-remote: remote sampling and feature fetch over the torch group train the same
     model as over MPI, to the bit (the same bytes move), under mpiexec and under torchrun."""
     flags = ("--exact-remote",)
-    mpi, _ = train_mpiexec(2, small_parts[2], tmp_path / "m.jsonl", *flags, "--comm", "mpi")
-    over_torch, out = train_mpiexec(
-        2, small_parts[2], tmp_path / "t.jsonl", *flags, "--comm", "torch"
+    paths = {"mpi": tmp_path / "m.jsonl", "torch": tmp_path / "t.jsonl"}
+    outs = launch_runs(  # both mpiexec runs in one launch (train_argv without "-m distmb.train")
+        2,
+        {k: train_argv(small_parts[2], path, *flags, "--comm", k)[2:] for k, path in paths.items()},
+        tmp_path,
+        180,
     )
+    mpi, over_torch, out = records(paths["mpi"]), records(paths["torch"]), outs["torch"]
     run, _ = train_torchrun(2, small_parts[2], tmp_path / "r.jsonl", *flags)
     assert TORCH_LINE in out
     assert all(r["bytes_exact_remote"] > 0 and r["bytes_pushed"] == 0 for r in mpi)

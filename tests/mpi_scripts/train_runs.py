@@ -6,6 +6,11 @@ is recorded and the next one starts: the error is raised on every rank alike, by
 checks, or by a set-up step that all ranks agree on (``UsageExit``, which carries the
 message that rank 0 printed). Anything else fails the launch.
 
+Each run ends as ``python -m distmb.train`` ends (:func:`~distmb.cli.launch.run_on_ranks`):
+its torch.distributed group, if any, is torn down, so the next run starts without one. Rank 0
+prints ``run NAME: {...}`` after each run, after its own lines of that run (:data:`END_OF_RUN`;
+``tests/test_distributed.py``'s ``launch_runs`` splits the output there).
+
 argv: RUNS_JSON. The file holds a list of ``{"name": str, "argv": [str, ...]}``; rank 0
 writes ``{name: {"ok": bool, "error": str | None}}`` to ``RUNS_JSON`` + ``.status``, where
 ``error`` is what the user would see on stderr (``distmb.train: error: ...``).
@@ -25,6 +30,8 @@ from distmb.core.errors import DistmbError
 
 #: The prefix of a refused run's line on stderr (``exit_on_user_error``).
 PROG = "distmb.train"
+#: The line rank 0 prints after each run (``.format(name=..., status=...)``).
+END_OF_RUN = "run {name}: {status}"
 
 runs_file = sys.argv[1]
 with open(runs_file) as f:
@@ -43,6 +50,7 @@ for run in runs:
             if exc.message is None:
                 raise
             status[run["name"]] = {"ok": False, "error": f"{PROG}: error: {exc.message}"}
+        comm.close_torch_distributed()
         comm.barrier()
     else:
         err = io.StringIO()
@@ -54,7 +62,8 @@ for run in runs:
             if exc.code in (0, None):
                 raise
             status[run["name"]] = {"ok": False, "error": err.getvalue().strip()}
-    print(f"run {run['name']}: {status[run['name']]}", flush=True)
+    if comm is None or comm.rank == 0:
+        print(END_OF_RUN.format(name=run["name"], status=status[run["name"]]), flush=True)
 
 if comm is None or comm.rank == 0:
     with open(runs_file + ".status", "w") as f:
