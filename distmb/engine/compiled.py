@@ -34,7 +34,7 @@ from torch import Tensor, nn
 
 from distmb.config.train import compile_problem
 from distmb.core.errors import InputError
-from distmb.engine.graphed_step import BUILT_IN_MODELS
+from distmb.nn.models import BUILT_IN_MODELS
 from distmb.pipeline.rows import IndexedRows
 from distmb.pipeline.sample import Block
 

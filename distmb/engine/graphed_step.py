@@ -64,12 +64,10 @@ from distmb.config.train import TrainConfig, cuda_graphs_problem
 from distmb.core.errors import InputError
 from distmb.engine.epoch_loss import step_values
 from distmb.engine.precision import MixedPrecision
-from distmb.nn.models import GAT, GCN, GIN, GraphSAGE
+from distmb.nn.models import BUILT_IN_MODELS
 from distmb.pipeline.minibatch import MiniBatch
 from distmb.pipeline.sample.padded import PaddedBatch, padded_layout
 
-#: The built-in models' classes (``--cuda-graphs`` takes these only, whoever built them).
-BUILT_IN_MODELS = (GraphSAGE, GAT, GCN, GIN)
 #: Eager steps of each batch size before its graph is captured (the PyTorch docs' examples
 #: warm up 3 iterations on a side stream).
 WARMUP_STEPS = 3

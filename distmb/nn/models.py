@@ -404,6 +404,11 @@ def parameter_count(
     return sum(weights_per_layer * d * o + o for d, o in widths)
 
 
+#: The classes of :data:`MODELS` (``--cuda-graphs`` and ``--compile`` take a model of these
+#: only, whoever built it).
+BUILT_IN_MODELS = (GraphSAGE, GAT, GCN, GIN)
+
+
 def build_model(
     name: str,
     in_dim: int,
