@@ -50,6 +50,8 @@ import os
 import subprocess
 import sys
 import time
+import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -298,40 +300,44 @@ def training_runs(args: argparse.Namespace, graph) -> list[dict[str, Any]]:
     """One run per ``--kernels`` with the device cache, then the whole table with
     ``--prefetch 0`` and with ``--prefetch`` (:func:`profiled_kernels`: triton on CUDA, the
     GPU configuration), the same with ``--cuda-graphs`` and with ``--compile`` (triton
-    only: :func:`graphed_run`), then GAT (``--heads`` 4) on the whole table with the last
-    ``--kernels`` (on CUDA: triton, the attention kernel)."""
+    only), then GAT (``--heads`` 4) on the whole table with the last ``--kernels`` (on CUDA:
+    triton, the attention kernel). A run that fails is recorded as such
+    (:func:`guarded_run`) and the others still run."""
     kernels = args.kernels.split(",")
-    runs = [training_part(args, graph, k) for k in kernels]
+    runs = [guarded_run(args, graph, k) for k in kernels]
     table_kernels = profiled_kernels(args)
+    table = {"cache_percent": WHOLE_TABLE_PERCENT}
     for prefetch in dict.fromkeys((0, args.prefetch)):
-        runs.append(training_part(args, graph, table_kernels, cache_percent=WHOLE_TABLE_PERCENT,
-                                  prefetch=prefetch))  # fmt: skip
+        runs.append(guarded_run(args, graph, table_kernels, prefetch=prefetch, **table))
     for prefetch in dict.fromkeys((0, args.prefetch)):
-        runs.append(graphed_run(args, graph, table_kernels, prefetch))
+        runs.append(
+            guarded_run(args, graph, table_kernels, prefetch=prefetch, cuda_graphs=True, **table)
+        )
     if table_kernels == "triton":  # --compile: the Triton layers only
-        runs.append(graphed_run(args, graph, table_kernels, 0, compile_model=True))
-    runs.append(training_part(args, graph, kernels[-1], cache_percent=WHOLE_TABLE_PERCENT,
-                              model="gat"))  # fmt: skip
+        runs.append(
+            guarded_run(args, graph, table_kernels, prefetch=0, compile_model=True, **table)
+        )
+    runs.append(guarded_run(args, graph, kernels[-1], model="gat", **table))
     return runs
 
 
-def graphed_run(
-    args: argparse.Namespace, graph, kernels: str, prefetch: int, compile_model: bool = False
-) -> dict[str, Any]:
-    """The whole-table run with ``--cuda-graphs`` (with ``--compile`` instead when
-    ``compile_model``); where it fails (a step that cannot be captured, a graph that does
-    not compile), a record of the failure instead, so that the benchmark's other parts still
-    run (``"failed"``: the error's type and message)."""
-    graphs = not compile_model
+def guarded_run(args: argparse.Namespace, graph, kernels: str, **options: Any) -> dict[str, Any]:
+    """:func:`training_part`, or where it fails (a step that cannot be captured, a graph that
+    does not compile, a kernel that does not build) a record of the failure (``"failed"``:
+    the error's type and message), so that the benchmark's other parts still run."""
     try:
-        return training_part(args, graph, kernels, cache_percent=WHOLE_TABLE_PERCENT,
-                             prefetch=prefetch, cuda_graphs=graphs,
-                             compile_model=compile_model)  # fmt: skip
+        return training_part(args, graph, kernels, **options)
     except Exception as exc:  # noqa: BLE001 - recorded, and the benchmark goes on
-        name = run_name(kernels, WHOLE_TABLE_PERCENT, prefetch, graphs=graphs,
-                        compiled=compile_model)  # fmt: skip
-        record = {"name": name, "model": "sage", "cuda_graphs": graphs,
-                  "compile": compile_model, "failed": f"{type(exc).__name__}: {exc}"}  # fmt: skip
+        cache_percent = options.get("cache_percent", args.device_cache_percent)
+        prefetch = options.get("prefetch", args.prefetch)
+        graphs = options.get("cuda_graphs", False)
+        compiled = options.get("compile_model", False)
+        name = run_name(kernels, cache_percent, prefetch, options.get("model", "sage"),
+                        graphs, compiled)  # fmt: skip
+        record = {"name": name, "model": options.get("model", "sage"), "cuda_graphs": graphs,
+                  "compile": compiled, "precision": options.get("precision", args.precision),
+                  "failed": f"{type(exc).__name__}: {exc}"}  # fmt: skip
+        traceback.print_exc()
         print(f"train [{name}]: failed: {record['failed']}", flush=True)
         return record
 
@@ -348,7 +354,7 @@ def precision_part(args: argparse.Namespace, graph) -> list[dict[str, Any]]:
             records.append({"precision": precision, "skipped": problem})
             continue
         records.append(
-            training_part(
+            guarded_run(
                 args,
                 graph,
                 kernels,
@@ -437,12 +443,28 @@ def sampling_part(args: argparse.Namespace, graph) -> list[dict[str, Any]]:
     return records
 
 
+def measured(result: dict[str, Any], key: str) -> Any:
+    """``result[key]``, or None where that part failed or did not run."""
+    value = result.get(key)
+    return None if value is None or (isinstance(value, dict) and "failed" in value) else value
+
+
+def failed_parts(result: dict[str, Any]) -> list[str]:
+    """The parts and training runs that failed (their keys and run names)."""
+    names = [key for key, value in result.items() if isinstance(value, dict) and "failed" in value]
+    for key in ("training", "precision_sweep"):
+        runs = result.get(key)
+        if isinstance(runs, list):
+            names += [f"{key}:{r['name']}" for r in runs if "failed" in r]
+    return names
+
+
 def goals(result: dict[str, Any]) -> dict[str, str]:
     """The goals against what this run measured (GPU runs only)."""
     if result["figures"] != "gpu":
         return {"note": "CPU smoke test: no goal applies"}
     out = {}
-    training = [r for r in result["training"] if "failed" not in r]
+    training = [r for r in measured(result, "training") or [] if "failed" not in r]
     sage = [r for r in training if r.get("model", "sage") == "sage"]
     table = [r["epoch_s"] for r in sage if r["name"].startswith("table/")]
     cached = [r["epoch_s"] for r in sage if not r["name"].startswith("table/")]
@@ -452,13 +474,9 @@ def goals(result: dict[str, Any]) -> dict[str, str]:
         )
     if cached:
         out["epoch_cache"] = f"epoch, device cache <= {EPOCH_GOAL_CACHE_S} s: {min(cached):.2f} s"
-    profile = result.get("profile")
-    graphed = result.get("profile_graphs")
-    if (
-        graphed
-        and "failed" not in graphed
-        and (not profile or graphed["wall_s"] < profile["wall_s"])
-    ):
+    profile = measured(result, "profile")
+    graphed = measured(result, "profile_graphs")
+    if graphed and (not profile or graphed["wall_s"] < profile["wall_s"]):
         profile = graphed  # the faster configuration's profile
     if profile:
         out["profiled"] = f"the profile of {profile['name']}"
@@ -467,10 +485,11 @@ def goals(result: dict[str, Any]) -> dict[str, str]:
         out["launches"] = (
             f"launches/iteration <= {LAUNCHES_GOAL:g}: {profile['launches_per_iteration']}"
         )
-    device_rates = [r["speedup_vs_cpp"] for r in result["sampling"] if r["sampler"] != "cpp"]
+    sampling = measured(result, "sampling") or []
+    device_rates = [r["speedup_vs_cpp"] for r in sampling if r["sampler"] != "cpp"]
     if device_rates:
         out["sampling"] = f"GPU sampling >= {SAMPLING_GOAL:.0f}x C++: {max(device_rates):.1f}x"
-    bandwidth = result["bandwidth"]
+    bandwidth = result.get("bandwidth", {})
     if "goal" in bandwidth:
         out["gather"] = bandwidth["goal"]
     return out
@@ -483,7 +502,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
     overlap (their sum exceeds the epoch)."""
     fig, (ax_epoch, ax_sample, ax_bytes, ax_hit) = panels(4, max_columns=2)
     label = "" if result["figures"] == "gpu" else " (CPU smoke test, not a GPU figure)"
-    training = [r for r in result["training"] if "failed" not in r]
+    training = [r for r in measured(result, "training") or [] if "failed" not in r]
     names = [r["name"].replace("/", "\n") for r in training]  # one part per label line
     bottom = np.zeros(len(training))
     for key, name in (("sample_s", "sample"), ("feature_movement_s", "features"),
@@ -498,16 +517,32 @@ def plot(result: dict[str, Any], path: Path) -> None:
         title += "\nphases overlap (prefetch): their sum exceeds the epoch (dot)"
     ax_epoch.set_title(title, fontsize="medium")
     ax_epoch.set(ylabel="seconds")
-    bar_axis(ax_epoch, end=HEADROOM * max(bottom.max(), epochs.max()))
+    if training:
+        bar_axis(ax_epoch, end=HEADROOM * max(bottom.max(), epochs.max()))
     ax_epoch.legend(fontsize="small", ncols=2)
-    sampling = result["sampling"]
+    sampling = measured(result, "sampling")
+    if sampling:
+        draw_sampling(ax_sample, sampling)
+    cache = measured(result, "cache")
+    if cache:
+        draw_cache(ax_bytes, ax_hit, cache["runs"])
+    save_figure(fig, path)
+
+
+def draw_sampling(ax, sampling: list[dict[str, Any]]) -> None:
+    """Sampled edges per second per sampler, linear from zero, labelled with the ratio to
+    the C++ sampler."""
     rates = [r["edges_per_s"] for r in sampling]
-    bars = ax_sample.barh([r["sampler"] for r in sampling], rates)
-    ax_sample.bar_label(bars, [f"{r['speedup_vs_cpp']:.1f}x C++" for r in sampling],
-                        padding=3, fontsize="small")  # fmt: skip
-    ax_sample.set(title="sampled edges / s", xlabel="edges / s")
-    bar_axis(ax_sample, axis="x", end=HEADROOM * max(rates))
-    runs = result["cache"]["runs"]
+    bars = ax.barh([r["sampler"] for r in sampling], rates)
+    ax.bar_label(bars, [f"{r['speedup_vs_cpp']:.1f}x C++" for r in sampling],
+                 padding=3, fontsize="small")  # fmt: skip
+    ax.set(title="sampled edges / s", xlabel="edges / s")
+    bar_axis(ax, axis="x", end=HEADROOM * max(rates))
+
+
+def draw_cache(ax_bytes, ax_hit, runs: list[dict[str, Any]]) -> None:
+    """Host->device GB per epoch (plain, Match, Match-Reorder) of the PreSC cache, and the
+    hit rate per policy and cache size."""
     presc = [r for r in runs if r["policy"] == "presc"]
     x = np.arange(len(presc))
     for i, (key, name) in enumerate((("h2d_bytes_plain", "plain"), ("h2d_bytes_match", "Match"),
@@ -523,7 +558,6 @@ def plot(result: dict[str, Any], path: Path) -> None:
                     marker="o", label=policy)  # fmt: skip
     ax_hit.set(title="device cache hit rate", xlabel="% of feature rows cached", ylim=(0, 1))
     ax_hit.legend(fontsize="small")
-    save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -560,33 +594,48 @@ def main(argv: list[str] | None = None) -> int:
             "batch_size": args.batch_size,
         },  # fmt: skip
     }
-    result["training"] = training_runs(args, graph)
-    result["precision_sweep"] = precision_part(args, graph)
-    result["profile"] = profile_part(args, graph)
-    if on_gpu:
+    out = args.out if args.out is not None else (RESULTS / "gpu.json" if on_gpu else None)
+
+    def part(key: str, measure: Callable[[], Any]) -> None:
+        """``result[key] = measure()``, or where it raises, a record of the failure (the
+        other parts still run); the JSON so far is written after each part, so that a run
+        stopped at its time limit keeps what it measured."""
         try:
-            result["profile_graphs"] = profile_part(args, graph, cuda_graphs=True)
+            result[key] = measure()
         except Exception as exc:  # noqa: BLE001 - recorded, and the benchmark goes on
-            result["profile_graphs"] = {"failed": f"{type(exc).__name__}: {exc}"}
-            print(f"profile [graphs]: failed: {result['profile_graphs']['failed']}", flush=True)
-    result["launches_per_iteration"] = launches_part(args, graph)
-    result["sampling"] = sampling_part(args, graph)
-    result["cache"] = gpu_features.cache_part(args, graph)
+            traceback.print_exc()
+            result[key] = {"failed": f"{type(exc).__name__}: {exc}"}
+            print(f"{key}: failed: {result[key]['failed']}", flush=True)
+        if out is not None:
+            write_json(out, result)
+
+    part("training", lambda: training_runs(args, graph))
+    part("precision_sweep", lambda: precision_part(args, graph))
+    part("profile", lambda: profile_part(args, graph))
     if on_gpu:
+        part("profile_graphs", lambda: profile_part(args, graph, cuda_graphs=True))
+    part("launches_per_iteration", lambda: launches_part(args, graph))
+    part("sampling", lambda: sampling_part(args, graph))
+    part("cache", lambda: gpu_features.cache_part(args, graph))
+    if on_gpu and "failed" not in result["cache"]:
         rows = int(result["cache"]["mean_inputs_per_batch"])
-        result["bandwidth"] = gpu_features.bandwidth_part(args, graph, rows)
+        part("bandwidth", lambda: gpu_features.bandwidth_part(args, graph, rows))
+    elif on_gpu:
+        result["bandwidth"] = {"skipped": "no cache part to size the gather by"}
     else:
         result["bandwidth"] = {"skipped": "zero-copy bandwidth needs CUDA"}
     result["goals"] = goals(result)
     print(f"goals: {result['goals']}")
-    out = args.out if args.out is not None else (RESULTS / "gpu.json" if on_gpu else None)
     if out is None:
         print("not written: CPU run without --out (results/gpu.json holds GPU figures only)")
         return 0
     write_json(out, result)
     plot(result, out.with_suffix(".png"))
     print(f"wrote {out} and {out.with_suffix('.png')}")
-    return 0
+    failed = failed_parts(result)
+    if failed:
+        print(f"failed: {', '.join(failed)}", flush=True)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
