@@ -138,7 +138,9 @@ def test_on_a_gpu_the_triton_refill_feeds_the_next_replay():
     def snapshot() -> list[torch.Tensor]:  # what a captured step reads: every buffer
         return [t.clone() for t in buffers(triton_fill).values()]
 
-    triton_fill.fill(*batch(0))  # compiles the kernels outside any capture
+    first = batch(0)
+    triton_fill.fill(*first)  # compiles the kernels outside any capture
+    torch_fill.fill(*first)  # the stale positions and rows of the next batches: batch 0's
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):

@@ -116,7 +116,10 @@ if triton is not None:
             slot = tl.full((BLOCK_ROWS,), _NOT_CACHED, tl.int64)
         hit = in_range & (slot != _NOT_CACHED)
         miss = in_range & (slot == _NOT_CACHED)
-        safe_slot = tl.where(hit, slot, 0)
+        # A slot in the cache whatever the id (NOT_CACHED < 0 clamps to row 0). Not a
+        # tl.where on `hit`: Triton 3.6 fails to lay that select out for sm_90 when the host
+        # row stride is a multiple of 16 (MLIR: 'arith.select' condition shape).
+        safe_slot = tl.maximum(slot, 0)
 
         cols = tl.program_id(1).to(tl.int64) * BLOCK_COLS + tl.arange(0, BLOCK_COLS)
         col_ok = cols < dim
