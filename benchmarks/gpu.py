@@ -502,24 +502,10 @@ def plot(result: dict[str, Any], path: Path) -> None:
     overlap (their sum exceeds the epoch)."""
     fig, (ax_epoch, ax_sample, ax_bytes, ax_hit) = panels(4, max_columns=2)
     label = "" if result["figures"] == "gpu" else " (CPU smoke test, not a GPU figure)"
+    fig.suptitle(machine_title(result["machine"]) + label, fontsize="medium")
     training = [r for r in measured(result, "training") or [] if "failed" not in r]
-    names = [r["name"].replace("/", "\n") for r in training]  # one part per label line
-    bottom = np.zeros(len(training))
-    for key, name in (("sample_s", "sample"), ("feature_movement_s", "features"),
-                      ("compute_s", "compute")):  # fmt: skip
-        values = np.array([r[key] for r in training])
-        ax_epoch.bar(names, values, bottom=bottom, label=name)
-        bottom += values
-    epochs = np.array([r["epoch_s"] for r in training])
-    ax_epoch.scatter(names, epochs, color="k", label="epoch", zorder=3)
-    title = f"epoch split{label}"
-    if (bottom > epochs).any():  # with --prefetch, sampling and features run beside compute
-        title += "\nphases overlap (prefetch): their sum exceeds the epoch (dot)"
-    ax_epoch.set_title(title, fontsize="medium")
-    ax_epoch.set(ylabel="seconds")
     if training:
-        bar_axis(ax_epoch, end=HEADROOM * max(bottom.max(), epochs.max()))
-    ax_epoch.legend(fontsize="small", ncols=2)
+        draw_epochs(ax_epoch, training)
     sampling = measured(result, "sampling")
     if sampling:
         draw_sampling(ax_sample, sampling)
@@ -527,6 +513,45 @@ def plot(result: dict[str, Any], path: Path) -> None:
     if cache:
         draw_cache(ax_bytes, ax_hit, cache["runs"])
     save_figure(fig, path)
+
+
+def machine_title(facts: dict[str, Any]) -> str:
+    """``NVIDIA H100 80GB HBM3, driver 580.159.04, CUDA 13.0, torch 2.11.0+cu130, Triton
+    3.6.0, 16 cores``: the figure's machine (the CPU's name where there is no GPU)."""
+    parts = [facts.get("gpu") or facts.get("cpu", "unknown machine")]
+    for key, name in (("driver", "driver"), ("cuda", "CUDA"), ("torch", "torch"),
+                      ("triton", "Triton")):  # fmt: skip
+        if facts.get(key):
+            parts.append(f"{name} {facts[key]}")
+    parts.append(f"{facts.get('cpus', '?')} cores")
+    return ", ".join(parts)
+
+
+def draw_epochs(ax, training: list[dict[str, Any]]) -> None:
+    """Each run's last epoch as horizontal stacked phases (sample, features, compute), its
+    wall time as a dot; the title says when the phases overlap (their sum exceeds the
+    epoch: with ``--prefetch`` sampling and features run beside the compute)."""
+    names = [r["name"] for r in training][::-1]  # the first run at the top
+    rows = training[::-1]
+    left = np.zeros(len(rows))
+    for key, name in (("sample_s", "sample"), ("feature_movement_s", "features"),
+                      ("compute_s", "compute")):  # fmt: skip
+        values = np.array([r[key] for r in rows])
+        ax.barh(names, values, left=left, label=name)
+        left += values
+    epochs = np.array([r["epoch_s"] for r in rows])
+    ax.scatter(epochs, names, color="k", label="epoch", zorder=3)
+    for y, epoch in enumerate(epochs):
+        ax.annotate(f"{epoch:.2f} s", (max(left[y], epoch), y), xytext=(4, -3),
+                    textcoords="offset points", fontsize="small")  # fmt: skip
+    title = "last epoch's phases"
+    if (left > epochs).any():
+        title += "\nphases overlap (prefetch): their sum exceeds the epoch (dot)"
+    ax.set_title(title, fontsize="medium")
+    ax.set(xlabel="seconds")
+    ax.tick_params(axis="y", labelsize="small")
+    bar_axis(ax, axis="x", end=HEADROOM * 1.15 * max(left.max(), epochs.max()))
+    ax.legend(fontsize="small", ncols=2, loc="center right")
 
 
 def draw_sampling(ax, sampling: list[dict[str, Any]]) -> None:

@@ -25,6 +25,7 @@ def fake_result(epoch_s: float) -> dict:
     ]  # fmt: skip
     return {
         "figures": "gpu",
+        "machine": {"gpu": "NVIDIA H100 80GB HBM3", "driver": "580.159.04", "cpus": 16},
         "training": [
             {
                 "name": "cache10/fused",
@@ -62,9 +63,14 @@ def test_figure_draws_bars_from_zero_and_names_the_overlap(monkeypatch, tmp_path
         lengths = sorted(bar.get_width() for bar in ax_sample.patches)
         assert lengths == [6.5e7, 1.37e8]
         assert [t.get_text() for t in ax_sample.texts] == ["1.0x C++", "2.1x C++"]
-        for ax in (ax_epoch, ax_bytes):
-            assert ax.get_yscale() == "linear" and ax.get_ylim()[0] == 0
+        assert ax_epoch.get_xscale() == "linear" and ax_epoch.get_xlim()[0] == 0
+        assert ax_bytes.get_yscale() == "linear" and ax_bytes.get_ylim()[0] == 0
         assert ("their sum exceeds the epoch" in ax_epoch.get_title()) == (epoch_s < 1.5)
+        # The phases stacked left to right (0.5 + 0.25 + 0.75 s), the machine named.
+        assert [(b.get_x(), b.get_width()) for b in ax_epoch.patches] == [
+            (0.0, 0.5), (0.5, 0.25), (0.75, 0.75)
+        ]  # fmt: skip
+        assert fig.get_suptitle().startswith("NVIDIA H100 80GB HBM3, driver 580.159.04")
     finally:
         plt.close(fig)
 
