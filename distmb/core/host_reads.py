@@ -18,6 +18,11 @@ for the device's queue (the phase timers' ``torch.cuda.synchronize``).
 Reads hidden inside an op whose output size depends on the data (``torch.nonzero``, boolean
 mask indexing, ``torch.unique``) are not counted here; ``distmb.engine.op_census`` counts
 those ops.
+
+The other way, a copy of pageable host memory to a CUDA device is synchronous too (CUDA
+stages it, and PyTorch waits for the stream). The device path uploads each batch's host
+values (the seeds, the labels) through :func:`to_device`, which stages them in page-locked
+memory and copies without blocking the host.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 
@@ -81,3 +87,20 @@ def host_scalar(tensor: torch.Tensor) -> int | float | bool:
 def count_device_wait() -> None:
     """Count one explicit wait for the device's queue (the caller makes it)."""
     HOST_READS.add_wait()
+
+
+def to_device(
+    host: np.ndarray | torch.Tensor, device: torch.device, dtype: torch.dtype | None = None
+) -> torch.Tensor:
+    """``host`` (a host array or CPU tensor, any shape) as a tensor on ``device`` (cast to
+    ``dtype`` when given), without a host synchronisation: on CUDA the values are copied
+    into page-locked memory, and from there on the current stream with ``non_blocking``
+    (PyTorch's pinned-memory allocator keeps the staging buffer until the copy is done).
+    On the CPU, ``host`` itself where no cast is needed (no copy)."""
+    tensor = host if isinstance(host, torch.Tensor) else torch.from_numpy(np.asarray(host))
+    if dtype is not None and tensor.dtype != dtype:
+        tensor = tensor.to(dtype)
+    if device.type != "cuda" or tensor.device.type != "cpu":
+        return tensor.to(device)
+    staged = tensor if tensor.is_pinned() else tensor.contiguous().pin_memory()
+    return staged.to(device, non_blocking=True)

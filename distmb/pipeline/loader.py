@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from distmb import _C
-from distmb.core.host_reads import to_host
+from distmb.core.host_reads import to_device, to_host
 from distmb.pipeline.features.protocol import FeatureSource
 from distmb.pipeline.minibatch import MiniBatch
 from distmb.pipeline.plan import EpochPlan
@@ -182,6 +182,8 @@ class BatchLoader:
         blocks = self.sampler.sample(seeds, epoch, index)
         span = self._clock.span(mark)
         labels = torch.from_numpy(np.ascontiguousarray(self.labels[seeds], dtype=np.int64))
+        if self.device is not None:  # on a GPU without a host synchronisation (to_device)
+            labels = to_device(labels, self.device)
         return MiniBatch(
             epoch=epoch,
             index=index,

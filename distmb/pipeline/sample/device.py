@@ -73,7 +73,7 @@ import numpy as np
 import torch
 
 from distmb import _C
-from distmb.core.host_reads import host_values, to_host
+from distmb.core.host_reads import host_values, to_device, to_host
 from distmb.core.rng import GOLDEN, finalize64
 from distmb.pipeline.sample.blocks import Block
 from distmb.pipeline.sample.choose import choose_positions
@@ -185,8 +185,8 @@ class DeviceNeighborSampler(PartSampler):
                 raise ValueError(f"seeds must be 1-D (got shape {list(seeds.shape)})")
             if seeds.is_floating_point() or seeds.is_complex() or seeds.dtype == torch.bool:
                 raise ValueError(f"seeds must hold integers (got dtype {seeds.dtype})")
-            return seeds.to(self.device, torch.int64)
-        return torch.from_numpy(_index_array(seeds, "seeds")).to(self.device)
+            return to_device(seeds, self.device, torch.int64)
+        return to_device(_index_array(seeds, "seeds"), self.device)
 
     def reads_once(self, fanouts: Sequence[int], n_seeds: int) -> bool:
         """Whether a batch of ``n_seeds`` seeds and these ``fanouts`` is sampled with one host
