@@ -9,7 +9,9 @@ synchronisations per iteration, kernel time, and how busy the GPU was.
 - **kernel time**: the sum of the device's kernel durations (overlapping kernels of several
   streams counted each);
 - **GPU busy**: the union of the kernels' intervals over the epoch's wall time, the fraction
-  of the epoch in which at least one kernel ran (what the goal "GPU busy >= 80 %" means).
+  of the epoch in which at least one kernel ran (what the goal "GPU busy >= 80 %" means);
+- **where**: the synchronising calls by name (``"sync_calls"``) and the kernels that took the
+  most device time, with their counts (``"top_kernels"``).
 
 The counting works on plain :class:`Interval` records, so it is tested on hand-built ones
 on a machine without a GPU (``tests/test_gpu_profile.py``); :func:`profile_epoch` turns a
@@ -49,6 +51,10 @@ SYNC_CALLS = frozenset(
 )
 #: Microseconds per second (the profiler's times are microseconds).
 US_PER_S = 1e6
+#: Kernels listed in ``"top_kernels"`` (by their summed time over the epoch, in ms).
+TOP_KERNELS = 15
+#: Characters kept of a kernel's name (C++ template names run to hundreds).
+KERNEL_NAME_CHARS = 120
 
 
 @dataclass(frozen=True)
@@ -86,16 +92,23 @@ def summarise(events: Iterable[Interval], wall_s: float, iterations: int) -> dic
     launches = syncs = kernels = 0
     kernel_us = 0.0
     spans: list[tuple[float, float]] = []
+    by_kernel: dict[str, list[float]] = {}  # name -> [count, microseconds]
+    sync_calls: dict[str, int] = {}
     for event in events:
         if event.on_device:
             kernels += 1
             kernel_us += event.end_us - event.start_us
             spans.append((event.start_us, event.end_us))
+            entry = by_kernel.setdefault(event.name, [0, 0.0])
+            entry[0] += 1
+            entry[1] += event.end_us - event.start_us
         elif event.name in LAUNCH_CALLS:
             launches += 1
         elif event.name in SYNC_CALLS:
             syncs += 1
+            sync_calls[event.name] = sync_calls.get(event.name, 0) + 1
     busy_s = union_us(spans) / US_PER_S
+    top = sorted(by_kernel.items(), key=lambda item: -item[1][1])[:TOP_KERNELS]
     return {
         "iterations": iterations,
         "wall_s": round(wall_s, 4),
@@ -106,6 +119,11 @@ def summarise(events: Iterable[Interval], wall_s: float, iterations: int) -> dic
         "syncs_per_iteration": round(syncs / iterations, 2),
         "kernel_s": round(kernel_us / US_PER_S, 4),
         "gpu_busy": round(min(busy_s / wall_s, 1.0), 4),
+        "sync_calls": dict(sorted(sync_calls.items())),
+        "top_kernels": [
+            {"name": name[:KERNEL_NAME_CHARS], "count": int(count), "ms": round(us / 1e3, 3)}
+            for name, (count, us) in top
+        ],
     }
 
 

@@ -50,6 +50,12 @@ def test_summary_counts_launches_syncs_kernels_and_busy():
     assert summary["launches_per_iteration"] == 1.5 and summary["syncs_per_iteration"] == 1.0
     assert summary["kernel_s"] == pytest.approx(50e-6, abs=1e-4)
     assert summary["gpu_busy"] == pytest.approx(40 / 200)
+    assert summary["sync_calls"] == {"cudaMemcpy": 1, "cudaStreamSynchronize": 1}
+    assert summary["top_kernels"] == [
+        {"name": "sm90_gemm", "count": 1, "ms": 0.02},
+        {"name": "triton_aggregate", "count": 1, "ms": 0.02},
+        {"name": "index_kernel", "count": 1, "ms": 0.01},
+    ]
 
 
 @pytest.mark.parametrize(("wall_s", "iterations"), [(0.0, 1), (1.0, 0)])
