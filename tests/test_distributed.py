@@ -541,8 +541,10 @@ def test_accuracy_multi_rank(cora_dir, tmp_path, dataset, ranks):
     # `python -m distmb.train` run; all of them run in one MPI launch (tests/mpi_scripts/
     # train_runs.py), which saves a launch's start-up per run.
     per_rank = {**cfg, "batch_size": cfg["batch_size"] // ranks}
+    # Without the HEC only where its accuracy is asserted against (the synthetic graph).
+    modes = ("hec", "no-hec") if dataset == "synthetic" else ("hec",)
     runs = {}
-    for mode in ("hec", "no-hec"):
+    for mode in modes:
         for s in seeds:
             runs[f"{mode}-{s}"] = [
                 "--dataset",
@@ -567,12 +569,9 @@ def test_accuracy_multi_rank(cora_dir, tmp_path, dataset, ranks):
             json.loads((tmp_path / f"{mode}-{s}.jsonl").read_text().splitlines()[-1])["test_acc"]
             for s in seeds
         )
-        for mode in ("hec", "no-hec")
+        for mode in modes
     }
-    print(
-        f"{dataset}, {ranks} ranks, {cfg['epochs']} epochs: single {single:.4f}, "
-        f"HEC {accs['hec']:.4f}, no HEC {accs['no-hec']:.4f}"
-    )
+    print(f"{dataset}, {ranks} ranks, {cfg['epochs']} epochs: single {single:.4f}, {accs}")
     # The target of DistGNN-MB and of the issue: within one point of one rank.
     assert accs["hec"] >= single - 0.01, (single, accs)
     if dataset == "synthetic":  # low-variance test set: the cache must be worth something
