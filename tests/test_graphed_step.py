@@ -16,10 +16,11 @@ from test_device_path_budget import device_path_trainer
 
 from distmb.config.train import TrainConfig, cuda_graphs_problem
 from distmb.core.errors import InputError
-from distmb.engine import Trainer
+from distmb.engine import Trainer, graphed_step
 from distmb.engine.graphed_step import WARMUP_STEPS, GraphedStep
 from distmb.engine.op_census import census_epoch
 from distmb.engine.precision import MixedPrecision
+from distmb.pipeline.sample import padded
 
 #: 160 training vertices in batches of 30: 6 iterations, 4 of 27 seeds and 2 of 26 (two
 #: sizes).
@@ -46,11 +47,34 @@ def test_the_static_path_trains_like_the_normal_path(model):
         assert g["iterations"] == e["iterations"] == 6
         assert math.isclose(g["loss"], e["loss"], rel_tol=1e-4), (g["loss"], e["loss"])
         assert abs(g["train_acc"] - e["train_acc"]) <= 2 / 160
-    sizes = sorted(static.graphed._sizes)
-    assert sizes == [26, 27]  # one set of static buffers per batch size
+    layouts = static.graphed.layouts()
+    assert sorted(layouts) == [26, 27]  # static buffers per batch size
+    # Each size's layout fitted to its first batch, which its other batches fit too.
+    assert all(len(fitted) == 1 for fitted in layouts.values()), layouts
     assert static.graphed.replays == static.graphed.captures == 0
     for (name, p), q in zip(static.model.named_parameters(), eager.model.parameters(), strict=True):
         torch.testing.assert_close(p, q, rtol=1e-3, atol=1e-5, msg=name)
+
+
+def test_batches_beyond_a_fitted_layout_get_another_then_the_bounds(monkeypatch):
+    """Without headroom a fitted layout holds its own batch and those no bigger in any
+    layer. With one fitted layout allowed, each batch size gets it, then the bounds' layout
+    for the first batch beyond it, which every later batch fits (these seeds make one such
+    batch of each size in two epochs); the losses stay the eager path's."""
+    monkeypatch.setattr(padded, "FIT_HEADROOM", 0.0)
+    monkeypatch.setattr(padded, "FIT_SPREADS", 0.0)
+    monkeypatch.setattr(graphed_step, "MAX_FITTED_LAYOUTS", 1)
+    static = device_path_trainer(GRAPH, **SMALL_RUN, dropout=0.0, cuda_graphs=True)
+    eager = device_path_trainer(GRAPH, **SMALL_RUN, dropout=0.0)
+    got, expected = losses_of(static, 2), losses_of(eager, 2)
+    for g, e in zip(got, expected, strict=True):
+        assert math.isclose(g["loss"], e["loss"], rel_tol=1e-4), (g["loss"], e["loss"])
+    assert static.graphed is not None
+    for n_seeds, layouts in static.graphed.layouts().items():
+        bounds = padded.padded_layout(n_seeds, SMALL_RUN["fanout"], static.local.n_solid)
+        assert len(layouts) == 2 and layouts[-1] == bounds, (n_seeds, layouts)
+        assert all(sum(f.edges) <= sum(bounds.edges) for f in layouts[:-1])
+        assert all(f.input_rows < bounds.input_rows for f in layouts[:-1])
 
 
 def test_with_dropout_it_learns_and_is_deterministic():
@@ -87,7 +111,9 @@ def test_the_static_step_reads_nothing_back():
     assert got.aten_ops["backward"] == got.aten_ops["optimizer"] == 0  # all in the replay
     # Outside the step's graph (the census's forward stage): the refill and the loss weight.
     assert static.graphed is not None
-    (refill,) = {size.padded.launches() for size in static.graphed._sizes.values()}
+    (refill,) = {
+        size.padded.launches() for sizes in static.graphed._sizes.values() for size in sizes
+    }
     forward = got.launch_ops()["forward"] + got.triton_launches.get("forward", 0)
     assert forward == (refill + 1) * got.iterations
     assert got.launch_ops()["other"] == got.iterations  # no launch for the epoch's end
@@ -254,8 +280,9 @@ def test_cuda_graphs_train_like_the_eager_path_with_one_replay_per_step(monkeypa
     original = GraphedStep.step
 
     def checked(self, batch, *args):  # noqa: ANN001, ANN202
-        size = self._sizes.get(batch.blocks[-1].n_dst)
-        steady = size is not None and size.graph is not None
+        sizes = self._sizes.get(batch.blocks[-1].n_dst, [])
+        fits = [size for size in sizes if size.padded.layout.fits(batch.blocks)]
+        steady = bool(fits) and fits[0].graph is not None
         if steady:
             torch.cuda.set_sync_debug_mode("error")
         try:

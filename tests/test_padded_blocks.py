@@ -3,6 +3,7 @@ real rows, loss and gradients (the reference: the same model on the unpadded blo
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 
 import numpy as np
@@ -17,7 +18,13 @@ from distmb.nn.kernels.dispatch import get_kernels, set_kernels
 from distmb.nn.models import GAT
 from distmb.pipeline.sample import Block, NeighborSampler
 from distmb.pipeline.sample.device_batch import destination_bounds
-from distmb.pipeline.sample.padded import PADDING_ROW_FANOUTS, PaddedBatch, padded_layout
+from distmb.pipeline.sample.padded import (
+    PADDING_ROW_FANOUTS,
+    PaddedBatch,
+    PaddedLayout,
+    fitted_caps,
+    padded_layout,
+)
 
 FEAT, CLASSES = 6, 4
 
@@ -92,13 +99,18 @@ def loss_and_grads(
 
 
 def check_padded_equals_unpadded(
-    name: str, blocks: list[Block], fanouts: tuple[int, ...], n_solid: int
+    name: str,
+    blocks: list[Block],
+    fanouts: tuple[int, ...],
+    n_solid: int,
+    layout: PaddedLayout | None = None,
 ) -> PaddedBatch:
     n_seeds = blocks[-1].n_dst
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(blocks[0].n_src, FEAT, generator=gen)
     labels = torch.randint(0, CLASSES, (n_seeds,), generator=gen)
-    padded = PaddedBatch(padded_layout(n_seeds, fanouts, n_solid), FEAT, x.dtype, x.device)
+    layout = padded_layout(n_seeds, fanouts, n_solid) if layout is None else layout
+    padded = PaddedBatch(layout, FEAT, x.dtype, x.device)
     padded.fill(blocks, x, labels)
     model = make_model(name, len(fanouts))
     # Layer by layer: the real rows of every layer's output, where the layout puts them.
@@ -190,8 +202,44 @@ def test_layout_refuses_what_has_no_bound():
     layout = padded_layout(4, (2, 3), 100)
     padded = PaddedBatch(layout, FEAT, torch.float32, torch.device("cpu"))
     big = random_blocks(4, (3, 3), n_solid=10_000, seed=0, full=True)  # fan-out 3 > 2 below
-    with pytest.raises(ValueError, match="layer 0: .* exceed the bounds"):
+    assert not layout.fits(big)
+    with pytest.raises(ValueError, match="layer 0: .* exceed the layout's 32 and 32"):
         padded.fill(big, torch.randn(big[0].n_src, FEAT), torch.zeros(4, dtype=torch.int64))
+    with pytest.raises(ValueError, match="one .* pair per layer for 2 layers"):
+        padded_layout(4, (2, 3), 100, caps=[(3, 8)])
+    with pytest.raises(ValueError, match="one .* pair per layer"):
+        padded_layout(4, (2, 3), 100, caps=[(3, 8), (3, 0)])
+
+
+@pytest.mark.parametrize("name", ["sage", "gcn", "gat_self_loops"])
+def test_a_fitted_layout_is_smaller_and_still_exact(name):
+    """A layout fitted to a batch (its sizes with headroom, far below the bounds, which count
+    every sampled neighbour as new): the batch fits it, the padded step equals the unpadded
+    one on it as on the bounds' layout, and it has fewer rows and edges; a batch beyond a
+    cap does not fit it."""
+    fanouts = (4, 3)
+    blocks, n_solid = sampled_blocks(9, fanouts)
+    bounds = padded_layout(9, fanouts, n_solid)
+    caps = fitted_caps(blocks, fanouts)
+    # The caps: the counts plus max(10 %, 4 square roots), edges at least one sink's c_l.
+    for (new, edges), block, fanout in zip(caps, blocks, fanouts, strict=True):
+        k, nnz = block.n_src - block.n_dst, block.num_edges
+        assert new == k + math.ceil(max(0.1 * k, 4 * math.sqrt(k)))
+        assert edges == max(nnz + math.ceil(max(0.1 * nnz, 4 * math.sqrt(nnz))), 16 * fanout)
+    fitted = padded_layout(9, fanouts, n_solid, caps)
+    assert fitted.fits(blocks) and bounds.fits(blocks)
+    capped = zip(caps, bounds.new_sources, bounds.edges, strict=True)
+    assert [(fitted.new_sources[i], fitted.edges[i]) for i in range(2)] == [
+        (min(k, bound_k), min(e, bound_e)) for (k, e), bound_k, bound_e in capped
+    ]
+    assert fitted.input_rows < bounds.input_rows and sum(fitted.edges) <= sum(bounds.edges)
+    padded = check_padded_equals_unpadded(name, blocks, fanouts, n_solid, layout=fitted)
+    assert padded.layout == fitted
+    # Fitting is exact: caps of the batch's own sizes fit it, one new source fewer does not.
+    exact = [(b.n_src - b.n_dst, max(b.num_edges, 1)) for b in blocks]
+    assert padded_layout(9, fanouts, n_solid, exact).fits(blocks)
+    short = [(exact[0][0] - 1, exact[0][1]), exact[1]]
+    assert not padded_layout(9, fanouts, n_solid, short).fits(blocks)
 
 
 def test_padded_sage_with_the_triton_aggregation():

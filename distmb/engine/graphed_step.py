@@ -1,14 +1,18 @@
-"""``--cuda-graphs``: one rank's training step replayed as one CUDA graph per batch size.
+"""``--cuda-graphs``: one rank's training step replayed as one CUDA graph per padded layout.
 
 A training step on the device path dispatches every op of the model's forward and backward
 and of the optimizer from the host, one launch at a time. Captured once in a
 :class:`torch.cuda.CUDAGraph` (PyTorch's "whole-network capture": forward, loss, backward and
 ``optimizer.step()``), the step is one replay. A graph replays fixed shapes and fixed
-addresses, so each batch size gets static buffers (:class:`~distmb.pipeline.sample.padded.
-PaddedBatch`: the blocks padded to bounds that depend only on the seed count, the input rows
-and the labels) refilled in place before every replay, and a static loss weight. The batches
-of an epoch have at most two sizes (:meth:`~distmb.engine.trainer.Trainer.epoch_batches`
-splits them evenly), so a run holds at most two graphs.
+addresses, so each padded layout gets static buffers (:class:`~distmb.pipeline.sample.padded.
+PaddedBatch`: the blocks padded to fixed shapes, the input rows and the labels) refilled in
+place before every replay, and a static loss weight. A batch size's first layout is fitted
+to its first batch (:func:`~distmb.pipeline.sample.padded.fitted_caps`: its sizes with 10 %
+headroom, far below the bounds, which count every sampled neighbour as new); a later batch
+that does not fit it gets a second fitted layout, and past :data:`MAX_FITTED_LAYOUTS` the
+bounds' layout, which every batch of the size fits. The batches of an epoch have at most two
+sizes (:meth:`~distmb.engine.trainer.Trainer.epoch_batches` splits them evenly), and a
+size's batches differ little, so a run holds about two graphs.
 
 **What a graph holds**: the trainer's forward on the padded batch (the halo scheme's calls
 included: on one rank they launch nothing), ``logits[:n_seeds].float()``, the cross-entropy
@@ -66,11 +70,14 @@ from distmb.engine.epoch_loss import step_values
 from distmb.engine.precision import MixedPrecision
 from distmb.nn.models import BUILT_IN_MODELS
 from distmb.pipeline.minibatch import MiniBatch
-from distmb.pipeline.sample.padded import PaddedBatch, padded_layout
+from distmb.pipeline.sample.padded import PaddedBatch, PaddedLayout, fitted_caps, padded_layout
 
-#: Eager steps of each batch size before its graph is captured (the PyTorch docs' examples
+#: Eager steps of each padded layout before its graph is captured (the PyTorch docs' examples
 #: warm up 3 iterations on a side stream).
 WARMUP_STEPS = 3
+#: Layouts per batch size fitted to its batches (module docstring) before the bounds'
+#: layout is taken: a batch that fits none of them gets a new one while there are fewer.
+MAX_FITTED_LAYOUTS = 2
 
 #: ``forward(batch, step, num_steps) -> logits``: the trainer's forward (halo scheme calls
 #: and the model's layer loop).
@@ -101,6 +108,7 @@ class _BatchSize:
     Attributes:
         padded: the padded blocks, input rows and labels.
         loss_weight: float32 scalar on the device, refilled every step.
+        fitted: whether the layout is fitted to a batch (else the bounds').
         eager_steps: steps run eagerly so far (the warm-up).
         graph: the captured step (None until captured, or after it was dropped).
         outputs: the graph's static outputs.
@@ -108,6 +116,7 @@ class _BatchSize:
 
     padded: PaddedBatch
     loss_weight: torch.Tensor
+    fitted: bool = False
     eager_steps: int = 0
     graph: Any = None  # torch.cuda.CUDAGraph (a CUDA build's class)
     outputs: StepOutputs | None = None
@@ -115,7 +124,7 @@ class _BatchSize:
 
 class GraphedStep:
     """The training step of one rank over padded static buffers, replayed as one CUDA graph
-    per batch size (module docstring); eager on the CPU.
+    per padded layout (module docstring); eager on the CPU.
 
     Args:
         optimizer: the model's optimizer (on CUDA: every param group ``capturable``).
@@ -160,7 +169,7 @@ class GraphedStep:
         #: Graph replays and captures so far.
         self.replays = 0
         self.captures = 0
-        self._sizes: dict[int, _BatchSize] = {}
+        self._sizes: dict[int, list[_BatchSize]] = {}  # per seed count, smallest first
         self._baked: tuple = ()
         self._stream = torch.cuda.Stream(device) if self.graphs else None
         if self.graphs:
@@ -168,7 +177,7 @@ class GraphedStep:
 
     # -- a step --------------------------------------------------------------------------------
     def step(self, batch: MiniBatch, step: int, num_steps: int, loss_weight: float) -> StepOutputs:
-        """Train on ``batch`` (one rank's, on the device): refill its batch size's buffers
+        """Train on ``batch`` (one rank's, on the device): refill its layout's buffers
         (:meth:`~distmb.pipeline.sample.padded.PaddedBatch.launches` launches and the loss
         weight's fill, no host read), then replay its graph; or, before the graph
         exists, run the step eagerly (the warm-up) or capture and replay it.
@@ -196,16 +205,28 @@ class GraphedStep:
         return size.outputs
 
     def _size_of(self, batch: MiniBatch, x: torch.Tensor) -> _BatchSize:
-        """The static state of ``batch``'s size (input rows ``x``), allocated at its first
-        batch."""
+        """The static state that ``batch`` (input rows ``x``) fits: the smallest of its
+        batch size's layouts that it fits, else a new one, allocated at that batch: fitted
+        to it (:func:`~distmb.pipeline.sample.padded.fitted_caps`) while the size has fewer
+        than :data:`MAX_FITTED_LAYOUTS`, else the bounds' layout, which every batch fits."""
         n_seeds = batch.blocks[-1].n_dst
-        size = self._sizes.get(n_seeds)
-        if size is None:
-            layout = padded_layout(n_seeds, self.fanouts, self.n_solid)
-            padded = PaddedBatch(layout, int(x.shape[1]), x.dtype, self.device)
-            weight = torch.zeros((), dtype=torch.float32, device=self.device)
-            size = self._sizes[n_seeds] = _BatchSize(padded, weight)
+        sizes = self._sizes.setdefault(n_seeds, [])
+        for size in sizes:  # smallest first
+            if size.padded.layout.fits(batch.blocks):
+                return size
+        fitted = sum(size.fitted for size in sizes) < MAX_FITTED_LAYOUTS
+        caps = fitted_caps(batch.blocks, self.fanouts) if fitted else None
+        layout = padded_layout(n_seeds, self.fanouts, self.n_solid, caps)
+        padded = PaddedBatch(layout, int(x.shape[1]), x.dtype, self.device)
+        weight = torch.zeros((), dtype=torch.float32, device=self.device)
+        size = _BatchSize(padded, weight, fitted=fitted)
+        sizes.append(size)
+        sizes.sort(key=lambda s: (sum(s.padded.layout.edges), s.padded.layout.input_rows))
         return size
+
+    def layouts(self) -> dict[int, list[PaddedLayout]]:
+        """The padded layouts allocated so far, per batch size (seeds), smallest first."""
+        return {n: [size.padded.layout for size in sizes] for n, sizes in self._sizes.items()}
 
     def _run(self, batch: MiniBatch, size: _BatchSize, step: int, num_steps: int) -> StepOutputs:
         """The step on the static buffers: forward, loss, the step's row of loss and correct
@@ -275,8 +296,9 @@ class GraphedStep:
             for group in self.optimizer.param_groups
         )
         if baked != self._baked:
-            for size in self._sizes.values():
-                size.graph, size.outputs = None, None
+            for sizes in self._sizes.values():
+                for size in sizes:
+                    size.graph, size.outputs = None, None
             self._baked = baked
 
     def _check_capturable(self) -> None:
