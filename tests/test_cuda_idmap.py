@@ -72,6 +72,21 @@ def test_random_keys_with_duplicates(backend: str, device: str, n_solid: int | N
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_one_key_repeated_across_many_programs(device: str) -> None:
+    """Thousands of copies of a few keys (a hub's; the one-read sampler's unused rows repeat
+    ``dst[0]``) over 24 programs, among distinct keys: each copy finds its key's slot (most
+    by reading it, not claiming it) and the first position wins, as the reference says."""
+    rng = np.random.default_rng(2)
+    dst = rng.choice(10**5, 40, replace=False).tolist()
+    hub = 10**5 + 7  # first seen at one position in the middle, not among the destinations
+    rest = rng.integers(0, 10**5, 6000)
+    rest[rng.random(6000) < 0.5] = dst[0]
+    rest[3000] = hub
+    rest[3001:][rng.random(2999) < 0.3] = hub
+    check(dst + rest.tolist(), len(dst), None, "triton", device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_full_table_forces_long_probe_chains(device: str) -> None:
     # As many distinct keys as slots: every insert after the first collides until it finds
     # the last free slots, probing wraps around the end of the table.

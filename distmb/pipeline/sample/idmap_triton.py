@@ -3,8 +3,12 @@
 One program inserts ``BLOCK`` keys into an open-addressing table (``table_keys:
 int64[capacity]``, empty slots hold :data:`EMPTY`): each lane hashes its key, then walks the
 table by linear probing; ``atomic_cas(slot, EMPTY, key)`` either claims an empty slot or
-returns the key already there. Once a lane has found its key's slot it records the slot
-(``slot_of[i]``) and atomically lowers ``table_pos[slot]`` to its input position ``i``, so
+returns the key already there. A lane reads the slot before it: a slot changes once, from
+:data:`EMPTY` to its key, so a key read there is final, and the many copies of one key (a
+hub's, the one-read sampler's unused rows') find their slot without an atomic on that
+address, which would serialise them. Once a lane has found its key's slot it records the
+slot (``slot_of[i]``) and atomically lowers ``table_pos[slot]`` to its input position ``i``
+(where the position there is higher: positions only fall), so
 after the single pass ``table_pos`` holds every key's first appearance and
 ``table_pos[slot_of[i]] == i`` says whether ``i`` is one. FastGL numbers the keys with an
 atomic counter inside the same kernel, which gives a different numbering on every run; the
@@ -101,15 +105,25 @@ if triton is not None:
         slot = (h & mask.to(tl.uint64)).to(tl.int64)
         active = valid
         probes = 0
+        spread = offs & mask.to(tl.int64)  # a slot of its own per lane of the launch
         while (tl.max(active.to(tl.int32), axis=0) > 0) & (probes <= mask):
-            # Inactive lanes swap _EMPTY for _EMPTY: no effect whatever the slot holds.
+            # Read first: a slot changes once, from _EMPTY to its key, so a key read there
+            # is final. Repeated keys (a hub's, the unused rows' dst[0]) then find their slot
+            # without an atomic on it; only lanes that read _EMPTY claim it.
+            held = tl.load(table_keys_ptr + slot, mask=active, other=_EMPTY)
+            claim = active & (held == _EMPTY)
+            # Every lane runs the CAS (it takes no mask); the others swap _EMPTY for _EMPTY
+            # (no effect whatever the slot holds) on their own slot, not on a shared one.
             prev = tl.atomic_cas(
-                table_keys_ptr + slot,
+                table_keys_ptr + tl.where(claim, slot, spread),
                 tl.full((BLOCK,), _EMPTY, tl.int64),
-                tl.where(active, key, _EMPTY),
+                tl.where(claim, key, _EMPTY),
             )
-            found = active & ((prev == _EMPTY) | (prev == key))
-            tl.atomic_min(table_pos_ptr + slot, offs, mask=found)
+            found = (active & (held == key)) | (claim & ((prev == _EMPTY) | (prev == key)))
+            # Lower the first position only where this one is lower than what is there
+            # (positions only fall, so a stale read costs an atomic, never a wrong value).
+            first = tl.load(table_pos_ptr + slot, mask=found, other=-1)
+            tl.atomic_min(table_pos_ptr + slot, offs, mask=found & (offs < first))
             tl.store(slot_of_ptr + offs, slot, mask=found)
             active = active & ~found
             slot = tl.where(active, (slot + 1) & mask, slot)
