@@ -14,8 +14,8 @@ batch 1000):
    is among ``--kernels``, the GPU configuration), the same with ``--cuda-graphs`` and (triton
    only) with ``--compile`` (``table/triton/compile/prefetch0``: its compilations and their
    seconds, the first epoch apart from the steady ones), and GAT (4
-   heads) on the whole table with the last ``--kernels`` (``gat/table/triton/prefetch2``:
-   the Triton attention kernel on CUDA).
+   heads) on the whole table with each ``--kernels`` (``gat/table/fused/prefetch2``, the
+   PyTorch ops on CUDA, and ``gat/table/triton/prefetch2``, the Triton attention kernel).
 2. **Precision sweep** (``"precision_sweep"``): the whole-table run once per ``--precisions``
    value, with its test accuracy (exact layer-wise inference; ``--no-accuracy`` skips it):
    what TF32 and bf16 buy against what they cost.
@@ -300,8 +300,8 @@ def training_runs(args: argparse.Namespace, graph) -> list[dict[str, Any]]:
     """One run per ``--kernels`` with the device cache, then the whole table with
     ``--prefetch 0`` and with ``--prefetch`` (:func:`profiled_kernels`: triton on CUDA, the
     GPU configuration), the same with ``--cuda-graphs`` and with ``--compile`` (triton
-    only), then GAT (``--heads`` 4) on the whole table with the last ``--kernels`` (on CUDA:
-    triton, the attention kernel). A run that fails is recorded as such
+    only), then GAT (``--heads`` 4) on the whole table with each ``--kernels`` (on CUDA the
+    PyTorch ops and the Triton attention kernel). A run that fails is recorded as such
     (:func:`guarded_run`) and the others still run."""
     kernels = args.kernels.split(",")
     runs = [guarded_run(args, graph, k) for k in kernels]
@@ -317,7 +317,7 @@ def training_runs(args: argparse.Namespace, graph) -> list[dict[str, Any]]:
         runs.append(
             guarded_run(args, graph, table_kernels, prefetch=0, compile_model=True, **table)
         )
-    runs.append(guarded_run(args, graph, kernels[-1], model="gat", **table))
+    runs += [guarded_run(args, graph, k, model="gat", **table) for k in kernels]
     return runs
 
 
