@@ -17,8 +17,9 @@ batch 1000):
    heads) on the whole table with each ``--kernels`` (``gat/table/fused/prefetch2``, the
    PyTorch ops on CUDA, and ``gat/table/triton/prefetch2``, the Triton attention kernel).
 2. **Precision sweep** (``"precision_sweep"``): the whole-table run once per ``--precisions``
-   value, with its test accuracy (exact layer-wise inference; ``--no-accuracy`` skips it):
-   what TF32 and bf16 buy against what they cost.
+   value, with its test accuracy (exact layer-wise inference; ``--no-accuracy`` skips it),
+   on CUDA for GAT too (but fp32, a training run): what TF32 and bf16 buy against what they
+   cost.
 3. **Profile** (``"profile"``): one whole-table epoch (``--prefetch 0``) under torch.profiler
    (``benchmarks/gpu_profile.py``): kernel launches and host synchronisations per
    iteration, kernel time and GPU busy (on CPU tensors the counts are 0).
@@ -343,26 +344,34 @@ def guarded_run(args: argparse.Namespace, graph, kernels: str, **options: Any) -
 
 
 def precision_part(args: argparse.Namespace, graph) -> list[dict[str, Any]]:
-    """The whole-table run per ``--precisions`` value, with its test accuracy. On the CPU the
-    layers run ``--kernels torch`` (CPU bf16 autocast reaches those only); a precision this
-    device cannot run is recorded with the reason."""
-    kernels = args.kernels.split(",")[0] if args.device == "cuda" else "torch"
+    """The whole-table run per ``--precisions`` value, with its test accuracy, with the GPU
+    configuration's kernels (:func:`profiled_kernels`); on CUDA also GAT per precision but
+    fp32 (its fp32 run is among the training runs): GAT's projections, of every source to
+    ``heads x hidden`` columns, are most of its arithmetic, so TF32 and bf16 matter to it
+    more than to GraphSAGE. On the CPU the layers run ``--kernels torch`` (CPU bf16 autocast
+    reaches those only); a precision this device cannot run is recorded with the reason."""
+    kernels = profiled_kernels(args) if args.device == "cuda" else "torch"
+    models = ("sage", "gat") if args.device == "cuda" else ("sage",)
     records = []
-    for precision in args.precisions.split(","):
-        problem = precision_problem(precision, kernels, args.device)
-        if problem:
-            records.append({"precision": precision, "skipped": problem})
-            continue
-        records.append(
-            guarded_run(
-                args,
-                graph,
-                kernels,
-                cache_percent=WHOLE_TABLE_PERCENT,
-                precision=precision,
-                accuracy=not args.no_accuracy,
+    for model in models:
+        for precision in args.precisions.split(","):
+            if model == "gat" and precision == "fp32":
+                continue
+            problem = precision_problem(precision, kernels, args.device)
+            if problem:
+                records.append({"precision": precision, "model": model, "skipped": problem})
+                continue
+            records.append(
+                guarded_run(
+                    args,
+                    graph,
+                    kernels,
+                    cache_percent=WHOLE_TABLE_PERCENT,
+                    precision=precision,
+                    accuracy=not args.no_accuracy,
+                    model=model,
+                )
             )
-        )
     return records
 
 
