@@ -219,9 +219,11 @@ if triton is not None:
             col = tl.load(cols_ptr + start + k, mask=emask, other=0)
             _, logit = _edge_logit(el_ptr, col, h, heads, er_row, emask, negative_slope)
             a = tl.exp(tl.where(emask, logit - row_max, float("-inf"))) / row_sum
-            weighted_g += a * _edge_dot(
-                grad_out_ptr, z_ptr, rows, col, h, heads, dim, emask, ROWS, BLOCK_F
-            )
+            g = _edge_dot(grad_out_ptr, z_ptr, rows, col, h, heads, dim, emask, ROWS, BLOCK_F)
+            # Kept for the second pass in the edge's dpre slot (which it then overwrites),
+            # instead of reading the two feature rows again.
+            tl.store(dpre_ptr + (start + k) * heads + h, g, mask=emask)
+            weighted_g += a * g
         if SELF_LOOP:
             self_pre, self_logit = _edge_logit(
                 el_ptr, rows, h, heads, er_row, rmask, negative_slope
@@ -230,12 +232,15 @@ if triton is not None:
             self_g = _edge_dot(grad_out_ptr, z_ptr, rows, rows, h, heads, dim, rmask, ROWS, BLOCK_F)
             weighted_g += self_a * self_g
         grad_er = tl.zeros((ROWS,), dtype=tl.float32)
+        # The first pass's stores are seen by every thread of the program (a lane's value
+        # may be held by another thread than the one that stored it).
+        tl.debug_barrier()
         for k in range(0, max_deg):
             emask = rmask & (k < deg)
             col = tl.load(cols_ptr + start + k, mask=emask, other=0)
             pre, logit = _edge_logit(el_ptr, col, h, heads, er_row, emask, negative_slope)
             a = tl.exp(tl.where(emask, logit - row_max, float("-inf"))) / row_sum
-            g = _edge_dot(grad_out_ptr, z_ptr, rows, col, h, heads, dim, emask, ROWS, BLOCK_F)
+            g = tl.load(dpre_ptr + (start + k) * heads + h, mask=emask, other=0.0)
             dpre = a * (g - weighted_g) * tl.where(pre > 0, 1.0, negative_slope)
             tl.store(dpre_ptr + (start + k) * heads + h, dpre, mask=emask)
             grad_er += dpre
