@@ -376,7 +376,7 @@ for dt in ("fp32", "bf16"):
            "out_ptr": p, "max_ptr": "*fp32", "sum_ptr": "*fp32", "n_dst": "i64"}
     dst = {"indptr_ptr": "*i64", "cols_ptr": "*i64", "el_ptr": p, "er_ptr": p, "z_ptr": p,
            "grad_out_ptr": p, "max_ptr": "*fp32", "sum_ptr": "*fp32", "dpre_ptr": "*fp32",
-           "dpre_self_ptr": "*fp32", "grad_er_ptr": p, "n_dst": "i64"}
+           "dpre_self_ptr": "*fp32", "grad_er_ptr": p, "edge_g_ptr": "*fp32", "n_dst": "i64"}
     src = {"t_indptr_ptr": "*i64", "t_edges_ptr": "*i64", "t_dst_ptr": "*i64", "el_ptr": p,
            "er_ptr": p, "grad_out_ptr": p, "max_ptr": "*fp32", "sum_ptr": "*fp32",
            "dpre_ptr": "*fp32", "dpre_self_ptr": "*fp32", "grad_z_ptr": p, "grad_el_ptr": p,

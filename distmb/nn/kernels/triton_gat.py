@@ -192,6 +192,7 @@ if triton is not None:
         dpre_ptr,
         dpre_self_ptr,
         grad_er_ptr,
+        edge_g_ptr,
         n_dst,
         heads,
         dim,
@@ -202,7 +203,8 @@ if triton is not None:
     ):
         """``dpre`` of the edges of ROWS rows and one head, and those rows' ``grad_er``; with
         ``SELF_LOOP`` also of every row's edge ``(v, v)`` (last), into ``dpre_self``
-        float32[n_dst, H]."""
+        float32[n_dst, H]. ``edge_g`` float32[nnz, H]: scratch, each edge's ``<dout, z>``
+        from the first pass over the rows' edges, read by the second."""
         rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
         rmask = rows < n_dst
         h = tl.program_id(1).to(tl.int64)
@@ -220,9 +222,11 @@ if triton is not None:
             _, logit = _edge_logit(el_ptr, col, h, heads, er_row, emask, negative_slope)
             a = tl.exp(tl.where(emask, logit - row_max, float("-inf"))) / row_sum
             g = _edge_dot(grad_out_ptr, z_ptr, rows, col, h, heads, dim, emask, ROWS, BLOCK_F)
-            # Kept for the second pass in the edge's dpre slot (which it then overwrites),
-            # instead of reading the two feature rows again.
-            tl.store(dpre_ptr + (start + k) * heads + h, g, mask=emask)
+            # Kept for the second pass, instead of reading the two feature rows again. In a
+            # buffer of its own: the second pass's stores to dpre, by whichever thread
+            # stores a lane, could otherwise land before another thread holding the same
+            # lane has loaded it.
+            tl.store(edge_g_ptr + (start + k) * heads + h, g, mask=emask)
             weighted_g += a * g
         if SELF_LOOP:
             self_pre, self_logit = _edge_logit(
@@ -240,7 +244,7 @@ if triton is not None:
             col = tl.load(cols_ptr + start + k, mask=emask, other=0)
             pre, logit = _edge_logit(el_ptr, col, h, heads, er_row, emask, negative_slope)
             a = tl.exp(tl.where(emask, logit - row_max, float("-inf"))) / row_sum
-            g = tl.load(dpre_ptr + (start + k) * heads + h, mask=emask, other=0.0)
+            g = tl.load(edge_g_ptr + (start + k) * heads + h, mask=emask, other=0.0)
             dpre = a * (g - weighted_g) * tl.where(pre > 0, 1.0, negative_slope)
             tl.store(dpre_ptr + (start + k) * heads + h, dpre, mask=emask)
             grad_er += dpre
@@ -450,12 +454,13 @@ def gat_backward(
     with device_context(device):
         if need_scores:
             dpre = torch.empty((block.num_edges, heads), dtype=STATS_DTYPE, device=device)
+            edge_g = torch.empty_like(dpre)
             if self_loops:
                 dpre_self = torch.empty((n_dst, heads), dtype=STATS_DTYPE, device=device)
             if n_dst > 0:
                 _gat_backward_dst_kernel[(triton.cdiv(n_dst, ROWS), heads)](
                     block.indptr, block.indices, el, er, z, grad_out, row_max, row_sum, dpre,
-                    dpre_self, grad_er, n_dst, heads, dim, float(negative_slope),
+                    dpre_self, grad_er, edge_g, n_dst, heads, dim, float(negative_slope),
                     ROWS=ROWS, BLOCK_F=tile_f, SELF_LOOP=self_loops, num_warps=NUM_WARPS,
                 )  # fmt: skip
         if n_src > 0:
