@@ -53,7 +53,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from record import command_line  # noqa: E402  (benchmarks/ is not a package)
+from gpu import products_spec  # noqa: E402  (benchmarks/ is not a package)
+from record import command_line  # noqa: E402
 
 from distmb import _C  # noqa: E402
 from distmb.data.datasets.synthetic import SyntheticConfig, generate  # noqa: E402
@@ -351,10 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     _C.set_num_threads(args.threads)
     torch.set_num_threads(args.threads)
     # The edges do not depend on feat_dim (their own random streams): 4 columns save memory.
-    spec = (
-        f"shape=products,nodes={int(args.nodes)},avg_degree={args.avg_degree},feat_dim=4,"
-        f"classes={CLASSES},train_fraction=0.08,test_fraction=0.5,seed={args.seed}"
-    )
+    spec = products_spec(args.nodes, args.avg_degree, 4, CLASSES, 0.08, args.seed)
     t0 = time.perf_counter()
     graph = generate(SyntheticConfig.from_spec(spec))
     n = graph.num_nodes

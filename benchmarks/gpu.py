@@ -594,15 +594,23 @@ def draw_cache(ax_bytes, ax_hit, runs: list[dict[str, Any]]) -> None:
     ax_hit.legend(fontsize="small")
 
 
+def products_spec(
+    nodes: float, avg_degree: float, feat_dim: int, classes: int, train_fraction: float, seed: int
+) -> str:
+    """The benchmark graph's synthetic spec (``SyntheticConfig.from_spec``): products-shaped,
+    half the vertices for testing."""
+    return (
+        f"shape=products,nodes={int(nodes)},avg_degree={avg_degree},feat_dim={feat_dim},"
+        f"classes={classes},train_fraction={train_fraction},test_fraction=0.5,seed={seed}"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     _C.set_num_threads(args.threads)
     torch.set_num_threads(args.threads)
-    spec = (
-        f"shape=products,nodes={int(args.nodes)},avg_degree={args.avg_degree},"
-        f"feat_dim={args.feat_dim},classes={args.classes},"
-        f"train_fraction={args.train_fraction},test_fraction=0.5,seed={args.seed}"
-    )
+    spec = products_spec(args.nodes, args.avg_degree, args.feat_dim, args.classes,
+                         args.train_fraction, args.seed)  # fmt: skip
     t0 = time.perf_counter()
     graph = generate(SyntheticConfig.from_spec(spec))
     print(f"graph: {graph.num_nodes} vertices, {graph.indices.size} in-edges "

@@ -2,24 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 
 import numpy as np
 
-_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "gat_balance.py"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-
-def _load_benchmark():
-    spec = importlib.util.spec_from_file_location("gat_balance_benchmark", _PATH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
-
-
-gat_balance = _load_benchmark()
+import gat_balance  # noqa: E402  (benchmarks/ is not a package)
 
 
 def _brute_makespan(lengths: list[int], slots: int) -> int:
