@@ -458,6 +458,11 @@ def measured(result: dict[str, Any], key: str) -> Any:
     return None if value is None or (isinstance(value, dict) and "failed" in value) else value
 
 
+def trained_runs(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """The training runs that did not fail."""
+    return [r for r in measured(result, "training") or [] if "failed" not in r]
+
+
 def failed_parts(result: dict[str, Any]) -> list[str]:
     """The parts and training runs that failed (their keys and run names)."""
     names = [key for key, value in result.items() if isinstance(value, dict) and "failed" in value]
@@ -473,7 +478,7 @@ def goals(result: dict[str, Any]) -> dict[str, str]:
     if result["figures"] != "gpu":
         return {"note": "CPU smoke test: no goal applies"}
     out = {}
-    training = [r for r in measured(result, "training") or [] if "failed" not in r]
+    training = trained_runs(result)
     sage = [r for r in training if r.get("model", "sage") == "sage"]
     table = [r["epoch_s"] for r in sage if r["name"].startswith("table/")]
     cached = [r["epoch_s"] for r in sage if not r["name"].startswith("table/")]
@@ -512,7 +517,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
     fig, (ax_epoch, ax_sample, ax_bytes, ax_hit) = panels(4, max_columns=2)
     label = "" if result["figures"] == "gpu" else " (CPU smoke test, not a GPU figure)"
     fig.suptitle(machine_title(result["machine"]) + label, fontsize="medium")
-    training = [r for r in measured(result, "training") or [] if "failed" not in r]
+    training = trained_runs(result)
     if training:
         draw_epochs(ax_epoch, training)
     sampling = measured(result, "sampling")

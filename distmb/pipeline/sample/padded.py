@@ -152,10 +152,13 @@ class PaddedLayout:
         """Whether a batch with these blocks (input layer first, its seeds this layout's)
         has at most ``K_l`` new sources and ``E_l`` edges in every layer (host ints)."""
         return len(blocks) == self.num_layers and all(
-            block.n_src - block.n_dst <= self.new_sources[layer]
-            and block.num_edges <= self.edges[layer]
-            for layer, block in enumerate(blocks)
+            self.layer_fits(layer, block) for layer, block in enumerate(blocks)
         )
+
+    def layer_fits(self, layer: int, block: Block) -> bool:
+        """Whether ``block`` has at most ``K_layer`` new sources and ``E_layer`` edges."""
+        new = block.n_src - block.n_dst
+        return new <= self.new_sources[layer] and block.num_edges <= self.edges[layer]
 
 
 def padded_layout(
@@ -338,8 +341,8 @@ class PaddedBatch:
                     f"layer {layer}: {block.n_dst} destinations but layer {layer + 1} has "
                     f"{blocks[layer + 1].n_src} sources"
                 )
-            new, edges = block.n_src - block.n_dst, block.num_edges
-            if new > layout.new_sources[layer] or edges > layout.edges[layer]:
+            if not layout.layer_fits(layer, block):
+                new, edges = block.n_src - block.n_dst, block.num_edges
                 raise ValueError(
                     f"layer {layer}: {new} new sources and {edges} edges exceed the layout's "
                     f"{layout.new_sources[layer]} and {layout.edges[layer]} (a batch beyond "
