@@ -9,7 +9,8 @@ batch 1000):
    BatchLoader's stages; with ``--prefetch`` > 0 they overlap the compute), compute (forward
    + backward + optimizer), plus the device cache's hit rate and host->device bytes of that
    epoch. One run per ``--kernels`` value with ``--device-cache-percent`` of the rows in the
-   device cache (``cache10/fused`` ...), then the whole table on the device with
+   device cache (``cache10/fused`` ...; on CUDA also ``cache10/triton/graphs``, with
+   ``--cuda-graphs``), then the whole table on the device with
    ``--prefetch 0`` and with ``--prefetch`` (``table/triton/prefetch0`` ...: triton where it
    is among ``--kernels``, the GPU configuration), the same with ``--cuda-graphs`` and (triton
    only) with ``--compile`` (``table/triton/compile/prefetch0``: its compilations and their
@@ -18,8 +19,8 @@ batch 1000):
    PyTorch ops on CUDA, and ``gat/table/triton/prefetch2``, the Triton attention kernel).
 2. **Precision sweep** (``"precision_sweep"``): the whole-table run once per ``--precisions``
    value, with its test accuracy (exact layer-wise inference; ``--no-accuracy`` skips it),
-   on CUDA for GAT too (but fp32, a training run): what TF32 and bf16 buy against what they
-   cost.
+   on CUDA with ``--cuda-graphs`` (not fp16) and for GAT too (but fp32, a training run):
+   what TF32 and bf16 buy against what they cost.
 3. **Profile** (``"profile"``): one whole-table epoch (``--prefetch 0``) under torch.profiler
    (``benchmarks/gpu_profile.py``): kernel launches and host synchronisations per
    iteration, kernel time and GPU busy (on CPU tensors the counts are 0).
@@ -216,7 +217,8 @@ def run_name(
     graphs: bool = False,
     compiled: bool = False,
 ) -> str:
-    """``table/fused/prefetch0`` or ``cache10/triton`` (the ``--prefetch`` of the cache runs),
+    """``table/fused/prefetch0`` or ``cache10/triton`` (the ``--prefetch`` of the cache runs;
+    ``cache10/triton/graphs`` with ``--cuda-graphs``),
     prefixed by the model when it is not GraphSAGE (``gat/table/triton/prefetch2``), with
     ``graphs/`` before the prefetch for ``--cuda-graphs`` (``table/triton/graphs/prefetch0``)
     and ``compile/`` for ``--compile`` (``table/triton/compile/prefetch0``)."""
@@ -224,7 +226,7 @@ def run_name(
     if cache_percent >= WHOLE_TABLE_PERCENT:
         step = "graphs/" if graphs else "compile/" if compiled else ""
         return f"{prefix}table/{kernels}/{step}prefetch{prefetch}"
-    return f"{prefix}cache{cache_percent:g}/{kernels}"
+    return f"{prefix}cache{cache_percent:g}/{kernels}" + ("/graphs" if graphs else "")
 
 
 def training_part(
@@ -298,7 +300,8 @@ def training_part(
 
 
 def training_runs(args: argparse.Namespace, graph) -> list[dict[str, Any]]:
-    """One run per ``--kernels`` with the device cache, then the whole table with
+    """One run per ``--kernels`` with the device cache (on CUDA also with ``--cuda-graphs``,
+    :func:`profiled_kernels`), then the whole table with
     ``--prefetch 0`` and with ``--prefetch`` (:func:`profiled_kernels`: triton on CUDA, the
     GPU configuration), the same with ``--cuda-graphs`` and with ``--compile`` (triton
     only), then GAT (``--heads`` 4) on the whole table with each ``--kernels`` (on CUDA the
@@ -307,6 +310,8 @@ def training_runs(args: argparse.Namespace, graph) -> list[dict[str, Any]]:
     kernels = args.kernels.split(",")
     runs = [guarded_run(args, graph, k) for k in kernels]
     table_kernels = profiled_kernels(args)
+    if args.device == "cuda":  # the device cache with --cuda-graphs (the step and sampler)
+        runs.append(guarded_run(args, graph, table_kernels, cuda_graphs=True))
     table = {"cache_percent": WHOLE_TABLE_PERCENT}
     for prefetch in dict.fromkeys((0, args.prefetch)):
         runs.append(guarded_run(args, graph, table_kernels, prefetch=prefetch, **table))
@@ -346,10 +351,13 @@ def guarded_run(args: argparse.Namespace, graph, kernels: str, **options: Any) -
 def precision_part(args: argparse.Namespace, graph) -> list[dict[str, Any]]:
     """The whole-table run per ``--precisions`` value, with its test accuracy, with the GPU
     configuration's kernels (:func:`profiled_kernels`); on CUDA also GAT per precision but
-    fp32 (its fp32 run is among the training runs): GAT's projections, of every source to
-    ``heads x hidden`` columns, are most of its arithmetic, so TF32 and bf16 matter to it
-    more than to GraphSAGE. On the CPU the layers run ``--kernels torch`` (CPU bf16 autocast
-    reaches those only); a precision this device cannot run is recorded with the reason."""
+    fp32 (its fp32 run is among the training runs). GraphSAGE runs with ``--cuda-graphs`` on
+    CUDA but in fp16 (its fastest configuration, where the matrix products' share of the
+    time is largest; an eager epoch is bound by launches, so a precision barely shows
+    there). GAT's projections, of every source to ``heads x hidden`` columns, are most of
+    its arithmetic, so TF32 and bf16 matter to it more than to GraphSAGE. On the CPU the
+    layers run ``--kernels torch`` (CPU bf16 autocast reaches those only); a precision this
+    device cannot run is recorded with the reason."""
     kernels = profiled_kernels(args) if args.device == "cuda" else "torch"
     models = ("sage", "gat") if args.device == "cuda" else ("sage",)
     records = []
@@ -361,6 +369,8 @@ def precision_part(args: argparse.Namespace, graph) -> list[dict[str, Any]]:
             if problem:
                 records.append({"precision": precision, "model": model, "skipped": problem})
                 continue
+            # GraphSAGE's fastest configuration (--cuda-graphs refuses fp16's scaler).
+            graphed = args.device == "cuda" and model == "sage" and precision != "fp16"
             records.append(
                 guarded_run(
                     args,
@@ -370,6 +380,7 @@ def precision_part(args: argparse.Namespace, graph) -> list[dict[str, Any]]:
                     precision=precision,
                     accuracy=not args.no_accuracy,
                     model=model,
+                    cuda_graphs=graphed,
                 )
             )
     return records

@@ -75,6 +75,11 @@ def configurations(args: argparse.Namespace, graph) -> dict[str, object]:
                 graph.indptr, graph.indices, n, n, args.fanouts, args.seed,
                 device=device, placement="device", backend="triton", choose="torch",
             )  # fmt: skip
+            # The one-read batches replayed from a CUDA graph (--cuda-graphs' sampler).
+            samplers[f"device/{device}/triton-graphs/device"] = DeviceNeighborSampler(
+                graph.indptr, graph.indices, n, n, args.fanouts, args.seed,
+                device=device, placement="device", backend="triton", graphs=True,
+            )  # fmt: skip
     return samplers
 
 

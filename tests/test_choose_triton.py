@@ -27,6 +27,7 @@ from test_sampler import P_MIN
 from test_sampler_contract import LocalGraph, block_neighbours, check_blocks, from_rows
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from distmb.core.rng import to_signed
 from distmb.pipeline.sample import choose_triton, device_batch, idmap_triton, relabel_triton
 from distmb.pipeline.sample.choose_triton import choose_layer, layer_key
 from distmb.pipeline.sample.device import DeviceNeighborSampler, batch_seed
@@ -113,10 +114,19 @@ def reference_layer(
 
 
 def run_kernel(
-    g: LocalGraph, rows: np.ndarray, dst: np.ndarray, fanout: int, key: int, device: str = "cpu"
+    g: LocalGraph,
+    rows: np.ndarray,
+    dst: np.ndarray,
+    fanout: int,
+    key: int,
+    device: str = "cpu",
+    key_on_device: bool = False,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The kernel's (slots, count, valid) as the reference gives them; checks the keys'
-    ``dst`` prefix."""
+    ``dst`` prefix. ``key_on_device``: the key passed as a one-element int64 tensor (its
+    signed word), which the kernel reads."""
+    if key_on_device:
+        key = torch.tensor([to_signed(key)], dtype=torch.int64, device=device)  # type: ignore[assignment]
     out = choose_layer(
         torch.as_tensor(g.indptr, device=device),
         torch.as_tensor(g.indices, device=device),
@@ -134,9 +144,15 @@ def run_kernel(
 
 
 def assert_matches_reference(
-    g: LocalGraph, rows: np.ndarray, dst: np.ndarray, fanout: int, key: int, device: str = "cpu"
+    g: LocalGraph,
+    rows: np.ndarray,
+    dst: np.ndarray,
+    fanout: int,
+    key: int,
+    device: str = "cpu",
+    key_on_device: bool = False,
 ) -> None:
-    got = run_kernel(g, rows, dst, fanout, key, device)
+    got = run_kernel(g, rows, dst, fanout, key, device, key_on_device)
     want = reference_layer(g.indptr, g.indices, rows, dst, fanout, key)
     for name, a, b in zip(("slots", "count", "valid"), got, want, strict=True):
         np.testing.assert_array_equal(a, b, err_msg=f"{name}, fanout {fanout}, key {key}")
@@ -164,6 +180,16 @@ def test_kernel_equals_the_reference(dtype: type, fanout: int) -> None:
     dst = rows + 500  # the keys' prefix and padding come from dst, not rows
     for key in KEYS:
         assert_matches_reference(g, rows, dst, fanout, key)
+
+
+@pytest.mark.parametrize("fanout", [3, 16])
+def test_key_read_from_the_device(fanout: int) -> None:
+    """A key passed as a device tensor (what a captured sampler graph reads) draws the
+    reference's words for that key, the full uint64 range included."""
+    g = mixed_graph()
+    rows = np.array([8, 0, 3, 2, 6, 1, 5, 7, 4, 8])
+    for key in KEYS:
+        assert_matches_reference(g, rows, rows + 500, fanout, key, key_on_device=True)
 
 
 @pytest.mark.parametrize(("fanout", "n_rows"), [(3, 1100), (16, 150)])
@@ -308,6 +334,9 @@ def test_bad_arguments() -> None:
         choose_layer(indptr, indices, rows, rows, 2, 1, n_valid=torch.tensor([1, 2]))
     with pytest.raises(ValueError, match="at least one row"):
         choose_layer(indptr[:1], indices, rows, rows, 2, 1)
+    for key in (torch.tensor([1, 2]), torch.tensor([1], dtype=torch.int32)):
+        with pytest.raises(ValueError, match="a key tensor must be int64 of one element"):
+            choose_layer(indptr, indices, rows, rows, 2, key)
     empty = choose_layer(indptr, indices, rows[:0], rows[:0], 3, 1)  # no launch
     assert empty.keys.shape == (0,) and empty.count.shape == (0,)
     with pytest.raises(ValueError, match="layer back end 'bogus'"):
@@ -433,19 +462,21 @@ def test_layer_launches(monkeypatch: pytest.MonkeyPatch) -> None:
 # -- the compiler --------------------------------------------------------------------------
 def test_kernel_compiles_for_hopper() -> None:
     """The interpreter accepts code the compiler rejects: compile the kernel (both index
-    dtypes, with and without a valid count) to a cubin for sm_90, no GPU needed."""
+    dtypes, with and without a valid count and the key read from the device) to a cubin for
+    sm_90, no GPU needed."""
     code = """
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from distmb.pipeline.sample.choose_triton import _choose_kernel
-names = ("indptr_ptr", "rows_ptr", "dst_ptr", "keys_ptr", "count_ptr", "n_valid_ptr")
+names = ("indptr_ptr", "rows_ptr", "dst_ptr", "keys_ptr", "count_ptr", "n_valid_ptr", "key_ptr")
 for indices, valid_count in (("*i32", False), ("*i64", True)):
     sig = {n: "*i64" for n in names}
     sig.update(indices_ptr=indices, valid_ptr="*i1", n_dst="i64", n_rows="i64", fanout="i64",
                key="i64", ROWS="constexpr", SLOTS="constexpr", WRITE_VALID="constexpr",
-               VALID_COUNT="constexpr")
-    constexprs = {"ROWS": 64, "SLOTS": 16, "WRITE_VALID": True, "VALID_COUNT": valid_count}
+               VALID_COUNT="constexpr", KEY_ON_DEVICE="constexpr")
+    constexprs = {"ROWS": 64, "SLOTS": 16, "WRITE_VALID": True, "VALID_COUNT": valid_count,
+                  "KEY_ON_DEVICE": valid_count}
     src = ASTSource(_choose_kernel, sig, constexprs=constexprs)
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32))
     assert len(kernel.asm["cubin"]) > 0

@@ -237,6 +237,7 @@ class Implementation:
     placement: str = "device"
     device: str = "cpu"
     choose: str = "torch"
+    graphs: bool = False
 
     def make(self, g: LocalGraph, fanouts: list[int], seed: int = 0) -> PartSampler:
         if self.backend is None:
@@ -248,7 +249,7 @@ class Implementation:
         return DeviceNeighborSampler(
             g.indptr, g.indices, g.n_solid, g.n_local, fanouts, seed,
             device=self.device, placement=self.placement, backend=self.backend,  # type: ignore[arg-type]
-            choose=self.choose,  # type: ignore[arg-type]
+            choose=self.choose, graphs=self.graphs,  # type: ignore[arg-type]
         )  # fmt: skip
 
     def seeds(self, seeds: np.ndarray) -> np.ndarray | torch.Tensor:
@@ -280,6 +281,8 @@ IMPLEMENTATIONS = [
     # The one-launch layer kernel (with the Triton Fused-Map): on the CPU both placements
     # are the same arrays, so the device one only.
     pytest.param(Implementation("triton", choose="triton"), id="choose-triton-device"),
+    # Its one-read batches replayed from graphs (off CUDA: the eager stand-in).
+    pytest.param(Implementation("triton", choose="triton", graphs=True), id="choose-triton-graphs"),
     *[
         pytest.param(
             Implementation(backend, placement, "cuda"),
@@ -297,6 +300,11 @@ IMPLEMENTATIONS = [
         )
         for placement in ("device", "host")
     ],
+    pytest.param(
+        Implementation("triton", "device", "cuda", choose="triton", graphs=True),
+        id="choose-triton-graphs-cuda",
+        marks=pytest.mark.cuda,
+    ),
 ]
 
 

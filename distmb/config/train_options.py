@@ -389,8 +389,10 @@ class GpuPathOptions:
         False,
         "capture each batch size's training step (forward, loss, backward, Adam) in one CUDA "
         "graph and replay it: one launch instead of the step's kernels; the blocks are padded "
-        "to bounds that depend on the batch size alone (memory: the bounds, not the sampled "
-        "sizes). One rank, a built-in model, positive fan-outs, not with --precision fp16. "
+        "to a layout fitted to the batch size's first batch with headroom (a batch beyond it "
+        "gets a second fitted layout, then the sampler's bounds). The device sampler's "
+        "batches are replayed from CUDA graphs too, one per batch size. One rank, a built-in "
+        "model, positive fan-outs, not with --precision fp16. "
         "With --device cpu --sampler device the same padded step runs without a graph (for "
         "testing)",
     )

@@ -172,6 +172,9 @@ class EpochCensus:
         top_ops: the most frequent op names and their epoch totals.
         triton_launches: Triton kernel runs by stage, epoch totals.
         graph_steps: ``--cuda-graphs`` steps run (each one replay on a GPU; 0 without).
+        sampler_replays: the device sampler's batches replayed from a graph
+            (:mod:`distmb.pipeline.sample.graphed`; its CPU stand-in's ops are counted in the
+            ``graph`` stage).
     """
 
     iterations: int
@@ -184,6 +187,7 @@ class EpochCensus:
     triton_launches: dict[str, int] = field(default_factory=dict)
     launch_free_ops: dict[str, int] = field(default_factory=dict)
     graph_steps: int = 0
+    sampler_replays: int = 0
 
     def launch_ops(self) -> dict[str, int]:
         """ATen ops that launch a kernel on a GPU (neither views nor
@@ -199,12 +203,14 @@ class EpochCensus:
         launch proxy, :meth:`launch_ops`), ``syncing_ops`` (and by stage), ``host_reads``,
         ``device_waits``, ``triton_launches`` (and by stage), and ``launches``: launch ops
         plus Triton launches; with ``--cuda-graphs`` also ``launches_graphed``, what a GPU
-        launches: those outside the ``graph`` stage plus one replay per step."""
+        launches: those outside the ``graph`` stage plus one per replay (the step's and the
+        sampler's)."""
         n = max(self.iterations, 1)
         launch_ops = self.launch_ops()
         in_graph = launch_ops.get("graph", 0) + self.triton_launches.get("graph", 0)
         total = sum(launch_ops.values()) + sum(self.triton_launches.values())
-        graphed = total - in_graph + self.graph_steps
+        replays = self.graph_steps + self.sampler_replays
+        graphed = total - in_graph + replays
 
         def each(value: float) -> float:
             return round(value / n, 2)
@@ -223,7 +229,7 @@ class EpochCensus:
             "triton_launches": each(sum(self.triton_launches.values())),
             "triton_launches_by_stage": {k: each(v) for k, v in self.triton_launches.items() if v},
             "launches": each(total),
-            **({"launches_graphed": each(graphed)} if self.graph_steps else {}),
+            **({"launches_graphed": each(graphed)} if replays else {}),
         }
 
 
@@ -278,6 +284,11 @@ def census_epoch(trainer: Any, epoch: int, top: int = 12) -> EpochCensus:  # noq
     if graphed is not None:  # --cuda-graphs: the captured step (eager on the CPU)
         _wrap(graphed, "_run", lambda: counter.stage("graph", steps=1), undo)
         replays_before = graphed.replays
+    sampler_graphs = getattr(trainer.loader.sampler, "graphs", None)
+    sampler_before = 0
+    if sampler_graphs is not None:  # the device sampler's graphs (a stand-in on the CPU)
+        _wrap(sampler_graphs, "_replay", lambda: counter.stage("graph"), undo)
+        sampler_before = sampler_graphs.replays
     timer = trainer.timer
     trainer.timer = _StagedTimer(timer, counter)
     reads, waits = HOST_READS.snapshot()
@@ -301,6 +312,7 @@ def census_epoch(trainer: Any, epoch: int, top: int = 12) -> EpochCensus:  # noq
         launch_free_ops={stage: counter.launch_free.get(stage, 0) for stage in STAGES},
         # Each step is a replay on a GPU, or a run of the step's ops (eager, a capture).
         graph_steps=counter.entered["graph"] + (graphed.replays - replays_before if graphed else 0),
+        sampler_replays=sampler_graphs.replays - sampler_before if sampler_graphs else 0,
     )
 
 

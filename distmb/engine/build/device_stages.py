@@ -75,6 +75,7 @@ def open_device_stages(
         device=device,
         placement=config.graph_placement,
         backend=kernel_backend(device),
+        graphs=config.cuda_graphs,
     )
     if host_cache is None:
         table = part_table(local)

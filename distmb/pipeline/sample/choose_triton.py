@@ -135,6 +135,7 @@ if triton is not None:
         count_ptr,
         valid_ptr,
         n_valid_ptr,
+        key_ptr,
         n_dst,
         n_rows,
         fanout,
@@ -143,9 +144,11 @@ if triton is not None:
         SLOTS: tl.constexpr,
         WRITE_VALID: tl.constexpr,
         VALID_COUNT: tl.constexpr,
+        KEY_ON_DEVICE: tl.constexpr,
     ):
         """Rows ``[pid*ROWS, pid*ROWS + ROWS)`` of the layer (contract in the module doc);
-        with ``VALID_COUNT``, rows at or past ``*n_valid_ptr`` are unused rows."""
+        with ``VALID_COUNT``, rows at or past ``*n_valid_ptr`` are unused rows; with
+        ``KEY_ON_DEVICE`` the key is ``*key_ptr``, not ``key``."""
         i = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)  # row in the layer
         live = i < n_dst
         if VALID_COUNT:
@@ -165,6 +168,8 @@ if triton is not None:
         col = tl.arange(0, SLOTS).to(tl.int64)[None, :]  # [1, SLOTS]
         # Floyd over [0, deg) for every row (rows with deg <= fanout run it on [0, fanout)
         # and ignore it): step q draws t in [0, j], j = max(deg - fanout, 0) + q.
+        if KEY_ON_DEVICE:
+            key = tl.load(key_ptr)
         state = _finalize64(
             key.to(tl.int64).to(tl.uint64, bitcast=True)
             ^ _finalize64(i.to(tl.uint64, bitcast=True) + _GOLDEN)
@@ -200,7 +205,7 @@ def choose_layer(
     rows: torch.Tensor,
     dst: torch.Tensor,
     fanout: int,
-    key: int,
+    key: int | torch.Tensor,
     with_valid: bool = True,
     n_valid: torch.Tensor | None = None,
 ) -> ChosenLayer:
@@ -213,7 +218,12 @@ def choose_layer(
             into it (the caller reports bad seeds).
         dst: int64[n_dst], the destinations' ids: the keys' prefix, ``dst[0]`` the padding.
         fanout: slots per row, ``>= 1``.
-        key: the layer's uint64 key (:func:`layer_key`), ``[0, 2^64)``.
+        key: the layer's uint64 key (:func:`layer_key`), ``[0, 2^64)``; or an int64 tensor
+            of one element on the device holding it as a signed word
+            (:func:`~distmb.core.rng.to_signed`), read by the kernel, so that a captured
+            CUDA graph draws the words of whatever key is written there before a replay
+            (:mod:`distmb.pipeline.sample.graphed`). The same key gives the same words
+            either way.
         with_valid: also write :attr:`ChosenLayer.valid`.
         n_valid: int64 tensor of one element on the device: only rows ``i < n_valid`` are
             sampled, the others are unused rows (module docstring); ``n_valid >= 1`` when
@@ -231,6 +241,7 @@ def choose_layer(
         raise RuntimeError("Triton is not installed (pip install 'distmb[triton]')")
     _check_args(indptr, indices, rows, dst, fanout, key, n_valid)
     n_dst, device = int(dst.shape[0]), dst.device
+    on_device = isinstance(key, torch.Tensor)
     keys = torch.empty(n_dst * (fanout + 1), dtype=torch.int64, device=device)
     count = torch.empty(n_dst, dtype=torch.int64, device=device)
     valid = torch.empty(n_dst * fanout, dtype=torch.bool, device=device) if with_valid else None
@@ -242,9 +253,10 @@ def choose_layer(
                 indptr, indices, rows.contiguous(), dst.contiguous(), keys, count,
                 count if valid is None else valid,  # never written without WRITE_VALID
                 count if n_valid is None else n_valid,  # never read without VALID_COUNT
-                n_dst, int(indptr.shape[0]) - 1, fanout, to_signed(key),
+                key if on_device else count,  # never read without KEY_ON_DEVICE
+                n_dst, int(indptr.shape[0]) - 1, fanout, 0 if on_device else to_signed(key),
                 ROWS=rows_each, SLOTS=padded_slots(fanout), WRITE_VALID=with_valid,
-                VALID_COUNT=n_valid is not None,
+                VALID_COUNT=n_valid is not None, KEY_ON_DEVICE=on_device,
             )  # fmt: skip
     return ChosenLayer(keys, count, valid)
 
@@ -255,13 +267,13 @@ def _check_args(
     rows: torch.Tensor,
     dst: torch.Tensor,
     fanout: int,
-    key: int,
+    key: int | torch.Tensor,
     n_valid: torch.Tensor | None = None,
 ) -> None:
     """The argument checks of :func:`choose_layer` (metadata only: no device read)."""
     if fanout < 1:
         raise ValueError(f"fanout must be >= 1 (got {fanout})")
-    if not 0 <= key < 1 << WORD_BITS:
+    if not isinstance(key, torch.Tensor) and not 0 <= key < 1 << WORD_BITS:
         raise ValueError(f"key must be in [0, 2^64) (got {key})")
     for name, t in (("indptr", indptr), ("rows", rows), ("dst", dst)):
         if t.dim() != 1 or t.dtype != torch.int64:
@@ -275,6 +287,13 @@ def _check_args(
     if not indptr.is_contiguous() or not indices.is_contiguous():
         raise ValueError("indptr and indices must be contiguous")
     tensors = [indptr, indices, rows, dst]
+    if isinstance(key, torch.Tensor):
+        if key.dtype != torch.int64 or key.numel() != 1:
+            raise ValueError(
+                f"a key tensor must be int64 of one element (got {key.dtype}, "
+                f"{key.numel()} elements)"
+            )
+        tensors.append(key)
     if n_valid is not None:
         if n_valid.dtype != torch.int64 or n_valid.numel() != 1:
             raise ValueError(
@@ -285,5 +304,5 @@ def _check_args(
     devices = {t.device for t in tensors}
     if len(devices) != 1:
         raise ValueError(
-            f"indptr, indices, rows, dst and n_valid must be on one device (got {devices})"
+            f"indptr, indices, rows, dst, n_valid and key must be on one device (got {devices})"
         )

@@ -79,6 +79,7 @@ from distmb.pipeline.sample.blocks import Block
 from distmb.pipeline.sample.choose import choose_positions
 from distmb.pipeline.sample.choose_triton import choose_layer, layer_key, resolve_choose
 from distmb.pipeline.sample.device_batch import fits_one_read, sample_one_read
+from distmb.pipeline.sample.graphed import SamplerGraphs
 from distmb.pipeline.sample.host import (
     FANOUT_ALL,
     NeighborSampler,
@@ -121,6 +122,9 @@ class DeviceNeighborSampler(PartSampler):
         backend: Fused-Map back end (``"auto"``: the Triton kernel where it can run).
         choose: the layer kernel (module docstring): ``"torch"``, ``"triton"`` or
             ``"auto"`` (Triton where it can run); ``None``: as ``backend``.
+        graphs: replay one-read batches from CUDA graphs, one per batch shape
+            (:mod:`distmb.pipeline.sample.graphed`; off CUDA, its eager stand-in). Batches
+            that read once per layer are never graphed.
 
     Raises:
         ValueError: the C++ sampler's checks of the CSR and fan-outs (same messages), a bad
@@ -139,6 +143,7 @@ class DeviceNeighborSampler(PartSampler):
         placement: Placement = "device",
         backend: Backend = "auto",
         choose: Backend | None = None,
+        graphs: bool = False,
     ) -> None:
         self.fanouts = NeighborSampler._check_fanouts(fanouts)
         self.seed = _check_counter(seed, "seed")
@@ -159,6 +164,10 @@ class DeviceNeighborSampler(PartSampler):
         self.choose = resolve_choose(backend if choose is None else choose, self.device)
         self.indptr = place(np.ascontiguousarray(indptr), self.device, placement)
         self.indices = place(np.ascontiguousarray(indices), self.device, placement)
+        #: The one-read batches' graphs (``graphs=True``), else None.
+        self.graphs = (
+            SamplerGraphs(self.indptr, self.indices, self.n_solid, backend) if graphs else None
+        )
 
     def sample(self, seeds: torch.Tensor | np.ndarray, epoch: int, iteration: int) -> list[Block]:
         """The blocks of one mini-batch, on :attr:`device` (contract as
@@ -221,6 +230,8 @@ class DeviceNeighborSampler(PartSampler):
         )
         if one_read and self.reads_once(fanouts, int(dst.shape[0])):
             try:
+                if self.graphs is not None:
+                    return self.graphs.sample(dst, fanouts, batch, self._raise_bad_seed)
                 return sample_one_read(
                     self.indptr, self.indices, dst, fanouts, batch, self.n_solid,
                     self.backend, self._raise_bad_seed,

@@ -231,6 +231,59 @@ def _layer_bounded_torch(
     return BoundedLayer(indptr, indices, mapped.src_ids, chosen.keys, pending.first, stats)
 
 
+@dataclass
+class LaunchedBatch:
+    """A mini-batch's layers launched by their bounds (:func:`launch_batch`), before its read.
+
+    Attributes:
+        bounds: every layer's destination bound (index: the layer, as ``fanouts``).
+        layers: the layers, top first.
+        stats: int64[n_layers, STATS_WIDTH] on the device, row ``at`` the counts of the
+            ``at``-th layer from the top (its layer's :attr:`BoundedLayer.stats` are views).
+    """
+
+    bounds: list[int]
+    layers: list[BoundedLayer]
+    stats: torch.Tensor
+
+
+def launch_batch(
+    csr_indptr: torch.Tensor,
+    csr_indices: torch.Tensor,
+    seeds: torch.Tensor,
+    fanouts: Sequence[int],
+    keys: Sequence[int] | torch.Tensor,
+    n_solid: int,
+    backend: Backend,
+) -> LaunchedBatch:
+    """Every layer of one mini-batch, sized by its bound, launched without a host read
+    (arguments as :func:`sample_one_read`; ``keys[layer]``: the layer's random key
+    (:func:`~distmb.pipeline.sample.choose_triton.layer_key`), Python ints, or an int64
+    tensor on the device holding them as signed words, read by the layer kernel: what
+    :mod:`distmb.pipeline.sample.graphed` captures). The layers' sizes depend on
+    ``seeds.shape`` and ``fanouts`` only."""
+    bounds = destination_bounds(int(seeds.shape[0]), fanouts, n_solid)
+    n_layers, device = len(fanouts), seeds.device
+    top_first = range(n_layers - 1, -1, -1)
+    stats = torch.empty((n_layers, STATS_WIDTH), dtype=torch.int64, device=device)
+    tables: list[Table | None] = [None] * n_layers
+    if resolve_backend(backend, device) == "triton":
+        key_counts = [bounds[layer] * (1 + fanouts[layer]) for layer in top_first]
+        tables = list(empty_tables(key_counts, device))
+    layers: list[BoundedLayer] = []
+    dst, n_dst = seeds, int(seeds.shape[0])
+    for at, layer in enumerate(top_first):
+        if layers:
+            dst, n_dst = layers[-1].src_ids[: bounds[layer]], layers[-1].n_computed
+        key = keys[layer : layer + 1] if isinstance(keys, torch.Tensor) else keys[layer]
+        bounded = sample_layer_bounded(
+            csr_indptr, csr_indices, dst, n_dst, fanouts[layer], key, n_solid, backend,
+            tables[at], stats[at],
+        )  # fmt: skip
+        layers.append(bounded)
+    return LaunchedBatch(bounds, layers, stats)
+
+
 def sample_one_read(
     csr_indptr: torch.Tensor,
     csr_indices: torch.Tensor,
@@ -260,39 +313,23 @@ def sample_one_read(
         ValueError: a seed out of range (from ``raise_bad_seed``).
         RepeatedDestinationError: a repeated seed (the caller words the message).
     """
-    bounds = destination_bounds(int(seeds.shape[0]), fanouts, n_solid)
-    n_layers, device = len(fanouts), seeds.device
-    top_first = range(n_layers - 1, -1, -1)
-    # Row ``at``: the counts of the ``at``-th layer from the top, read back in one go.
-    stats = torch.empty((n_layers, STATS_WIDTH), dtype=torch.int64, device=device)
-    tables: list[Table | None] = [None] * n_layers
-    if resolve_backend(backend, device) == "triton":
-        key_counts = [bounds[layer] * (1 + fanouts[layer]) for layer in top_first]
-        tables = list(empty_tables(key_counts, device))
-    layers: list[BoundedLayer] = []
-    dst, n_dst = seeds, int(seeds.shape[0])
-    for at, layer in enumerate(top_first):
-        if layers:
-            dst, n_dst = layers[-1].src_ids[: bounds[layer]], layers[-1].n_computed
-        bounded = sample_layer_bounded(
-            csr_indptr, csr_indices, dst, n_dst, fanouts[layer], layer_key(batch, layer),
-            n_solid, backend, tables[at], stats[at],
-        )  # fmt: skip
-        layers.append(bounded)
-    values = host_values(stats)  # the read
-    return _blocks(seeds, bounds, layers, values, raise_bad_seed)
+    keys = [layer_key(batch, layer) for layer in range(len(fanouts))]
+    launched = launch_batch(csr_indptr, csr_indices, seeds, fanouts, keys, n_solid, backend)
+    values = host_values(launched.stats)  # the read
+    return batch_blocks(seeds, launched, values, raise_bad_seed)
 
 
-def _blocks(
+def batch_blocks(
     seeds: torch.Tensor,
-    bounds: list[int],
-    top_down: list[BoundedLayer],
+    launched: LaunchedBatch,
     values: list[list[int]],
     raise_bad_seed: Callable[[torch.Tensor], None],
 ) -> list[Block]:
-    """The batch's errors raised, then its blocks cut to size, from the values read back:
-    every layer's :data:`~distmb.pipeline.sample.relabel_triton.STATS` (top first); the top
-    layer's destinations outside the solid range are the bad seeds."""
+    """The batch's errors raised, then its blocks cut to size (views of ``launched``'s
+    buffers), from the values read back: every layer's
+    :data:`~distmb.pipeline.sample.relabel_triton.STATS` (top first); the top layer's
+    destinations outside the solid range are the bad seeds."""
+    bounds, top_down = launched.bounds, launched.layers
     n_layers = len(top_down)
     if values[0][BAD_DST]:
         raise_bad_seed(seeds)

@@ -1,0 +1,97 @@
+"""The device sampler's one-read batches replayed from CUDA graphs
+(:mod:`distmb.pipeline.sample.graphed`).
+
+The reference is the sampler's per-layer path (``_run(..., one_read=False)``: every layer
+sized exactly, one read per layer, the keys passed as ints), which draws the same words, so
+every replayed batch must give its blocks tensor for tensor. On the CPU the replay is the
+stand-in (the same launches into the captured buffers), so the blocks a batch returns are
+cut from memory that later batches overwrite, as on a GPU: the blocks of every batch are
+kept and compared again at the end. On a GPU node (``-m cuda``) the graphs are real.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from test_sampler_contract import assert_same_blocks, check_blocks, on_cpu, random_local_graph
+
+from distmb.core.host_reads import HOST_READS
+from distmb.pipeline.sample import graphed, idmap_triton
+from distmb.pipeline.sample.device import DeviceNeighborSampler
+
+pytestmark = pytest.mark.skipif(
+    not idmap_triton.usable(torch.device("cpu"))[0], reason="needs Triton's interpreter"
+)
+
+DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=pytest.mark.cuda)]
+
+
+def make(g, fanouts: list[int], device: str, graphs: bool) -> DeviceNeighborSampler:  # noqa: ANN001
+    return DeviceNeighborSampler(
+        g.indptr, g.indices, g.n_solid, g.n_local, fanouts, 11,
+        device=device, backend="triton", choose="triton", graphs=graphs,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_replays_equal_the_per_layer_path_and_keep_earlier_blocks(device: str) -> None:
+    """Shapes in turn (two seed counts, then a third beyond :data:`MAX_SAMPLER_GRAPHS`, run
+    eagerly): every batch's blocks equal the per-layer path's, with one host read, and still
+    do after all later batches; two graphs are captured, every later batch of their shapes
+    replays one."""
+    g = random_local_graph(400, 60, 14, seed=3, dtype=np.int32)
+    fanouts = [3, 2, 4]
+    sampler = make(g, fanouts, device, graphs=True)
+    reference = make(g, fanouts, device, graphs=False)
+    assert sampler.graphs is not None and reference.graphs is None
+    rng = np.random.default_rng(0)
+    shapes = [40, 40, 25, 40, 25, 40, 25, 9, 9, 9, 40]
+    kept = []
+    for iteration, n_seeds in enumerate(shapes):
+        seeds = rng.choice(g.n_solid, n_seeds, replace=False)
+        on_device = torch.as_tensor(seeds, device=device)
+        before, _ = HOST_READS.snapshot()
+        got = sampler.sample(on_device, 2, iteration)
+        assert HOST_READS.snapshot()[0] - before == 1
+        want = reference._run(on_device, fanouts, 2, iteration, one_read=False)
+        assert_same_blocks(on_cpu(got, device), on_cpu(want, device))
+        check_blocks(g, seeds, fanouts, on_cpu(got, device))
+        kept.append((got, want))
+    for got, want in kept:  # nothing returned earlier was overwritten by a replay
+        assert_same_blocks(on_cpu(got, device), on_cpu(want, device))
+    graphs = sampler.graphs
+    assert graphed.MAX_SAMPLER_GRAPHS == 2 and graphs.captures == 2
+    # 40 seeds: warm-up, then capture + replay at its 2nd batch and replays after (4);
+    # 25 seeds: warm-up then 2; 9 seeds: never.
+    assert graphs.replays == 4 + 2
+    if device == "cuda":
+        assert all(entry.graph is not None for entry in graphs._graphs.values())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_errors_of_a_replayed_shape(device: str) -> None:
+    """A bad or repeated seed in a batch of a captured shape raises the eager path's error;
+    the next batch of that shape is still right."""
+    g = random_local_graph(120, 20, 8, seed=5)
+    fanouts = [2, 3]
+    sampler = make(g, fanouts, device, graphs=True)
+    reference = make(g, fanouts, device, graphs=False)
+
+    def batch(seeds: list[int], iteration: int) -> None:
+        on_device = torch.tensor(seeds, device=device)
+        got = on_cpu(sampler.sample(on_device, 0, iteration), device)
+        want = on_cpu(reference._run(on_device, fanouts, 0, iteration, False), device)
+        assert_same_blocks(got, want)
+
+    batch([3, 7, 9], 0)
+    batch([4, 8, 100], 1)  # captured here
+    assert sampler.graphs is not None and sampler.graphs.captures == 1
+    with pytest.raises(ValueError, match="VID_p 125 .* is a halo vertex"):
+        sampler.sample(torch.tensor([1, 125, 2], device=device), 0, 2)
+    with pytest.raises(ValueError, match="outside the solid range"):
+        sampler.sample(torch.tensor([1, 2, 400], device=device), 0, 3)
+    with pytest.raises(ValueError, match="seeds must be distinct; VID_p 6 occurs more"):
+        sampler.sample(torch.tensor([6, 1, 6], device=device), 0, 4)
+    batch([5, 0, 11], 5)
+    assert sampler.graphs.replays == 5
