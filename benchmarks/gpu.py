@@ -445,17 +445,24 @@ def launches_part(args: argparse.Namespace, graph) -> dict[str, Any]:
 
 
 def sampling_part(args: argparse.Namespace, graph) -> list[dict[str, Any]]:
-    """gpu_sampling's interleaved timing of every sampler configuration this device runs."""
+    """gpu_sampling's interleaved timing of every sampler configuration this device runs; a
+    device configuration that fails is recorded with its error (``"failed"``)."""
     samplers = {
         name: s
         for name, s in gpu_sampling.configurations(args, graph).items()
         if name == "cpp" or name.split("/")[1] == args.device
     }
-    seconds, edges = gpu_sampling.interleaved(args, graph, samplers)
-    names = list(samplers)
+    failures: dict[str, str] = {}
+    seconds, edges = gpu_sampling.interleaved(args, graph, samplers, failures)
+    if "cpp" in failures:  # the baseline
+        raise RuntimeError(f"the C++ sampler failed: {failures['cpp']}")
     base = np.median(np.asarray(edges["cpp"]) / np.asarray(seconds["cpp"]))
-    records = []
-    for name in names:
+    records: list[dict[str, Any]] = []
+    for name in samplers:
+        if name in failures:
+            records.append({"sampler": name, "failed": failures[name]})
+            print(f"sampling: {name} failed: {failures[name]}", flush=True)
+            continue
         rec = {"sampler": name, **gpu_sampling.summary(seconds[name], edges[name])}
         rec["speedup_vs_cpp"] = round(float(rec["edges_per_s"] / base), 3)
         records.append(rec)
@@ -475,12 +482,15 @@ def trained_runs(result: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def failed_parts(result: dict[str, Any]) -> list[str]:
-    """The parts and training runs that failed (their keys and run names)."""
+    """The parts, training runs and samplers that failed (their keys and names)."""
     names = [key for key, value in result.items() if isinstance(value, dict) and "failed" in value]
     for key in ("training", "precision_sweep"):
         runs = result.get(key)
         if isinstance(runs, list):
             names += [f"{key}:{r['name']}" for r in runs if "failed" in r]
+    sampling = result.get("sampling")
+    if isinstance(sampling, list):
+        names += [f"sampling:{r['sampler']}" for r in sampling if "failed" in r]
     return names
 
 
@@ -510,7 +520,7 @@ def goals(result: dict[str, Any]) -> dict[str, str]:
         out["launches"] = (
             f"launches/iteration <= {LAUNCHES_GOAL:g}: {profile['launches_per_iteration']}"
         )
-    sampling = measured(result, "sampling") or []
+    sampling = [r for r in measured(result, "sampling") or [] if "failed" not in r]
     device_rates = [r["speedup_vs_cpp"] for r in sampling if r["sampler"] != "cpp"]
     if device_rates:
         out["sampling"] = f"GPU sampling >= {SAMPLING_GOAL:.0f}x C++: {max(device_rates):.1f}x"
@@ -581,7 +591,8 @@ def draw_epochs(ax, training: list[dict[str, Any]]) -> None:
 
 def draw_sampling(ax, sampling: list[dict[str, Any]]) -> None:
     """Sampled edges per second per sampler, linear from zero, labelled with the ratio to
-    the C++ sampler."""
+    the C++ sampler (a configuration that failed is left out)."""
+    sampling = [r for r in sampling if "failed" not in r]
     rates = [r["edges_per_s"] for r in sampling]
     bars = ax.barh([r["sampler"] for r in sampling], rates)
     ax.bar_label(bars, [f"{r['speedup_vs_cpp']:.1f}x C++" for r in sampling],

@@ -32,6 +32,7 @@ import argparse
 import os
 import platform
 import time
+import traceback
 from pathlib import Path
 
 import numpy as np
@@ -128,10 +129,13 @@ def machine() -> dict:
 
 
 def interleaved(
-    args: argparse.Namespace, graph, samplers: dict
+    args: argparse.Namespace, graph, samplers: dict, failures: dict[str, str] | None = None
 ) -> tuple[dict[str, list[float]], dict[str, list[int]]]:
     """Seconds and sampled edges per measured batch of every sampler: the same seeds for all,
-    ``args.warmup`` untimed batches first, the order of the samplers alternating per batch."""
+    ``args.warmup`` untimed batches first, the order of the samplers alternating per batch.
+    With ``failures``, a sampler whose batch raises is recorded there (name -> the error) and
+    left out from then on (not in the results), so that the others are still measured;
+    without it the error propagates."""
     rng = np.random.default_rng(args.seed)
     seconds: dict[str, list[float]] = {name: [] for name in samplers}
     edges: dict[str, list[int]] = {name: [] for name in samplers}
@@ -139,7 +143,17 @@ def interleaved(
     for it in range(args.warmup + args.batches):
         seeds = rng.choice(graph.num_nodes, size=args.batch_size, replace=False)
         for name in names if it % 2 == 0 else names[::-1]:
-            s, e = time_batch(samplers[name], seeds, it)
+            if failures is not None and name in failures:
+                continue
+            try:
+                s, e = time_batch(samplers[name], seeds, it)
+            except Exception as exc:
+                if failures is None:
+                    raise
+                traceback.print_exc()
+                failures[name] = f"{type(exc).__name__}: {exc}"
+                del seconds[name], edges[name]
+                continue
             if it >= args.warmup:
                 seconds[name].append(s)
                 edges[name].append(e)

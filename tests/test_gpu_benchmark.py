@@ -189,3 +189,39 @@ def test_goals_read_the_table_and_cache_runs_and_the_profile(monkeypatch):
     result["profile_graphs"] = {"failed": "RuntimeError: capture"}
     assert gpu.goals(result)["launches"].endswith(": 212.0")
     assert gpu.goals({"figures": "cpu smoke test"}) == {"note": "CPU smoke test: no goal applies"}
+
+
+def test_a_failing_sampler_is_recorded_and_the_others_are_measured(monkeypatch):
+    """A sampler configuration that raises (a graph that cannot be captured) is recorded
+    with its error and dropped; the C++ baseline is still measured, the goals and the figure
+    read the measured ones, and the run reports it as failed."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import argparse
+
+    import gpu
+    import gpu_sampling
+
+    from distmb.data.datasets.synthetic import SyntheticConfig, generate
+    from distmb.pipeline.sample import NeighborSampler
+
+    class Broken:
+        def sample(self, seeds, epoch, iteration):
+            raise RuntimeError("capture failed")
+
+    graph = generate(SyntheticConfig(nodes=200, avg_degree=5, feat_dim=1, classes=2, seed=0))
+    n = graph.num_nodes
+    samplers = {"cpp": NeighborSampler(graph.indptr, graph.indices, n, n, [2, 2], 0),
+                "device/cpu/broken": Broken()}  # fmt: skip
+    args = argparse.Namespace(seed=0, warmup=1, batches=3, batch_size=10)
+    failures: dict[str, str] = {}
+    seconds, edges = gpu_sampling.interleaved(args, graph, samplers, failures)
+    assert failures == {"device/cpu/broken": "RuntimeError: capture failed"}
+    assert list(seconds) == list(edges) == ["cpp"] and len(seconds["cpp"]) == 3
+    with pytest.raises(RuntimeError, match="capture failed"):
+        gpu_sampling.interleaved(args, graph, samplers)  # no failures dict: it propagates
+
+    result = fake_result(1.0)
+    result["sampling"].append({"sampler": "device/cuda/triton-graphs/device",
+                               "failed": "RuntimeError: capture failed"})  # fmt: skip
+    assert gpu.goals(result)["sampling"].endswith(": 2.1x")
+    assert gpu.failed_parts(result) == ["sampling:device/cuda/triton-graphs/device"]
