@@ -28,7 +28,12 @@ SMALL_BLOCK, SMALL_CHUNK = 8, 2
 
 
 def reference_layer(
-    keys: np.ndarray, count: np.ndarray, fanout: int, n_dst: int, n_solid: int
+    keys: np.ndarray,
+    count: np.ndarray,
+    fanout: int,
+    n_dst: int,
+    n_solid: int,
+    next_bound: int | None = None,
 ) -> dict:
     """Python loops: ``first`` (bool[m]); the sources ``src``; every key's position
     ``local`` in them (destinations at their own position); the CSR ``indptr`` and
@@ -56,6 +61,7 @@ def reference_layer(
         "n_computed": n_dst + len(solid),
         "edges": int(indptr[-1]),
         "bad_dst": sum(not 0 <= k < n_solid for k in keys[:n_dst]),
+        "n_next": min(n_dst + len(solid), len(keys) if next_bound is None else next_bound),
     }
     return dict(first=first, src=src, local=local, indptr=indptr, indices=indices, stats=stats)
 
@@ -69,6 +75,7 @@ def run(
     device: str = "cpu",
     on_device: bool = False,
     small: bool = True,
+    next_bound: int | None = None,
 ) -> tuple[relabel_triton.RelabeledLayer, dict]:
     """The kernels' layer (``n_dst`` as a device scalar when ``on_device``; the small
     block and scan pass when ``small``) and the reference's, with no host read between."""
@@ -77,9 +84,10 @@ def run(
     n = torch.tensor(n_dst, device=device) if on_device else n_dst
     size = dict(block=SMALL_BLOCK, scan_chunk=SMALL_CHUNK) if small else {}
     before, _ = HOST_READS.snapshot()
-    got = relabel_layer(keys_t, count_t, fanout, n, n_solid, **size)
+    got = relabel_layer(keys_t, count_t, fanout, n, n_solid, **size, next_bound=next_bound)
     assert HOST_READS.snapshot()[0] == before
-    return got, reference_layer(np.asarray(keys), np.asarray(count), fanout, n_dst, n_solid)
+    want = reference_layer(np.asarray(keys), np.asarray(count), fanout, n_dst, n_solid, next_bound)
+    return got, want
 
 
 def assert_layer(got: relabel_triton.RelabeledLayer, want: dict, numbering: bool = True) -> None:
@@ -153,6 +161,12 @@ def test_device_n_dst_below_the_rows(device: str) -> None:
         assert want["src"] == [9, 2, 14, 11, 5, 30]
         assert got.indptr.cpu().tolist() == [0, 3, 5, 6, 6, 6, 6]
         assert want["stats"]["n_computed"] == 5 and len(slots) == d * fanout
+    # Room for fewer rows below than the layer computes: n_next is capped, nothing else
+    # changes; room for more: n_next is n_computed.
+    for next_bound, n_next in ((4, 4), (5, 5), (6, 5)):
+        got, want = run(rows + slots, count, fanout, 3, 20, device, True, next_bound=next_bound)
+        assert_layer(got, want)
+        assert want["stats"]["n_next"] == n_next
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -274,7 +288,7 @@ compile(r._count_kernel,
         ["n_dst", "m", "d", "n_solid"], {"BLOCK": r.BLOCK, "DST_ON_DEVICE": True},
         ["first_ptr"])
 compile(r._scan_kernel, ["partials_ptr", "stats_ptr", "indptr_ptr", "n_dst_ptr"],
-        ["n_dst", "n_programs"], {"CHUNK": r.SCAN_CHUNK, "DST_ON_DEVICE": True})
+        ["n_dst", "n_programs", "next_bound"], {"CHUNK": r.SCAN_CHUNK, "DST_ON_DEVICE": True})
 compile(r._relabel_kernel,
         ["keys_ptr", "slot_of_ptr", "code_ptr", "count_ptr", "row_end_ptr", "offsets_ptr",
          "stats_ptr", "src_ids_ptr", "indptr_ptr", "indices_ptr", "n_dst_ptr"],

@@ -14,11 +14,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from test_sampler_contract import assert_same_blocks, check_blocks, on_cpu, random_local_graph
+from test_sampler_contract import (
+    assert_same_blocks,
+    check_blocks,
+    from_rows,
+    on_cpu,
+    random_local_graph,
+)
 
 from distmb.core.host_reads import HOST_READS
 from distmb.pipeline.sample import graphed, idmap_triton
 from distmb.pipeline.sample.device import DeviceNeighborSampler
+from distmb.pipeline.sample.device_batch import destination_bounds
 
 pytestmark = pytest.mark.skipif(
     not idmap_triton.usable(torch.device("cpu"))[0], reason="needs Triton's interpreter"
@@ -67,6 +74,64 @@ def test_replays_equal_the_per_layer_path_and_keep_earlier_blocks(device: str) -
     assert graphs.replays == 4 + 2
     if device == "cuda":
         assert all(entry.graph is not None for entry in graphs._graphs.values())
+    # The graphs' bounds are fitted: at most the full ones, and below them somewhere.
+    for n_seeds in (40, 25):
+        fitted, full = graphs.bounds(n_seeds, fanouts), destination_bounds(n_seeds, fanouts, 400)
+        assert fitted is not None and fitted[-1] == n_seeds
+        assert all(f <= b for f, b in zip(fitted, full, strict=True)) and fitted != full
+    assert graphs.overflows == 0
+
+
+def two_regions() -> tuple:
+    """300 solid vertices: 0..99 take their in-neighbours from 0..9 only (a batch of them
+    reaches few vertices), 100..299 three random ones each from 100..299 (many)."""
+    rng = np.random.default_rng(1)
+    rows = {v: rng.choice([u for u in range(10) if u != v], 3, replace=False).tolist()
+            for v in range(100)}  # fmt: skip
+    rows.update({v: rng.choice([u for u in range(100, 300) if u != v], 3, replace=False).tolist()
+                 for v in range(100, 300)})  # fmt: skip
+    return from_rows(rows, 300)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_batch_beyond_the_fitted_bounds_is_sampled_again(device: str, monkeypatch) -> None:
+    """Bounds fitted to a batch of the first region are too small for one of the second:
+    that batch is sampled again with the full bounds (the reference's blocks all the same),
+    the shape refitted and its graph captured again; after :data:`MAX_REFITS` refits the
+    graph takes the full bounds."""
+    g, fanouts = two_regions(), [2, 2, 2]
+    reference = make(g, fanouts, device, graphs=False)
+    rng = np.random.default_rng(2)
+
+    def batch(region: range, iteration: int) -> None:
+        seeds = rng.choice(np.asarray(region), 10, replace=False)
+        on_device = torch.as_tensor(seeds, device=device)
+        got = on_cpu(sampler.sample(on_device, 0, iteration), device)
+        want = on_cpu(reference._run(on_device, fanouts, 0, iteration, False), device)
+        assert_same_blocks(got, want)
+
+    sampler = make(g, fanouts, device, graphs=True)
+    graphs = sampler.graphs
+    assert graphs is not None
+    batch(range(100), 0)  # eager: fits the bounds
+    batch(range(100), 1)  # captured, replayed
+    small = graphs.bounds(10, fanouts)
+    assert graphs.captures == 1 and small is not None
+    batch(range(100, 300), 2)  # beyond them: sampled again, the graph dropped
+    assert graphs.overflows == 1 and graphs.bounds(10, fanouts) is None
+    batch(range(100, 300), 3)  # captured again with the refitted bounds
+    wider = graphs.bounds(10, fanouts)
+    assert graphs.captures == 2 and graphs.overflows == 1
+    assert wider is not None and all(a <= b for a, b in zip(small, wider, strict=True))
+    assert wider != small
+    monkeypatch.setattr(graphed, "MAX_REFITS", 0)  # the first refit takes the full bounds
+    sampler = make(g, fanouts, device, graphs=True)
+    graphs = sampler.graphs
+    assert graphs is not None
+    for iteration, region in enumerate([range(100)] * 2 + [range(100, 300)] * 2):
+        batch(region, iteration)
+    assert graphs.overflows == 1 and graphs.captures == 2
+    assert graphs.bounds(10, fanouts) == destination_bounds(10, fanouts, g.n_solid)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -36,8 +36,9 @@ relabel_triton`), none of them waiting for the host:
    ``indices: int64[D x f + 1]`` (its first ``nnz`` entries);
 
 the next layer's destinations are the first ``D_below`` entries of ``src_ids``, their count
-``n_dst + n_new_solid`` a view of the ``stats`` row. The batch adds one launch, the tables'
-fill, and allocations (``torch.empty``, no launch). With the torch Fused-Map
+``n_dst + n_new_solid`` (capped at ``D_below``: ``n_next``) a view of the ``stats`` row. The
+batch adds one launch, the tables' fill, and allocations (``torch.empty``, no launch). With
+the torch Fused-Map
 (``backend="torch"``; the sampler reads once per layer then, :func:`sample_one_read` keeps
 it as a second implementation) steps 2 to 5 are
 :meth:`~distmb.pipeline.sample.idmap.PendingMap.finish_on_device` and the CSR's scatter in
@@ -91,7 +92,7 @@ from distmb.pipeline.sample.idmap import (
 from distmb.pipeline.sample.relabel_triton import (
     BAD_DST,
     EDGES,
-    N_COMPUTED,
+    N_NEXT,
     NEGATIVE,
     NEW_HALO,
     NEW_SOLID,
@@ -136,6 +137,20 @@ def fits_one_read(n_seeds: int, fanouts: Sequence[int], n_solid: int) -> bool:
     return max(keys, default=0) <= MAX_ONE_READ_KEYS
 
 
+class BoundExceeded(RuntimeError):
+    """A batch had more destinations in a layer than the rows it was launched with (bounds
+    smaller than :func:`destination_bounds`; the batch must be sampled again with larger
+    ones).
+
+    Attributes:
+        layer: the layer (as ``fanouts``); n_dst: its destinations; bound: its rows.
+    """
+
+    def __init__(self, layer: int, n_dst: int, bound: int) -> None:
+        super().__init__(f"layer {layer}: {n_dst} destinations exceed its bound {bound}")
+        self.layer, self.n_dst, self.bound = layer, n_dst, bound
+
+
 @dataclass
 class BoundedLayer:
     """One layer sampled by its bound ``D`` (``m = D x (1 + fanout)`` keys), before the read.
@@ -158,10 +173,10 @@ class BoundedLayer:
     stats: torch.Tensor
 
     @property
-    def n_computed(self) -> torch.Tensor:
-        """int64 device scalar (a view of :attr:`stats`), ``n_dst + n_new_solid``: the next
-        layer's valid rows."""
-        return self.stats[N_COMPUTED]
+    def n_next(self) -> torch.Tensor:
+        """int64 device scalar (a view of :attr:`stats`): the next layer's valid rows,
+        ``n_dst + n_new_solid`` capped at the next layer's bound (:func:`launch_batch`)."""
+        return self.stats[N_NEXT]
 
 
 def sample_layer_bounded(
@@ -175,10 +190,13 @@ def sample_layer_bounded(
     backend: Backend,
     table: Table | None = None,
     stats: torch.Tensor | None = None,
+    next_bound: int | None = None,
 ) -> BoundedLayer:
     """One layer over the ``D`` rows of ``dst`` (int64[D] on the device, ``D >= 1``), of
     which the first ``n_dst`` are its destinations (a host int, or an int64 device scalar
-    in ``[1, D]``); ``key``: the layer's random key; the CSR as the sampler's.
+    in ``[1, D]``); ``key``: the layer's random key; the CSR as the sampler's;
+    ``next_bound``: the rows of the layer below (``None``: no layer below), which caps
+    :attr:`BoundedLayer.n_next`.
 
     ``table``: the layer's empty hash table (:func:`~distmb.pipeline.sample.relabel_triton.
     empty_tables`; ``None``: allocated here), for the Triton Fused-Map (five launches,
@@ -186,12 +204,13 @@ def sample_layer_bounded(
     (``None``: allocated here)."""
     if resolve_backend(backend, dst.device) != "triton":
         return _layer_bounded_torch(csr_indptr, csr_indices, dst, n_dst, fanout, key, n_solid,
-                                    backend, stats)  # fmt: skip
+                                    backend, stats, next_bound)  # fmt: skip
     n_valid = n_dst if isinstance(n_dst, torch.Tensor) else None
     chosen = choose_layer(
         csr_indptr, csr_indices, dst, dst, fanout, key, with_valid=False, n_valid=n_valid
     )
-    mapped = relabel_layer(chosen.keys, chosen.count, fanout, n_dst, n_solid, table, stats)
+    mapped = relabel_layer(chosen.keys, chosen.count, fanout, n_dst, n_solid, table, stats,
+                           next_bound=next_bound)  # fmt: skip
     return BoundedLayer(
         mapped.indptr, mapped.indices, mapped.src_ids, chosen.keys, mapped.first, mapped.stats
     )
@@ -207,6 +226,7 @@ def _layer_bounded_torch(
     n_solid: int,
     backend: Backend,
     stats: torch.Tensor | None,
+    next_bound: int | None,
 ) -> BoundedLayer:
     """:func:`sample_layer_bounded` with Fused-Map by PyTorch ops
     (:meth:`~distmb.pipeline.sample.idmap.PendingMap.finish_on_device`); its counts
@@ -226,7 +246,10 @@ def _layer_bounded_torch(
     indices.scatter_(0, position, mapped.local[d:])
     outside = (dst < 0) | (dst >= n_solid)
     in_dst = torch.arange(d, device=device) < n_dst  # host int or device scalar
-    row = torch.stack([*mapped.counts, mapped.n_computed, indptr[-1], (outside & in_dst).sum()])
+    n_next = mapped.n_computed if next_bound is None else mapped.n_computed.clamp(max=next_bound)
+    row = torch.stack(
+        [*mapped.counts, mapped.n_computed, indptr[-1], (outside & in_dst).sum(), n_next]
+    )
     stats = row if stats is None else stats.copy_(row)
     return BoundedLayer(indptr, indices, mapped.src_ids, chosen.keys, pending.first, stats)
 
@@ -255,14 +278,24 @@ def launch_batch(
     keys: Sequence[int] | torch.Tensor,
     n_solid: int,
     backend: Backend,
+    bounds: Sequence[int] | None = None,
 ) -> LaunchedBatch:
     """Every layer of one mini-batch, sized by its bound, launched without a host read
     (arguments as :func:`sample_one_read`; ``keys[layer]``: the layer's random key
     (:func:`~distmb.pipeline.sample.choose_triton.layer_key`), Python ints, or an int64
     tensor on the device holding them as signed words, read by the layer kernel: what
     :mod:`distmb.pipeline.sample.graphed` captures). The layers' sizes depend on
-    ``seeds.shape`` and ``fanouts`` only."""
-    bounds = destination_bounds(int(seeds.shape[0]), fanouts, n_solid)
+    ``seeds.shape``, ``fanouts`` and ``bounds`` only.
+
+    ``bounds``: every layer's destination rows (index: the layer; the top one
+    ``n_seeds``); ``None``: :func:`destination_bounds`, which every batch fits. Smaller
+    bounds (:mod:`~distmb.pipeline.sample.graphed`'s fitted ones) do less work; a layer
+    whose computed sources exceed the rows of the layer below has that layer sample a
+    prefix of them (:attr:`BoundedLayer.n_next`), and :func:`batch_blocks` raises
+    :class:`BoundExceeded` for the batch."""
+    if bounds is None:
+        bounds = destination_bounds(int(seeds.shape[0]), fanouts, n_solid)
+    bounds = list(bounds)
     n_layers, device = len(fanouts), seeds.device
     top_first = range(n_layers - 1, -1, -1)
     stats = torch.empty((n_layers, STATS_WIDTH), dtype=torch.int64, device=device)
@@ -274,11 +307,11 @@ def launch_batch(
     dst, n_dst = seeds, int(seeds.shape[0])
     for at, layer in enumerate(top_first):
         if layers:
-            dst, n_dst = layers[-1].src_ids[: bounds[layer]], layers[-1].n_computed
+            dst, n_dst = layers[-1].src_ids[: bounds[layer]], layers[-1].n_next
         key = keys[layer : layer + 1] if isinstance(keys, torch.Tensor) else keys[layer]
         bounded = sample_layer_bounded(
             csr_indptr, csr_indices, dst, n_dst, fanouts[layer], key, n_solid, backend,
-            tables[at], stats[at],
+            tables[at], stats[at], bounds[layer - 1] if layer else None,
         )  # fmt: skip
         layers.append(bounded)
     return LaunchedBatch(bounds, layers, stats)
@@ -337,8 +370,8 @@ def batch_blocks(
     n_dst = int(seeds.shape[0])
     for at, layer in enumerate(top_down):
         bound = bounds[n_layers - 1 - at]
-        if n_dst > bound:  # the bounds are an invariant: never true unless they are wrong
-            raise RuntimeError(f"{n_dst} destinations exceed the layer's bound {bound}")
+        if n_dst > bound:  # never with destination_bounds: they are an invariant
+            raise BoundExceeded(n_layers - 1 - at, n_dst, bound)
         row = values[at]
         n_new_solid, n_halo, nnz = row[NEW_SOLID], row[NEW_HALO], row[EDGES]
         raise_map_errors(layer.keys, layer.first, n_dst, row[REPEATED], row[NEGATIVE])

@@ -23,6 +23,19 @@ Four launches a batch where the eager path makes sixteen Triton launches (a 3-la
 and none of the Python work around them. The blocks are the eager path's bit for bit (same
 keys, same seeds, same kernels).
 
+**Fitted bounds.** The full bounds count every sampled neighbour as new; sampled
+neighbourhoods overlap, so a batch's lower layers hold far fewer destinations (on the
+products-shaped benchmark graph the input layer's rows are about two thirds of their
+bound), and the launches over the unused rows are work all the same. A shape's graph is
+launched with bounds fitted to its eager batches: each layer's destinations with
+:func:`~distmb.pipeline.sample.padded.with_headroom`'s room, at most the full bounds. A
+replayed batch that needs more rows in a layer samples a prefix of them (the layer above
+caps the count it hands down, ``n_next``, so nothing is read or written past the
+buffers); its read shows it (:class:`~distmb.pipeline.sample.device_batch.BoundExceeded`),
+and the batch is sampled again eagerly with the full bounds (the same blocks: a row's
+random words depend on its index only), the shape's bounds are refitted to it and its graph
+captured again at its next batch; after :data:`MAX_REFITS` refits with the full bounds.
+
 **When.** A shape's first :data:`WARMUP_BATCHES` batches run eagerly; at the next, its
 graph is captured, after one more eager launch from the static buffers (it compiles the
 key-from-device kernels outside the capture), on a stream of its own with
@@ -30,7 +43,7 @@ key-from-device kernels outside the capture), on a stream of its own with
 producer thread samples while the training thread runs, and may capture its own step).
 At most :data:`MAX_SAMPLER_GRAPHS` shapes are captured (an epoch has two:
 the batch size and the last batch's); batches of any other shape run eagerly. Each graph
-holds its layers' buffers, sized by the bounds (about 60 to 100 bytes a Fused-Map key,
+holds its layers' buffers, sized by its bounds (about 60 to 100 bytes a Fused-Map key,
 :func:`~distmb.pipeline.sample.device_batch.fits_one_read`), for the sampler's lifetime.
 
 Off CUDA (the tests' stand-in) there is no graph: a "replay" launches the batch eagerly from
@@ -50,13 +63,23 @@ from distmb.core.host_reads import host_values
 from distmb.core.rng import to_signed
 from distmb.pipeline.sample.blocks import Block
 from distmb.pipeline.sample.choose_triton import layer_key
-from distmb.pipeline.sample.device_batch import LaunchedBatch, batch_blocks, launch_batch
+from distmb.pipeline.sample.device_batch import (
+    BoundExceeded,
+    LaunchedBatch,
+    batch_blocks,
+    destination_bounds,
+    launch_batch,
+)
 from distmb.pipeline.sample.idmap import Backend
+from distmb.pipeline.sample.padded import with_headroom
 
 #: Batch shapes ``(n_seeds, fanouts)`` that get a graph; batches of other shapes run eagerly.
 MAX_SAMPLER_GRAPHS = 2
 #: Eager batches of a shape before its graph is captured.
 WARMUP_BATCHES = 1
+#: Refits of a shape's bounds after batches that exceed them; at the next, its graph takes
+#: the full bounds (:func:`~distmb.pipeline.sample.device_batch.destination_bounds`).
+MAX_REFITS = 2
 
 Shape = tuple[int, tuple[int, ...]]
 
@@ -68,12 +91,14 @@ class _ShapeGraph:
     Attributes:
         seeds: int64[n_seeds], the graph's seeds (written before each replay).
         keys: int64[n_layers], the layers' keys as signed words (index: the layer).
+        bounds: every layer's destination rows (index: the layer), fitted.
         launched: the captured launch's layers and counts, in the graph's memory.
         graph: the ``torch.cuda.CUDAGraph``; None off CUDA (the stand-in).
     """
 
     seeds: torch.Tensor
     keys: torch.Tensor
+    bounds: list[int]
     launched: LaunchedBatch
     graph: Any = None
 
@@ -95,9 +120,14 @@ class SamplerGraphs:
     #: Eager batches so far per shape not yet captured.
     _seen: dict[Shape, int] = field(default_factory=dict)
     _graphs: dict[Shape, _ShapeGraph] = field(default_factory=dict)
-    #: Graph replays (stand-in launches off CUDA) and captures so far.
+    #: Per shape, the bounds fitted to its eager batches, and its refits so far.
+    _fitted: dict[Shape, list[int]] = field(default_factory=dict)
+    _refits: dict[Shape, int] = field(default_factory=dict)
+    #: Graph replays (stand-in launches off CUDA), captures, and replayed batches that
+    #: exceeded their graph's bounds (sampled again eagerly) so far.
     replays: int = 0
     captures: int = 0
+    overflows: int = 0
     #: The stream graphs are captured on (CUDA; made at the first capture).
     _stream: Any = None
 
@@ -118,22 +148,63 @@ class SamplerGraphs:
             seen = self._seen.get(shape, 0)
             if seen < WARMUP_BATCHES or len(self._graphs) >= MAX_SAMPLER_GRAPHS:
                 self._seen[shape] = seen + 1
-                return self._read(seeds, self._launch(seeds, fanouts, keys), raise_bad_seed)
-            entry = self._capture(seeds, fanouts)
+                return self._eager(shape, seeds, keys, raise_bad_seed)
+            entry = self._capture(seeds, fanouts, self._fitted[shape])
             self._seen.pop(shape, None)
             self._graphs[shape] = entry
         entry.seeds.copy_(seeds)
         _upload(keys, entry.keys)
         self._replay(entry, fanouts)
-        blocks = self._read(seeds, entry.launched, raise_bad_seed)
+        try:
+            blocks = self._read(seeds, entry.launched, raise_bad_seed)
+        except BoundExceeded:
+            # Refit to this batch too; the graph is captured again at the shape's next batch.
+            self.overflows += 1
+            self._refits[shape] = self._refits.get(shape, 0) + 1
+            del self._graphs[shape]
+            self._seen[shape] = WARMUP_BATCHES
+            return self._eager(shape, seeds, keys, raise_bad_seed)
         return _owned(blocks)
 
+    def bounds(self, n_seeds: int, fanouts: Sequence[int]) -> list[int] | None:
+        """The bounds of the graph of ``(n_seeds, fanouts)`` (index: the layer), or None
+        while it has none."""
+        entry = self._graphs.get((n_seeds, tuple(fanouts)))
+        return None if entry is None else list(entry.bounds)
+
+    def _eager(
+        self,
+        shape: Shape,
+        seeds: torch.Tensor,
+        keys: Sequence[int],
+        raise_bad_seed: Callable[[torch.Tensor], None],
+    ) -> list[Block]:
+        """A batch launched with the full bounds, and the shape's bounds fitted to it:
+        every layer's destinations with headroom (:func:`~distmb.pipeline.sample.padded.
+        with_headroom`), at least the earlier fits', at most the full bounds (the full
+        bounds after :data:`MAX_REFITS` refits)."""
+        n_seeds, fanouts = shape
+        blocks = self._read(seeds, self._launch(seeds, fanouts, keys), raise_bad_seed)
+        full = destination_bounds(n_seeds, fanouts, self.n_solid)
+        if self._refits.get(shape, 0) > MAX_REFITS:
+            self._fitted[shape] = full
+            return blocks
+        fitted = [min(b, with_headroom(block.n_dst)) for b, block in zip(full, blocks, strict=True)]
+        earlier = self._fitted.get(shape, fitted)
+        self._fitted[shape] = [max(a, b) for a, b in zip(fitted, earlier, strict=True)]
+        return blocks
+
     def _launch(
-        self, seeds: torch.Tensor, fanouts: Sequence[int], keys: Sequence[int] | torch.Tensor
+        self,
+        seeds: torch.Tensor,
+        fanouts: Sequence[int],
+        keys: Sequence[int] | torch.Tensor,
+        bounds: Sequence[int] | None = None,
     ) -> LaunchedBatch:
         return launch_batch(
-            self.csr_indptr, self.csr_indices, seeds, fanouts, keys, self.n_solid, self.backend
-        )
+            self.csr_indptr, self.csr_indices, seeds, fanouts, keys, self.n_solid, self.backend,
+            bounds,
+        )  # fmt: skip
 
     @staticmethod
     def _read(
@@ -144,13 +215,16 @@ class SamplerGraphs:
         values = host_values(launched.stats)  # the batch's one read
         return batch_blocks(seeds, launched, values, raise_bad_seed)
 
-    def _capture(self, seeds: torch.Tensor, fanouts: Sequence[int]) -> _ShapeGraph:
-        """The shape's static buffers and graph (its inputs written by the caller)."""
+    def _capture(
+        self, seeds: torch.Tensor, fanouts: Sequence[int], bounds: list[int]
+    ) -> _ShapeGraph:
+        """The shape's static buffers and graph, launched with ``bounds`` (its inputs
+        written by the caller)."""
         static_seeds = torch.empty_like(seeds)
         static_keys = torch.zeros(len(fanouts), dtype=torch.int64, device=seeds.device)
         static_seeds.copy_(seeds)
         # The key-from-device kernels compile here, outside any capture.
-        launched = self._launch(static_seeds, fanouts, static_keys)
+        launched = self._launch(static_seeds, fanouts, static_keys, bounds)
         graph = None
         if seeds.device.type == "cuda":
             # Captured on a stream of this sampler's (``torch.cuda.graph``'s default capture
@@ -164,12 +238,12 @@ class SamplerGraphs:
             with torch.cuda.stream(self._stream):
                 graph.capture_begin(capture_error_mode="thread_local")
                 try:
-                    launched = self._launch(static_seeds, fanouts, static_keys)
+                    launched = self._launch(static_seeds, fanouts, static_keys, bounds)
                 finally:
                     graph.capture_end()
             current.wait_stream(self._stream)
         self.captures += 1
-        return _ShapeGraph(static_seeds, static_keys, launched, graph)
+        return _ShapeGraph(static_seeds, static_keys, list(bounds), launched, graph)
 
     def _replay(self, entry: _ShapeGraph, fanouts: Sequence[int]) -> None:
         self.replays += 1
@@ -177,7 +251,7 @@ class SamplerGraphs:
             entry.graph.replay()
             return
         # The stand-in: the same launches, their outputs written over the first launch's.
-        fresh = self._launch(entry.seeds, fanouts, entry.keys)
+        fresh = self._launch(entry.seeds, fanouts, entry.keys, entry.bounds)
         entry.launched.stats.copy_(fresh.stats)
         for old, new in zip(entry.launched.layers, fresh.layers, strict=True):
             for name in ("indptr", "indices", "src_ids", "keys", "first"):

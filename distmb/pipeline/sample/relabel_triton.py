@@ -77,11 +77,15 @@ SCAN_CHUNK = 1024
 #: The layer's counts (``stats: int64[STATS_WIDTH]``), by index: new solid sources, new halo
 #: sources, repeated destinations, negative keys (the four of
 #: :attr:`~distmb.pipeline.sample.idmap.PendingMap.counts`, in its order), then
-#: ``n_dst + new solid`` (the next layer's destination count), the block's edges, and the
-#: destinations outside ``[0, n_solid)`` (a bad seed, in the top layer).
-STATS = ("new_solid", "new_halo", "repeated", "negative", "n_computed", "edges", "bad_dst")
+#: ``n_dst + new solid`` (the next layer's destination count), the block's edges, the
+#: destinations outside ``[0, n_solid)`` (a bad seed, in the top layer), and ``n_next``:
+#: ``min(n_computed, next_bound)``, the rows the layer below samples when it has room for
+#: ``next_bound`` (:func:`relabel_layer`; ``n_computed`` where nothing caps it).
+STATS = (
+    "new_solid", "new_halo", "repeated", "negative", "n_computed", "edges", "bad_dst", "n_next"
+)  # fmt: skip
 STATS_WIDTH = len(STATS)
-NEW_SOLID, NEW_HALO, REPEATED, NEGATIVE, N_COMPUTED, EDGES, BAD_DST = range(STATS_WIDTH)
+NEW_SOLID, NEW_HALO, REPEATED, NEGATIVE, N_COMPUTED, EDGES, BAD_DST, N_NEXT = range(STATS_WIDTH)
 #: Per-program partial sums of the count kernel (columns): the exclusive prefix sums of the
 #: first three replace them after the scan.
 PARTIALS = ("new_solid", "new_halo", "edges", "repeated", "negative", "bad_dst")
@@ -132,7 +136,7 @@ if _triton is not None:
     _S_SOLID, _S_HALO = tl.constexpr(NEW_SOLID), tl.constexpr(NEW_HALO)
     _S_REPEATED, _S_NEGATIVE = tl.constexpr(REPEATED), tl.constexpr(NEGATIVE)
     _S_COMPUTED, _S_EDGES = tl.constexpr(N_COMPUTED), tl.constexpr(EDGES)
-    _S_BAD = tl.constexpr(BAD_DST)
+    _S_BAD, _S_NEXT = tl.constexpr(BAD_DST), tl.constexpr(N_NEXT)
     _EMPTY, _NO_POSITION = tl.constexpr(EMPTY), tl.constexpr(NO_POSITION)
     _DST, _SOLID, _HALO = tl.constexpr(CODE_DST), tl.constexpr(CODE_SOLID), tl.constexpr(CODE_HALO)
     _CLASS_BITS = tl.constexpr(CODE_CLASS_BITS)
@@ -197,14 +201,15 @@ if _triton is not None:
         tl.store(row + _P_NEGATIVE, tl.sum((live & (key < 0)).to(tl.int64), axis=0))
         tl.store(row + _P_BAD, tl.sum(bad.to(tl.int64), axis=0))
 
-    @triton.jit(do_not_specialize=["n_dst", "n_programs"])
+    @triton.jit(do_not_specialize=["n_dst", "n_programs", "next_bound"])
     def _scan_kernel(
-        partials_ptr, stats_ptr, indptr_ptr, n_dst_ptr, n_dst, n_programs,
+        partials_ptr, stats_ptr, indptr_ptr, n_dst_ptr, n_dst, n_programs, next_bound,
         CHUNK: tl.constexpr, DST_ON_DEVICE: tl.constexpr,
     ):  # fmt: skip
         """One program: the new-solid, new-halo and edge columns of ``partials``
         (int64[n_programs, PARTIALS_WIDTH]) replaced by their exclusive prefix sums in
-        program order; the totals into ``stats``; ``indptr[0] = 0``."""
+        program order; the totals into ``stats``, ``n_next`` capped at ``next_bound``;
+        ``indptr[0] = 0``."""
         solid = tl.zeros((), tl.int64)
         halo = tl.zeros((), tl.int64)
         edges = tl.zeros((), tl.int64)
@@ -231,7 +236,9 @@ if _triton is not None:
         tl.store(stats_ptr + _S_HALO, halo)
         tl.store(stats_ptr + _S_REPEATED, repeated)
         tl.store(stats_ptr + _S_NEGATIVE, negative)
-        tl.store(stats_ptr + _S_COMPUTED, _destinations(n_dst_ptr, n_dst, DST_ON_DEVICE) + solid)
+        computed = _destinations(n_dst_ptr, n_dst, DST_ON_DEVICE) + solid
+        tl.store(stats_ptr + _S_COMPUTED, computed)
+        tl.store(stats_ptr + _S_NEXT, tl.minimum(computed, next_bound))
         tl.store(stats_ptr + _S_EDGES, edges)
         tl.store(stats_ptr + _S_BAD, bad)
         tl.store(indptr_ptr, tl.zeros((), tl.int64))
@@ -331,6 +338,7 @@ def relabel_layer(
     stats: torch.Tensor | None = None,
     block: int | None = None,
     scan_chunk: int | None = None,
+    next_bound: int | None = None,
 ) -> RelabeledLayer:
     """Fused-Map and the CSR of one layer in four launches (module docstring; a fifth
     fills the table when none is given).
@@ -351,6 +359,10 @@ def relabel_layer(
         block, scan_chunk: keys per program, and partial sums per pass of the scan (powers
             of two); ``None``: :data:`BLOCK` and :data:`SCAN_CHUNK`, read at call time (tests
             lower them to run several programs and passes on few keys).
+        next_bound: the rows the layer below has room for: ``stats``' ``n_next`` is
+            ``min(n_computed, next_bound)`` (``None``: ``m``, which ``n_computed`` never
+            exceeds), so that a layer below sized by a bound too small for this batch samples
+            a prefix of its rows and never reads past them; the read tells (``n_computed``).
 
     Returns:
         :class:`RelabeledLayer` on the device of ``keys`` (CUDA, or CPU under the
@@ -392,7 +404,7 @@ def relabel_layer(
             )  # fmt: skip
         _scan_kernel[(1,)](
             partials, stats, indptr, n_dst_ptr, n_dst_host, n_programs,
-            CHUNK=scan_chunk, DST_ON_DEVICE=on_device,
+            m if next_bound is None else next_bound, CHUNK=scan_chunk, DST_ON_DEVICE=on_device,
         )  # fmt: skip
         if n_programs:
             _relabel_kernel[(n_programs,)](
