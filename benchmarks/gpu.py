@@ -229,6 +229,21 @@ def run_name(
     return f"{prefix}cache{cache_percent:g}/{kernels}" + ("/graphs" if graphs else "")
 
 
+def run_defaults(
+    args: argparse.Namespace,
+    cache_percent: float | None,
+    prefetch: int | None,
+    precision: str | None,
+) -> tuple[float, int, str]:
+    """A run's device cache percent, prefetch and precision: those given, the others from
+    ``args``."""
+    return (
+        args.device_cache_percent if cache_percent is None else cache_percent,
+        args.prefetch if prefetch is None else prefetch,
+        args.precision if precision is None else precision,
+    )
+
+
 def training_part(
     args: argparse.Namespace,
     graph,
@@ -246,9 +261,7 @@ def training_part(
     accuracy when ``accuracy``). Unset arguments come from ``args``. With ``compile_model``
     (``--compile``) also the compilations, their seconds, and the first epoch (which
     compiles) apart from the steady ones (the median of the others)."""
-    cache_percent = args.device_cache_percent if cache_percent is None else cache_percent
-    prefetch = args.prefetch if prefetch is None else prefetch
-    precision = args.precision if precision is None else precision
+    cache_percent, prefetch, precision = run_defaults(args, cache_percent, prefetch, precision)
     t0 = time.perf_counter()
     trainer = make_trainer(args, graph, kernels, cache_percent=cache_percent, prefetch=prefetch,
                            precision=precision, model=model, cuda_graphs=cuda_graphs,
@@ -334,14 +347,15 @@ def guarded_run(args: argparse.Namespace, graph, kernels: str, **options: Any) -
     try:
         return training_part(args, graph, kernels, **options)
     except Exception as exc:  # noqa: BLE001 - recorded, and the benchmark goes on
-        cache_percent = options.get("cache_percent", args.device_cache_percent)
-        prefetch = options.get("prefetch", args.prefetch)
+        cache_percent, prefetch, precision = run_defaults(
+            args, options.get("cache_percent"), options.get("prefetch"), options.get("precision")
+        )
         graphs = options.get("cuda_graphs", False)
         compiled = options.get("compile_model", False)
         name = run_name(kernels, cache_percent, prefetch, options.get("model", "sage"),
                         graphs, compiled)  # fmt: skip
         record = {"name": name, "model": options.get("model", "sage"), "cuda_graphs": graphs,
-                  "compile": compiled, "precision": options.get("precision", args.precision),
+                  "compile": compiled, "precision": precision,
                   "failed": f"{type(exc).__name__}: {exc}"}  # fmt: skip
         traceback.print_exc()
         print(f"train [{name}]: failed: {record['failed']}", flush=True)

@@ -225,3 +225,23 @@ def test_a_failing_sampler_is_recorded_and_the_others_are_measured(monkeypatch):
                                "failed": "RuntimeError: capture failed"})  # fmt: skip
     assert gpu.goals(result)["sampling"].endswith(": 2.1x")
     assert gpu.failed_parts(result) == ["sampling:device/cuda/triton-graphs/device"]
+
+
+def test_a_failing_training_run_is_recorded_under_its_name(monkeypatch):
+    """guarded_run names a run that raises as training_part would have (the defaults from
+    the arguments, the options given over them) and records its error."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import gpu
+
+    def fail(*args, **options):
+        raise RuntimeError("capture failed")
+
+    monkeypatch.setattr(gpu, "training_part", fail)
+    args = gpu.parse_args(["--device", "cpu", "--prefetch", "3", "--precision", "fp32"])
+    record = gpu.guarded_run(args, None, "triton", cuda_graphs=True)
+    assert record == {"name": "cache10/triton/graphs", "model": "sage", "cuda_graphs": True,
+                      "compile": False, "precision": "fp32",
+                      "failed": "RuntimeError: capture failed"}  # fmt: skip
+    record = gpu.guarded_run(args, None, "fused", cache_percent=100.0, model="gat",
+                             precision="bf16")  # fmt: skip
+    assert record["name"] == "gat/table/fused/prefetch3" and record["precision"] == "bf16"
