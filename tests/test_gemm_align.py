@@ -1,5 +1,6 @@
 """Linear layers' output widths padded for cuBLAS (:mod:`distmb.nn.kernels.gemm_align`): the
-padded layer's values and gradients are the dense float64 reference's (test_nn's ``ref_sage``)
+padded layer's values and gradients are the dense float64 reference's (test_nn's ``ref_sage``
+and ``ref_gcn``)
 with the padding forced on here (on CPU tensors, the PyTorch ops and the Triton node under
 the interpreter), and on a GPU (``-m cuda``) where it is on by default."""
 
@@ -10,9 +11,11 @@ import copy
 import pytest
 import torch
 from conftest import require_triton
+from test_gcn_gin import ref_gcn
 from test_nn import make_block, ref_sage
+from test_triton_gcn_gin import check_layer, layer_block
 
-from distmb.nn import SAGEConv
+from distmb.nn import GCNConv, SAGEConv
 from distmb.nn.kernels import gemm_align
 from distmb.nn.kernels.dispatch import get_kernels, set_kernels
 from distmb.nn.kernels.gemm_align import gemm_width, pad_rows
@@ -77,3 +80,24 @@ def test_padded_layer_matches_the_dense_reference(monkeypatch, device, kernels, 
     torch.testing.assert_close(out.detach().cpu().double(), ref.detach(), rtol=RTOL, atol=ATOL)
     for got, want in zip(grads, ref_grads, strict=True):
         torch.testing.assert_close(got.cpu().double(), want, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("kernels", ["torch", "triton"])
+@pytest.mark.parametrize("dims", [(5, 7), (9, 4)], ids=["aggregate-first", "project-first"])
+def test_padded_gcn_layer_matches_the_dense_reference(monkeypatch, kernels, dims):
+    """GCNConv the same way (with self loops: the degrees differ at both ends)."""
+    if kernels == "triton":
+        require_triton("cpu")
+    monkeypatch.setattr(gemm_align, "PADDED_DEVICE_TYPES", frozenset({"cpu"}))
+    before = get_kernels()
+    set_kernels(kernels)
+    try:
+        torch.manual_seed(0)
+        conv = GCNConv(*dims, activation=False, self_loops=True)
+        with torch.no_grad():
+            conv.bias.normal_()
+        block = layer_block(dims[0])
+        assert conv(block, torch.randn(block.n_src, dims[0])).stride(0) == 8
+        check_layer(conv, ref_gcn, block, True, "cpu")
+    finally:
+        set_kernels(before)
