@@ -160,3 +160,10 @@ def test_errors_of_a_replayed_shape(device: str) -> None:
         sampler.sample(torch.tensor([6, 1, 6], device=device), 0, 4)
     batch([5, 0, 11], 5)
     assert sampler.graphs.replays == 5
+    # A shape whose only eager batch failed has no fitted bounds yet: its next batch runs
+    # eagerly again, the one after is captured.
+    with pytest.raises(ValueError, match="outside the solid range"):
+        sampler.sample(torch.tensor([1, 400], device=device), 0, 6)
+    batch([4, 9], 7)
+    batch([3, 8], 8)
+    assert sampler.graphs.captures == 2

@@ -146,7 +146,8 @@ class SamplerGraphs:
         entry = self._graphs.get(shape)
         if entry is None:
             seen = self._seen.get(shape, 0)
-            if seen < WARMUP_BATCHES or len(self._graphs) >= MAX_SAMPLER_GRAPHS:
+            eager = seen < WARMUP_BATCHES or shape not in self._fitted  # (a failed warm-up)
+            if eager or len(self._graphs) >= MAX_SAMPLER_GRAPHS:
                 self._seen[shape] = seen + 1
                 return self._eager(shape, seeds, keys, raise_bad_seed)
             entry = self._capture(seeds, fanouts, self._fitted[shape])
