@@ -145,9 +145,10 @@ class SamplerGraphs:
         keys = [layer_key(batch, layer) for layer in range(len(fanouts))]
         entry = self._graphs.get(shape)
         if entry is None:
+            if len(self._graphs) >= MAX_SAMPLER_GRAPHS:  # no room: nothing kept for it
+                return self._read(seeds, self._launch(seeds, fanouts, keys), raise_bad_seed)
             seen = self._seen.get(shape, 0)
-            eager = seen < WARMUP_BATCHES or shape not in self._fitted  # (a failed warm-up)
-            if eager or len(self._graphs) >= MAX_SAMPLER_GRAPHS:
+            if seen < WARMUP_BATCHES or shape not in self._fitted:  # (or a failed warm-up)
                 self._seen[shape] = seen + 1
                 return self._eager(shape, seeds, keys, raise_bad_seed)
             entry = self._capture(seeds, fanouts, self._fitted[shape])
