@@ -365,3 +365,52 @@ def _state_tensors(trainer: Trainer) -> list[torch.Tensor]:
     """The parameters and every optimizer state tensor (what a step changes)."""
     state = [t for s in trainer.optimizer.state.values() for t in s.values()]
     return [*trainer.model.parameters(), *(t for t in state if isinstance(t, torch.Tensor))]
+
+
+def test_the_step_holds_the_graph_lock(monkeypatch):
+    """The step (its eager runs, captures and replays, which use the CUDA generator) holds
+    ``GRAPH_LOCK``, so the loader thread's sampler captures and replays never overlap it;
+    the refill of the static buffers does not need it."""
+    import threading
+
+    from distmb.core.graph_lock import GRAPH_LOCK
+
+    trainer = device_path_trainer(GRAPH, **SMALL_RUN, cuda_graphs=True)
+    assert trainer.graphed is not None
+    held: list[bool] = []
+
+    def other_thread_blocked() -> bool:
+        got: list[bool] = []
+
+        def probe() -> None:
+            ok = GRAPH_LOCK.acquire(blocking=False)
+            if ok:
+                GRAPH_LOCK.release()
+            got.append(ok)
+
+        thread = threading.Thread(target=probe)
+        thread.start()
+        thread.join()
+        return not got[0]
+
+    step = trainer.graphed._step
+    monkeypatch.setattr(
+        trainer.graphed, "_step", lambda *a: held.append(other_thread_blocked()) or step(*a)
+    )
+    trainer.train_epoch(0)
+    assert held == [True] * 6
+
+
+@pytest.mark.cuda
+def test_graphs_with_the_loader_thread_prefetching():
+    """``--cuda-graphs --prefetch 2`` with dropout: the loader's thread captures and replays
+    the sampler's graphs while the training thread draws dropout masks and captures and
+    replays its steps; several epochs train with the sampler's and the step's graphs
+    replayed (an H200 run failed here on PyTorch's generator before ``GRAPH_LOCK``)."""
+    trainer = gpu_trainer(prefetch=2, dropout=0.5, epochs=4)
+    records = [trainer.train_epoch(epoch) for epoch in range(4)]
+    assert all(math.isfinite(r["loss"]) for r in records)
+    sampler_graphs = trainer.parts.device_stages.sampler.graphs
+    assert sampler_graphs is not None and sampler_graphs.captures == 2
+    assert sampler_graphs.replays >= 4 * 6 - 4
+    assert trainer.graphed.captures >= 2 and trainer.graphed.replays > 0

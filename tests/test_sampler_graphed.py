@@ -11,6 +11,8 @@ kept and compared again at the end. On a GPU node (``-m cuda``) the graphs are r
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 import torch
@@ -22,6 +24,7 @@ from test_sampler_contract import (
     random_local_graph,
 )
 
+from distmb.core.graph_lock import GRAPH_LOCK
 from distmb.core.host_reads import HOST_READS
 from distmb.pipeline.sample import graphed, idmap_triton
 from distmb.pipeline.sample.device import DeviceNeighborSampler
@@ -167,3 +170,71 @@ def test_errors_of_a_replayed_shape(device: str) -> None:
     batch([4, 9], 7)
     batch([3, 8], 8)
     assert sampler.graphs.captures == 2
+
+
+def test_captures_and_replays_hold_the_graph_lock(monkeypatch) -> None:
+    """While the sampler captures or replays a graph, no other thread can take
+    ``GRAPH_LOCK`` (which the training step holds around its random ops and graphs)."""
+    g = random_local_graph(120, 20, 8, seed=5)
+    sampler = make(g, [2, 3], "cpu", graphs=True)
+    graphs = sampler.graphs
+    assert graphs is not None
+    held: list[bool] = []
+
+    def other_thread_blocked() -> bool:
+        got: list[bool] = []
+
+        def probe() -> None:
+            ok = GRAPH_LOCK.acquire(blocking=False)
+            if ok:
+                GRAPH_LOCK.release()
+            got.append(ok)
+
+        thread = threading.Thread(target=probe)
+        thread.start()
+        thread.join()
+        return not got[0]
+
+    for name in ("_capture", "_replay"):
+        original = getattr(graphs, name)
+        monkeypatch.setattr(
+            graphs, name, lambda *a, _f=original: held.append(other_thread_blocked()) or _f(*a)
+        )
+    for iteration in range(3):
+        sampler.sample(torch.tensor([3, 7, 9]), 0, iteration)
+    assert held == [True, True, True]  # the capture, and the replays of batches 1 and 2
+    assert other_thread_blocked() is False
+
+
+@pytest.mark.cuda
+def test_random_ops_on_another_thread_during_captures() -> None:
+    """A thread drawing dropout masks on the GPU under ``GRAPH_LOCK`` (as the training step
+    does) while the sampler captures and replays graphs of several shapes: neither raises
+    (PyTorch's default generator refuses use outside a capture while any graph is being
+    captured)."""
+    g = random_local_graph(400, 60, 14, seed=3, dtype=np.int32)
+    sampler = make(g, [3, 2, 4], "cuda", graphs=True)
+    stop, errors = threading.Event(), []
+    x = torch.ones(1 << 16, device="cuda")
+
+    def draw() -> None:
+        try:
+            while not stop.is_set():
+                with GRAPH_LOCK:
+                    torch.nn.functional.dropout(x, 0.5, training=True)
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    thread = threading.Thread(target=draw)
+    thread.start()
+    try:
+        rng = np.random.default_rng(0)
+        for iteration in range(30):
+            n_seeds = (40, 25)[iteration % 2]
+            seeds = torch.as_tensor(rng.choice(g.n_solid, n_seeds, replace=False), device="cuda")
+            sampler.sample(seeds, 0, iteration)
+    finally:
+        stop.set()
+        thread.join()
+    assert not errors, errors
+    assert sampler.graphs is not None and sampler.graphs.captures == 2

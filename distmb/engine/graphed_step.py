@@ -66,6 +66,7 @@ import torch.nn.functional as F
 
 from distmb.config.train import TrainConfig, cuda_graphs_problem
 from distmb.core.errors import InputError
+from distmb.core.graph_lock import GRAPH_LOCK
 from distmb.engine.epoch_loss import step_values
 from distmb.engine.precision import MixedPrecision
 from distmb.nn.models import BUILT_IN_MODELS
@@ -191,6 +192,13 @@ class GraphedStep:
         size = self._size_of(batch, x)
         size.padded.fill(batch.blocks, x, batch.labels)
         size.loss_weight.fill_(loss_weight)
+        # Dropout, captures and replays use the CUDA generator: never during a capture of
+        # the loader thread's sampler graphs (distmb.core.graph_lock).
+        with GRAPH_LOCK:
+            return self._step(batch, size, step, num_steps)
+
+    def _step(self, batch: MiniBatch, size: _BatchSize, step: int, num_steps: int) -> StepOutputs:
+        """:meth:`step` on the refilled buffers of ``size``."""
         if not self.graphs:
             return self._run(batch, size, step, num_steps)
         self._drop_stale_graphs()

@@ -41,6 +41,9 @@ graph is captured, after one more eager launch from the static buffers (it compi
 key-from-device kernels outside the capture), on a stream of its own with
 ``capture_error_mode="thread_local"`` and no device-wide synchronisation (the BatchLoader's
 producer thread samples while the training thread runs, and may capture its own step).
+Captures and replays hold :data:`~distmb.core.graph_lock.GRAPH_LOCK`, as the training step
+does around its random ops, captures and replays: while any graph is captured, PyTorch's
+default CUDA generator refuses every use outside the capture, a replay's included.
 At most :data:`MAX_SAMPLER_GRAPHS` shapes are captured (an epoch has two:
 the batch size and the last batch's); batches of any other shape run eagerly. Each graph
 holds its layers' buffers, sized by its bounds (about 60 to 100 bytes a Fused-Map key,
@@ -59,6 +62,7 @@ from typing import Any
 
 import torch
 
+from distmb.core.graph_lock import GRAPH_LOCK
 from distmb.core.host_reads import host_values
 from distmb.core.rng import to_signed
 from distmb.pipeline.sample.blocks import Block
@@ -151,12 +155,14 @@ class SamplerGraphs:
             if seen < WARMUP_BATCHES or shape not in self._fitted:  # (or a failed warm-up)
                 self._seen[shape] = seen + 1
                 return self._eager(shape, seeds, keys, raise_bad_seed)
-            entry = self._capture(seeds, fanouts, self._fitted[shape])
+            with GRAPH_LOCK:  # no other thread's random op or replay during the capture
+                entry = self._capture(seeds, fanouts, self._fitted[shape])
             self._seen.pop(shape, None)
             self._graphs[shape] = entry
         entry.seeds.copy_(seeds)
         _upload(keys, entry.keys)
-        self._replay(entry, fanouts)
+        with GRAPH_LOCK:  # a replay checks the CUDA generator's mode (distmb.core.graph_lock)
+            self._replay(entry, fanouts)
         try:
             blocks = self._read(seeds, entry.launched, raise_bad_seed)
         except BoundExceeded:
