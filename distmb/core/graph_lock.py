@@ -12,8 +12,8 @@ The BatchLoader's producer thread replays and captures the device sampler's grap
 (:mod:`distmb.pipeline.sample.graphed`) while the training thread runs steps that draw
 dropout masks or replays and captures its own graph (:mod:`distmb.engine.graphed_step`). Each
 holds :data:`GRAPH_LOCK` meanwhile, so that no capture overlaps another thread's use of the
-generator. (Without it, an H200 run of the GPU benchmark with ``--cuda-graphs --prefetch 2``
-failed so in two of four runs.) Code that draws random numbers on the GPU on another thread
+generator. (Without it, two of the five runs of an H200 GPU benchmark with ``--cuda-graphs
+--prefetch 2`` failed so; the lock has not yet run on a GPU.) Code that draws random numbers on the GPU on another thread
 while a sampler with graphs runs must hold it too.
 """
 
