@@ -18,14 +18,12 @@ destinations only, like DGL's batched ``inference``.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from distmb.nn.aggregate import add_self_loops, aggregate, check_layer_input, in_degrees
 from distmb.nn.kernels import cpu_update as fused_update
 from distmb.nn.kernels import ops as kernel_ops
 from distmb.nn.kernels import triton_aggregate as aggregate_triton
-from distmb.nn.kernels.gemm_align import gemm_width, pad_rows
 from distmb.pipeline.sample import Block
 
 
@@ -97,23 +95,20 @@ class GCNConv(nn.Module):
             float[n_dst, out_dim], the dtype of ``x_src``.
         """
         check_layer_input("GCNConv", x_src, self.in_dim)
-        # An unaligned output width is computed padded on CUDA (gemm_align).
-        width = gemm_width(self.out_dim, x_src.device)
-        weight, bias = pad_rows(self.fc.weight, width), pad_rows(self.bias, width)
         if aggregate_triton.takes_layer(x_src, list(self.parameters())):
             kind = "symmetric_self" if self.self_loops else "symmetric"
-            h = kernel_ops.linear_aggregate(x_src, weight, None, bias, block, kind)
+            h = kernel_ops.linear_aggregate(x_src, self.fc.weight, None, self.bias, block, kind)
+            if self.activation:
+                h = fused_update.output_dropout(torch.relu(h), self.dropout)
+            return h
+        if self.self_loops:
+            block = add_self_loops(block)
+        src_norm, dst_norm = symmetric_norms(block, x_src.dtype)
+        if self.out_dim < self.in_dim:
+            h = aggregate(block, self.fc(x_src) * src_norm, "sum") * dst_norm
         else:
-            if self.self_loops:
-                block = add_self_loops(block)
-            src_norm, dst_norm = symmetric_norms(block, x_src.dtype)
-            if self.out_dim < self.in_dim:
-                h = aggregate(block, F.linear(x_src, weight) * src_norm, "sum") * dst_norm
-            else:
-                h = F.linear(aggregate(block, x_src * src_norm, "sum") * dst_norm, weight)
-            h = h + bias
-        if width != self.out_dim:
-            h = h[:, : self.out_dim]
+            h = self.fc(aggregate(block, x_src * src_norm, "sum") * dst_norm)
+        h = h + self.bias
         if self.activation:
             h = fused_update.output_dropout(torch.relu(h), self.dropout)
         return h

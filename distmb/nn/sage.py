@@ -6,7 +6,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from distmb.nn.aggregate import AGGREGATORS, aggregate, check_layer_input
@@ -15,7 +14,6 @@ from distmb.nn.kernels import cpu_update as fused_update
 from distmb.nn.kernels import ops as kernel_ops
 from distmb.nn.kernels import triton_aggregate as aggregate_triton
 from distmb.nn.kernels.dispatch import get_kernels
-from distmb.nn.kernels.gemm_align import gemm_width, pad_rows
 from distmb.pipeline.rows import IndexedRows
 from distmb.pipeline.sample import Block
 
@@ -103,24 +101,19 @@ class SAGEConv(nn.Module):
             x_src = x_src.materialize()
         if fused:
             return self._forward_fused(block, x_src)
-        # On CUDA an output width like 47 runs cuBLAS's slow unaligned kernels: the products
-        # take weights padded to an aligned width, and the output is cut back (gemm_align).
-        width = gemm_width(self.out_dim, x_src.device)
-        w_neigh = pad_rows(self.fc_neigh.weight, width)
-        w_self = None if self.fc_self is None else pad_rows(self.fc_self.weight, width)
-        bias = pad_rows(self.bias, width)
         if aggregate_triton.takes_layer(x_src, list(self.parameters())):
-            h = kernel_ops.linear_aggregate(x_src, w_neigh, w_self, bias, block, self.aggr)
+            w_self = None if self.fc_self is None else self.fc_self.weight
+            h = kernel_ops.linear_aggregate(
+                x_src, self.fc_neigh.weight, w_self, self.bias, block, self.aggr
+            )
         else:
             if self.out_dim < self.in_dim:
-                h = aggregate(block, F.linear(x_src, w_neigh), self.aggr)
+                h = aggregate(block, self.fc_neigh(x_src), self.aggr)
             else:
-                h = F.linear(aggregate(block, x_src, self.aggr), w_neigh)
-            if w_self is not None:
-                h = h + F.linear(x_src[: block.n_dst], w_self)
-            h = h + bias
-        if width != self.out_dim:
-            h = h[:, : self.out_dim]
+                h = self.fc_neigh(aggregate(block, x_src, self.aggr))
+            if self.fc_self is not None:
+                h = h + self.fc_self(x_src[: block.n_dst])
+            h = h + self.bias
         if self.activation:
             h = self.dropout(torch.relu(h))
         return h
