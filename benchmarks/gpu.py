@@ -418,7 +418,10 @@ def profile_part(args: argparse.Namespace, graph, cuda_graphs: bool = False) -> 
     record = {
         "name": run_name(kernels, WHOLE_TABLE_PERCENT, 0, graphs=cuda_graphs),
         "precision": args.precision,
-        **gpu_profile.profile_epoch(lambda: trainer.train_epoch(1), trainer.device),
+        # The eager epoch's ops by input shape: which product runs which kernel.
+        **gpu_profile.profile_epoch(
+            lambda: trainer.train_epoch(1), trainer.device, shapes=not cuda_graphs
+        ),
     }
     print(f"profile: {record}", flush=True)
     return record

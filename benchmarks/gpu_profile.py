@@ -10,8 +10,10 @@ synchronisations per iteration, kernel time, and how busy the GPU was.
   streams counted each);
 - **GPU busy**: the union of the kernels' intervals over the epoch's wall time, the fraction
   of the epoch in which at least one kernel ran (what the goal "GPU busy >= 80 %" means);
-- **where**: the synchronising calls by name (``"sync_calls"``) and the kernels that took the
-  most device time, with their counts (``"top_kernels"``).
+- **where**: the synchronising calls by name (``"sync_calls"``), the kernels that took the
+  most device time, with their counts (``"top_kernels"``), and with ``shapes`` the ATen ops
+  that did, per input shapes (``"top_ops"``: which matrix product runs which slow kernel;
+  ops replayed from a CUDA graph are not seen, so ask it of an eager epoch).
 
 The counting works on plain :class:`Interval` records, so it is tested on hand-built ones
 on a machine without a GPU (``tests/test_gpu_profile.py``); :func:`profile_epoch` turns a
@@ -127,6 +129,26 @@ def summarise(events: Iterable[Interval], wall_s: float, iterations: int) -> dic
     }
 
 
+def top_ops(averages: Iterable[Any], limit: int = TOP_KERNELS) -> list[dict[str, Any]]:
+    """The ``limit`` ATen ops (torch.profiler's ``key_averages(group_by_input_shape=True)``
+    entries) of most device time of their own, each with its input shapes, count and
+    milliseconds (of device time, and of host time)."""
+    rows = []
+    for entry in averages:
+        device_us = float(getattr(entry, "self_device_time_total", 0.0) or 0.0)
+        rows.append(
+            {
+                "op": entry.key,
+                "shapes": str(entry.input_shapes)[:KERNEL_NAME_CHARS],
+                "count": int(entry.count),
+                "device_ms": round(device_us / 1e3, 3),
+                "host_ms": round(float(entry.self_cpu_time_total) / 1e3, 3),
+            }
+        )
+    rows.sort(key=lambda row: (-row["device_ms"], -row["host_ms"]))
+    return rows[:limit]
+
+
 def intervals(profiler_events: Iterable[Any]) -> list[Interval]:
     """:class:`Interval` records of torch.profiler's ``FunctionEvent`` list (``prof.events()``):
     device kernels by their device type, host calls by name."""
@@ -137,21 +159,27 @@ def intervals(profiler_events: Iterable[Any]) -> list[Interval]:
     return out
 
 
-def profile_epoch(run_epoch: Callable[[], dict[str, Any]], device: torch.device) -> dict[str, Any]:
+def profile_epoch(
+    run_epoch: Callable[[], dict[str, Any]], device: torch.device, shapes: bool = False
+) -> dict[str, Any]:
     """Run one epoch (``run_epoch`` returns the trainer's epoch record, with
-    ``"iterations"``) under torch.profiler and :func:`summarise` it. The profiler slows the
-    host side, so ``wall_s`` is longer than an unprofiled epoch: the training runs give the
-    epoch time, this the counts. On a CPU device only host calls are recorded: the counts
-    are 0 and say nothing about a GPU."""
+    ``"iterations"``) under torch.profiler and :func:`summarise` it; with ``shapes`` the
+    ops' input shapes are recorded too, and :func:`top_ops` added (``"top_ops"``; recording
+    them slows the host further). The profiler slows the host side, so ``wall_s`` is longer
+    than an unprofiled epoch: the training runs give the epoch time, this the counts. On a
+    CPU device only host calls are recorded: the counts are 0 and say nothing about a GPU."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(ProfilerActivity.CUDA)
-    with profile(activities=activities) as prof:
+    with profile(activities=activities, record_shapes=shapes) as prof:
         start = time.perf_counter()
         record = run_epoch()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         wall_s = time.perf_counter() - start
-    return summarise(intervals(prof.events()), wall_s, int(record["iterations"]))
+    out = summarise(intervals(prof.events()), wall_s, int(record["iterations"]))
+    if shapes:
+        out["top_ops"] = top_ops(prof.key_averages(group_by_input_shape=True))
+    return out

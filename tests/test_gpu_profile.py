@@ -91,3 +91,22 @@ def test_profile_epoch_on_cuda_sees_every_launch_and_the_sync():
     assert summary["kernels"] >= 21 and summary["launches"] >= 21
     assert summary["syncs"] >= 1
     assert 0 < summary["gpu_busy"] <= 1
+
+
+def test_top_ops_name_the_products_by_input_shape():
+    """With ``shapes``, the ops by input shape: two matrix products of different shapes are
+    two rows with their counts (host time on the CPU; device time 0 there)."""
+
+    def run_epoch() -> dict:
+        a, b = torch.randn(64, 32), torch.randn(32, 48)
+        for _ in range(3):
+            torch.mm(a, b)
+        torch.mm(b.t(), a.t())
+        return {"iterations": 4}
+
+    summary = gpu_profile.profile_epoch(run_epoch, torch.device("cpu"), shapes=True)
+    mm = {row["shapes"]: row for row in summary["top_ops"] if row["op"] == "aten::mm"}
+    assert mm["[[64, 32], [32, 48]]"]["count"] == 3
+    assert mm["[[48, 32], [32, 64]]"]["count"] == 1
+    assert all(row["device_ms"] == 0 and row["host_ms"] >= 0 for row in mm.values())
+    assert "top_ops" not in gpu_profile.profile_epoch(run_epoch, torch.device("cpu"))
