@@ -526,6 +526,14 @@ def goals(result: dict[str, Any]) -> dict[str, str]:
         )
     if cached:
         out["epoch_cache"] = f"epoch, device cache <= {EPOCH_GOAL_CACHE_S} s: {min(cached):.2f} s"
+    sweep = measured(result, "precision_sweep") or []
+    swept = [r for r in sweep if "epoch_s" in r and r.get("model", "sage") == "sage"]
+    if swept:  # the precision sweep's table runs: the goal at another precision
+        best = min(swept, key=lambda r: r["epoch_s"])
+        out["epoch_table_any_precision"] = (
+            f"epoch, table on the device, any precision <= {EPOCH_GOAL_TABLE_S} s: "
+            f"{best['epoch_s']:.2f} s ({best['precision']}, {best['name']})"
+        )
     profile = measured(result, "profile")
     graphed = measured(result, "profile_graphs")
     if graphed and (not profile or graphed["wall_s"] < profile["wall_s"]):
@@ -548,14 +556,18 @@ def goals(result: dict[str, Any]) -> dict[str, str]:
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
-    """Four panels: epoch split per kernels, sampling edges/s, h2d bytes (plain, Match,
-    Match-Reorder) and hit rate per policy and cache size. Bars are linear from zero
+    """Four panels: epoch split per run (the precision sweep's other precisions too),
+    sampling edges/s, h2d bytes (plain, Match, Match-Reorder) and hit rate per policy and
+    cache size (marked as not measured where the cache part did not run). Bars are linear from zero
     (:func:`~distmb.core.plotting.bar_axis`); the epoch panel says when its stacked phases
     overlap (their sum exceeds the epoch)."""
     fig, (ax_epoch, ax_sample, ax_bytes, ax_hit) = panels(4, max_columns=2)
     label = "" if result["figures"] == "gpu" else " (CPU smoke test, not a GPU figure)"
     fig.suptitle(machine_title(result["machine"]) + label, fontsize="medium")
-    training = trained_runs(result)
+    # The precision sweep's runs at other precisions beside the training runs (fp32).
+    sweep = measured(result, "precision_sweep") or []
+    others = [r for r in sweep if "epoch_s" in r and r.get("precision", "fp32") != "fp32"]
+    training = trained_runs(result) + others
     if training:
         draw_epochs(ax_epoch, training)
     sampling = measured(result, "sampling")
@@ -564,6 +576,11 @@ def plot(result: dict[str, Any], path: Path) -> None:
     cache = measured(result, "cache")
     if cache:
         draw_cache(ax_bytes, ax_hit, cache["runs"])
+    else:
+        for ax in (ax_bytes, ax_hit):
+            ax.set_axis_off()
+            ax.text(0.5, 0.5, "cache part:\nnot measured in this run", ha="center",
+                    fontsize="small", transform=ax.transAxes)  # fmt: skip
     save_figure(fig, path)
 
 
@@ -583,7 +600,11 @@ def draw_epochs(ax, training: list[dict[str, Any]]) -> None:
     """Each run's last epoch as horizontal stacked phases (sample, features, compute), its
     wall time as a dot; the title says when the phases overlap (their sum exceeds the
     epoch: with ``--prefetch`` sampling and features run beside the compute)."""
-    names = [r["name"] for r in training][::-1]  # the first run at the top
+    # The first run at the top; a precision other than fp32 named after the run.
+    names = [
+        r["name"] if r.get("precision", "fp32") == "fp32" else f"{r['name']} {r['precision']}"
+        for r in training
+    ][::-1]
     rows = training[::-1]
     left = np.zeros(len(rows))
     for key, name in (("sample_s", "sample"), ("feature_movement_s", "features"),
@@ -603,7 +624,7 @@ def draw_epochs(ax, training: list[dict[str, Any]]) -> None:
     ax.set(xlabel="seconds")
     ax.tick_params(axis="y", labelsize="small")
     bar_axis(ax, axis="x", end=HEADROOM * 1.15 * max(left.max(), epochs.max()))
-    ax.legend(fontsize="small", ncols=2, loc="center right")
+    ax.legend(fontsize="small", ncols=4, loc="upper center", bbox_to_anchor=(0.5, -0.12))
 
 
 def draw_sampling(ax, sampling: list[dict[str, Any]]) -> None:

@@ -174,6 +174,17 @@ def test_goals_read_the_table_and_cache_runs_and_the_profile(monkeypatch):
                          "syncs_per_iteration": 3.5, "launches_per_iteration": 212.0}  # fmt: skip
     result["bandwidth"] = {}
     goals = gpu.goals(result)
+    assert "epoch_table_any_precision" not in goals  # no precision sweep
+    result["precision_sweep"] = [
+        {"name": "table/triton/graphs/prefetch2", "precision": "tf32", "epoch_s": 0.38},
+        {"name": "gat/table/triton/prefetch2", "model": "gat", "precision": "bf16",
+         "epoch_s": 0.2},
+        {"name": "table/triton/graphs/prefetch2", "precision": "fp32", "failed": "capture"},
+    ]  # fmt: skip
+    goals = gpu.goals(result)
+    assert goals["epoch_table_any_precision"].endswith(
+        ": 0.38 s (tf32, table/triton/graphs/prefetch2)"
+    )
     assert goals["epoch_table"].endswith(": 0.42 s")  # the table run, not the cache run
     assert goals["epoch_cache"].endswith(": 1.00 s")
     assert goals["busy"] == "GPU busy >= 80%: 62%"
