@@ -207,6 +207,25 @@ def make_block(n_dst: int, n_src: int, max_deg: int, seed: int, n_halo: int = 0)
     return Block(n_dst, n_src, n_halo, indptr, indices.to(torch.int64), torch.arange(n_src))
 
 
+def held_elsewhere(lock) -> bool:  # noqa: ANN001 - a threading lock
+    """Whether ``lock`` is held now by this thread or another, as another thread sees it
+    (it tries to take it without waiting, and gives it back)."""
+    import threading
+
+    got: list[bool] = []
+
+    def probe() -> None:
+        ok = lock.acquire(blocking=False)
+        if ok:
+            lock.release()
+        got.append(ok)
+
+    thread = threading.Thread(target=probe)
+    thread.start()
+    thread.join()
+    return not got[0]
+
+
 def require_triton(device: str) -> None:
     """Skip, with the reason, where Triton's kernels cannot run on ``device`` (CPU tensors
     outside the interpreter, no Triton, no GPU)."""

@@ -144,14 +144,10 @@ def run_kernel(
 
 
 def assert_matches_reference(
-    g: LocalGraph,
-    rows: np.ndarray,
-    dst: np.ndarray,
-    fanout: int,
-    key: int,
-    device: str = "cpu",
-    key_on_device: bool = False,
-) -> None:
+    g: LocalGraph, rows: np.ndarray, dst: np.ndarray, fanout: int, key: int,
+    device: str = "cpu", key_on_device: bool = False,
+) -> None:  # fmt: skip
+    """:func:`run_kernel` (its arguments) against the numpy reference."""
     got = run_kernel(g, rows, dst, fanout, key, device, key_on_device)
     want = reference_layer(g.indptr, g.indices, rows, dst, fanout, key)
     for name, a, b in zip(("slots", "count", "valid"), got, want, strict=True):

@@ -12,10 +12,12 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import held_elsewhere
 from test_device_path_budget import device_path_trainer
 
 from distmb.config.train import TrainConfig, cuda_graphs_problem
 from distmb.core.errors import InputError
+from distmb.core.graph_lock import GRAPH_LOCK
 from distmb.engine import Trainer, graphed_step
 from distmb.engine.graphed_step import WARMUP_STEPS, GraphedStep
 from distmb.engine.op_census import census_epoch
@@ -371,31 +373,13 @@ def test_the_step_holds_the_graph_lock(monkeypatch):
     """The step (its eager runs, captures and replays, which use the CUDA generator) holds
     ``GRAPH_LOCK``, so the loader thread's sampler captures and replays never overlap it;
     the refill of the static buffers does not need it."""
-    import threading
-
-    from distmb.core.graph_lock import GRAPH_LOCK
-
     trainer = device_path_trainer(GRAPH, **SMALL_RUN, cuda_graphs=True)
     assert trainer.graphed is not None
     held: list[bool] = []
 
-    def other_thread_blocked() -> bool:
-        got: list[bool] = []
-
-        def probe() -> None:
-            ok = GRAPH_LOCK.acquire(blocking=False)
-            if ok:
-                GRAPH_LOCK.release()
-            got.append(ok)
-
-        thread = threading.Thread(target=probe)
-        thread.start()
-        thread.join()
-        return not got[0]
-
     step = trainer.graphed._step
     monkeypatch.setattr(
-        trainer.graphed, "_step", lambda *a: held.append(other_thread_blocked()) or step(*a)
+        trainer.graphed, "_step", lambda *a: held.append(held_elsewhere(GRAPH_LOCK)) or step(*a)
     )
     trainer.train_epoch(0)
     assert held == [True] * 6

@@ -16,6 +16,7 @@ import threading
 import numpy as np
 import pytest
 import torch
+from conftest import held_elsewhere
 from test_sampler_contract import (
     assert_same_blocks,
     check_blocks,
@@ -180,30 +181,15 @@ def test_captures_and_replays_hold_the_graph_lock(monkeypatch) -> None:
     graphs = sampler.graphs
     assert graphs is not None
     held: list[bool] = []
-
-    def other_thread_blocked() -> bool:
-        got: list[bool] = []
-
-        def probe() -> None:
-            ok = GRAPH_LOCK.acquire(blocking=False)
-            if ok:
-                GRAPH_LOCK.release()
-            got.append(ok)
-
-        thread = threading.Thread(target=probe)
-        thread.start()
-        thread.join()
-        return not got[0]
-
     for name in ("_capture", "_replay"):
         original = getattr(graphs, name)
         monkeypatch.setattr(
-            graphs, name, lambda *a, _f=original: held.append(other_thread_blocked()) or _f(*a)
+            graphs, name, lambda *a, _f=original: held.append(held_elsewhere(GRAPH_LOCK)) or _f(*a)
         )
     for iteration in range(3):
         sampler.sample(torch.tensor([3, 7, 9]), 0, iteration)
     assert held == [True, True, True]  # the capture, and the replays of batches 1 and 2
-    assert other_thread_blocked() is False
+    assert held_elsewhere(GRAPH_LOCK) is False
 
 
 @pytest.mark.cuda
