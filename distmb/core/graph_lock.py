@@ -13,8 +13,8 @@ The BatchLoader's producer thread replays and captures the device sampler's grap
 dropout masks or replays and captures its own graph (:mod:`distmb.engine.graphed_step`). Each
 holds :data:`GRAPH_LOCK` meanwhile, so that no capture overlaps another thread's use of the
 generator. (Without it, two of the five runs of an H200 GPU benchmark with ``--cuda-graphs
---prefetch 2`` failed so; the lock has not yet run on a GPU.) Code that draws random numbers on the GPU on another thread
-while a sampler with graphs runs must hold it too.
+--prefetch 2`` failed so; the lock has not yet run on a GPU.) Code that draws random numbers
+on the GPU on another thread while a sampler with graphs runs must hold it too.
 """
 
 from __future__ import annotations
