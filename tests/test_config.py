@@ -259,7 +259,7 @@ def test_cli_defaults_equal_dataclass_defaults():
         dropout=0.5, epochs=40, seed=0, threads=None, malloc="retain", eval_every=1,
         eval_batch_size=4096,
         checkpoint_dir=None, resume=False, overwrite_checkpoint=False, results=None,
-        progress=True, progress_every=10.0, tensorboard=None, kernels="fused", precision="fp32",
+        progress=True, progress_every=10.0, tensorboard=None, kernels="auto", precision="fp32",
         early_stop=0,
         lr_schedule="none", lr_step_size=10, lr_gamma=0.1, lr_min=0.0, normalize_features="none",
         prefetch=2, gather_in_place=True, loader_threads=None, features=None,

@@ -23,6 +23,8 @@ import argparse
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
+import torch
+
 from distmb.config.constants import (
     DEFAULT_FANOUT,
     DEFAULT_LR,
@@ -65,6 +67,7 @@ from distmb.config.train_options import (
 )
 from distmb.core.errors import InputError
 from distmb.halo.hec.scheme import HecSettings
+from distmb.nn.kernels.dispatch import AUTO_KERNELS, resolve_kernels
 from distmb.nn.models import MODELS
 from distmb.nn.user import is_model_spec
 from distmb.pipeline.features.cached import CACHE_POLICIES
@@ -268,13 +271,25 @@ def precision_problem(precision: str, kernels: str, device_type: str) -> str | N
             "NVIDIA GPUs' float32 matrix products; on the CPU use --precision fp32, or bf16 "
             "with --kernels torch"
         )
-    if precision == "bf16" and device_type == "cpu" and kernels == "fused":
+    cpu = torch.device("cpu")
+    if precision == "bf16" and device_type == "cpu" and resolve_kernels(kernels, cpu) == "fused":
         return (
-            "--precision bf16 with --kernels fused on the CPU: the fused C++ kernels compute "
-            "in float32 only (autocast would not reach them); add --kernels torch to train "
-            "the PyTorch-ops layers under CPU bfloat16 autocast"
+            f"--precision bf16 with {kernels_text(kernels, cpu)}: the fused C++ kernels "
+            "compute in float32 only (autocast would not reach them); add --kernels torch to "
+            "train the PyTorch-ops layers under CPU bfloat16 autocast"
         )
     return None
+
+
+def kernels_text(kernels: str, device: torch.device) -> str:
+    """``--kernels kernels`` on ``device`` for messages, with what ``auto`` picks there
+    (:func:`~distmb.nn.kernels.dispatch.resolve_kernels`): ``--kernels fused on the CPU``,
+    ``--kernels auto, which is --kernels fused on cuda:0``."""
+    where = "the CPU" if device.type == "cpu" else str(device)
+    resolved = resolve_kernels(kernels, device)
+    if resolved == kernels:
+        return f"--kernels {kernels} on {where}"
+    return f"--kernels {kernels}, which is --kernels {resolved} on {where}"
 
 
 def cuda_graphs_problem(config: TrainConfig) -> str | None:
@@ -303,20 +318,34 @@ def cuda_graphs_problem(config: TrainConfig) -> str | None:
     return None
 
 
-def compile_problem(config: TrainConfig) -> str | None:
-    """Why ``--compile`` cannot run with the rest of ``config``'s options, or None
-    (:meth:`TrainConfig.validate` asks when the flag is on; :mod:`distmb.engine.compiled`
-    adds what only the built run knows: its ranks, a model object given in code)."""
+def compile_problem(config: TrainConfig, device: torch.device | None = None) -> str | None:
+    """Why ``--compile`` cannot run with the rest of ``config``'s options on ``device``, or
+    None (:meth:`TrainConfig.validate` asks when the flag is on, before the device is known;
+    :func:`distmb.engine.device.check_kernels` asks again on the training device;
+    :mod:`distmb.engine.compiled` adds what only the built run knows: its ranks, a model
+    object given in code).
+
+    Args:
+        device: the training device; None: ``--device``'s, where it names one (``auto`` does
+            not: ``--kernels auto`` is then checked once the device is known).
+    """
     if config.cuda_graphs:
         return (
             "--compile with --cuda-graphs: pick one (the graphed step replays eager kernels "
             "over padded buffers; a compiled forward would be captured in it untested)"
         )
-    if config.kernels != "triton":
+    if device is None and config.device != "auto":
+        device = torch.device(config.device)
+    if device is not None:
+        kernels = resolve_kernels(config.kernels, device)
+        given = kernels_text(config.kernels, device)
+    else:  # --device auto: --kernels auto is checked on the device, once it is known
+        kernels, given = config.kernels, f"--kernels {config.kernels}"
+    if kernels not in ("triton", AUTO_KERNELS):
         return (
-            f"--compile with --kernels {config.kernels}: the Triton layers only (their nodes "
-            "are custom operators the compiler traces; the fused C++ kernels and the "
-            "PyTorch-ops aggregation's sparse CSR product break the graph); add --kernels triton"
+            f"--compile with {given}: the Triton layers only (their nodes are custom operators "
+            "the compiler traces; the fused C++ kernels and the PyTorch-ops aggregation's "
+            "sparse CSR product break the graph); add --kernels triton"
         )
     if config.precision in ("bf16", "fp16"):
         return (

@@ -43,7 +43,7 @@ from distmb.config.options import option, option_group
 from distmb.core.machine import MAX_THREADS
 from distmb.core.malloc import DEFAULT_MALLOC_POLICY, MALLOC_POLICIES
 from distmb.core.progress import DEFAULT_PROGRESS_EVERY
-from distmb.nn.kernels.dispatch import KERNELS
+from distmb.nn.kernels.dispatch import AUTO_KERNELS, KERNEL_CHOICES
 from distmb.nn.models import MODELS
 from distmb.pipeline import DEFAULT_PREFETCH
 from distmb.pipeline.features.cached import CACHE_POLICIES
@@ -195,11 +195,12 @@ class RunOptions:
         "TensorBoard events in this directory (rank 0; needs pip install tensorboard)",
     )
     kernels: str = option(
-        "fused",
-        "UPDATE/AGG implementation: fused (C++ kernels on the CPU, float32; PyTorch ops on a "
-        "GPU), torch (PyTorch ops) or triton (the Triton CSR aggregation and GAT attention "
-        "aggregation on CUDA tensors, PyTorch ops for the rest; needs Triton)",
-        choices=KERNELS,
+        AUTO_KERNELS,
+        "UPDATE/AGG implementation: auto (the fastest on the training device: triton on a GPU "
+        "where Triton is installed, else fused), fused (C++ kernels on the CPU, float32; "
+        "PyTorch ops on a GPU), torch (PyTorch ops) or triton (the Triton CSR aggregation and "
+        "GAT attention aggregation on CUDA tensors, PyTorch ops for the rest; needs Triton)",
+        choices=KERNEL_CHOICES,
         resume_applied=True,
     )
     precision: str = option(
@@ -399,8 +400,9 @@ class GpuPathOptions:
     compile: bool = option(
         False,
         "torch.compile the training forward (dynamic shapes, one graph without breaks: the "
-        "Triton layers as custom operators; evaluation stays eager). --kernels triton, a "
-        "built-in model, one rank; not with --cuda-graphs or --precision bf16/fp16",
+        "Triton layers as custom operators; evaluation stays eager). --kernels triton (or "
+        "auto on a GPU with Triton), a built-in model, one rank; not with --cuda-graphs or "
+        "--precision bf16/fp16",
     )
 
 

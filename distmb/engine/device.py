@@ -19,7 +19,7 @@ import os
 
 import torch
 
-from distmb.config.train import GROUP_CUDA, OPTIONS, TrainConfig
+from distmb.config.train import GROUP_CUDA, OPTIONS, TrainConfig, compile_problem
 from distmb.core.errors import InputError
 from distmb.core.host_reads import count_device_wait
 
@@ -146,18 +146,25 @@ def check_device_path(config: TrainConfig, device: torch.device) -> None:
 
 
 def check_kernels(config: TrainConfig, device: torch.device) -> None:
-    """Refuse ``--kernels triton`` where its kernel cannot run on ``device``.
+    """Refuse ``--kernels`` where it cannot run on ``device``: ``triton`` where its kernels
+    cannot (``auto`` picks Triton only where they can:
+    :func:`~distmb.nn.kernels.dispatch.resolve_kernels`), and ``--compile`` with kernels that
+    resolve to anything but ``triton`` there (:func:`~distmb.config.train.compile_problem`;
+    the options alone cannot tell for ``--kernels auto`` before the device is known).
 
     Raises:
-        InputError: Triton not installed, or a CPU device outside Triton's interpreter.
+        InputError: Triton not installed, or a CPU device outside Triton's interpreter;
+            ``--compile`` without the Triton layers on ``device``.
     """
-    if config.kernels != "triton":
-        return
-    from distmb.pipeline.sample.idmap_triton import usable
+    if config.kernels == "triton":
+        from distmb.pipeline.sample.idmap_triton import usable
 
-    ok, why = usable(device)
-    if not ok:
-        raise InputError(f"--kernels triton with --device {config.device}: {why}")
+        ok, why = usable(device)
+        if not ok:
+            raise InputError(f"--kernels triton with --device {config.device}: {why}")
+    problem = compile_problem(config, device) if config.compile else None
+    if problem:
+        raise InputError(problem)
 
 
 def gpu_identity(device: torch.device) -> str:

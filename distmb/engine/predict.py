@@ -74,7 +74,8 @@ T = TypeVar("T")
 MANIFEST_VERSION = 1
 #: The options a prediction takes from the checkpoint besides those that shape the model
 #: (:data:`RESUME_MUST_MATCH`): the kernels and the evaluation's block size it was evaluated
-#: with, so that predictions repeat the trainer's evaluation bit for bit.
+#: with, so that predictions repeat the trainer's evaluation bit for bit (``--kernels auto``
+#: is resolved on the CPU, where a prediction runs: the fused kernels, as a CPU run's).
 CARRIED_OPTIONS: tuple[str, ...] = (*RESUME_MUST_MATCH, "kernels", "eval_batch_size")
 #: Splits whose accuracy the manifest reports.
 SPLITS = ("train", "val", "test")
@@ -395,8 +396,7 @@ def _load_model(
 
     from distmb.engine.build.features import open_features
     from distmb.engine.build.model import model_from_config
-    from distmb.engine.build.runtime import set_threads
-    from distmb.nn.kernels.dispatch import set_kernels
+    from distmb.engine.build.runtime import configure_kernels, set_threads
     from distmb.pipeline.features.normalize import FeatureNormalization
     from distmb.pipeline.sample.host import NeighborSampler
 
@@ -407,7 +407,8 @@ def _load_model(
     note = configure_malloc(config.malloc)
     if note:
         say(f"distmb.predict: {note}")
-    set_kernels(config.kernels)
+    # The checkpoint's --kernels on the CPU, where inference runs (auto: the fused kernels).
+    configure_kernels(config, torch.device("cpu"))
     with torch.random.fork_rng(devices=[]):  # the initial weights are replaced below
         model = model_from_config(config, local.feat_dim, local.num_classes)
     try:

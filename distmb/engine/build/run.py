@@ -21,7 +21,7 @@ from distmb.engine.build.counters import EpochCounters, epoch_counters
 from distmb.engine.build.device_stages import DeviceStages, match_reorder, open_device_stages
 from distmb.engine.build.features import FeatureSources, open_features
 from distmb.engine.build.model import build_model_and_optimizer
-from distmb.engine.build.runtime import configure_process, prepare_outputs
+from distmb.engine.build.runtime import configure_kernels, configure_process, prepare_outputs
 from distmb.engine.build.watchdog import Watchdog, collective_watchdog
 from distmb.engine.device import check_device, training_device, uses_device_path
 from distmb.engine.evaluate import HaloExchange, part_layer_table
@@ -30,7 +30,6 @@ from distmb.halo.scheme import HaloScheme
 from distmb.nn.models import BlockModel
 from distmb.pipeline.features.normalize import FeatureNormalization, fit_normalization
 from distmb.pipeline.loader import BatchLoader
-from distmb.pipeline.sample.device import DeviceNeighborSampler
 from distmb.pipeline.sample.host import NeighborSampler
 from distmb.pipeline.sample.protocol import PartSampler
 
@@ -42,6 +41,8 @@ class RunParts:
     Attributes:
         comm: the ranks.
         device: where the model trains (``--device``, resolved once).
+        kernels: the layers' implementation (``--kernels`` resolved on ``device``: ``auto``
+            is ``triton`` or ``fused``; :func:`~distmb.nn.kernels.dispatch.resolve_kernels`).
         precision: ``--precision``: autocast of the training forward, fp16's gradient scaler.
         model: the model, on ``device``.
         optimizer: its optimizer.
@@ -59,11 +60,12 @@ class RunParts:
         watchdog: ``--collective-timeout``'s watchdog (a no-op one where there is none).
         counters: the owners of per-epoch counters, in the order of their records.
         notes: the run header's lines about the data path (features and neighbour lists,
-            then the device path's stages where it is taken).
+            then the device path's stages and the layers' kernels where it is taken).
     """
 
     comm: RankGroup
     device: torch.device
+    kernels: str
     precision: MixedPrecision
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
@@ -93,10 +95,11 @@ def build_run(
     device: torch.device | None = None,
 ) -> RunParts:
     """Build one rank's run on ``local``: check and create the outputs, apply the process
-    settings, then the model and optimizer, the adjacency, the feature sources, the device
-    path's stages, the sampler, the halo scheme, the loader, the evaluation's halo exchange
-    and the watchdog, in this order on every rank (the collectives among them:
-    ``--normalize-features``'s statistics, the watchdog's communicator).
+    settings, resolve the device and the kernels, then build the model and optimizer, the
+    adjacency, the feature sources, the device path's stages, the sampler, the halo scheme,
+    the loader, the evaluation's halo exchange and the watchdog, in this order on every rank
+    (the collectives among them: ``--normalize-features``'s statistics, the watchdog's
+    communicator).
 
     Args:
         local: the graph this rank samples from (a whole graph, or one part).
@@ -121,7 +124,8 @@ def build_run(
         device = training_device(config, comm.local_rank())
     else:
         check_device(config, device)
-    precision = MixedPrecision(config.precision, config.kernels, device)
+    kernels = configure_kernels(config, device)
+    precision = MixedPrecision(config.precision, kernels, device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     built = build_model_and_optimizer(local, config, comm.size, device, model, optimizer)
@@ -170,10 +174,11 @@ def build_run(
         loader.reorder = match_reorder(loader, stages.device_cache)
     notes = [feature_sources.note + describe_adjacency(adjacency, config)]
     if stages is not None:
-        notes.append(stages.note)
+        notes.append(f"{stages.note}; layers: {kernels_note(config.kernels, kernels)}")
     return RunParts(
         comm=comm,
         device=device,
+        kernels=kernels,
         precision=precision,
         model=built.model,
         optimizer=built.optimizer,
@@ -191,3 +196,9 @@ def build_run(
         counters=epoch_counters(config, feature_sources, adjacency, stages),
         notes=notes,
     )
+
+
+def kernels_note(given: str, kernels: str) -> str:
+    """The run header's words on the layers' implementation ``kernels``, which ``--kernels
+    given`` selected: ``triton kernels (--kernels auto)``."""
+    return f"{kernels} kernels" + (f" (--kernels {given})" if given != kernels else "")

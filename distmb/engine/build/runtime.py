@@ -1,16 +1,20 @@
 """The process-wide settings of a run (threads, allocator, kernels) and its output paths,
-applied before anything is built."""
+applied before anything is built (the kernels once the training device is known)."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from distmb.config.train import TrainConfig
 from distmb.core.malloc import configure_malloc
 from distmb.engine.outputs import prepare_checkpoint_dir, prepare_results_file
 from distmb.engine.tensorboard import prepare_tensorboard_dir
-from distmb.nn.kernels.dispatch import set_kernels
+from distmb.nn.kernels.dispatch import resolve_kernels, set_kernels
+
+if TYPE_CHECKING:
+    import torch
 
 
 def prepare_outputs(config: TrainConfig, rank: int) -> None:
@@ -53,11 +57,19 @@ def set_threads(config: TrainConfig) -> str | None:
 
 
 def configure_process(config: TrainConfig, rank: int, log: Callable[[str], None]) -> None:
-    """``--malloc`` (from here on, glibc keeps each batch's freed buffers for the next batch
-    instead of unmapping them: distmb/core/malloc.py; loading and partitioning came before;
-    rank 0 logs where the policy cannot apply) and ``--kernels`` (the fused kernels run on
-    the CPU; on a GPU, torch ops)."""
+    """``--malloc``: from here on, glibc keeps each batch's freed buffers for the next batch
+    instead of unmapping them (distmb/core/malloc.py; loading and partitioning came before;
+    rank 0 logs where the policy cannot apply)."""
     note = configure_malloc(config.malloc)
     if note and rank == 0:
         log(f"distmb: {note}")
-    set_kernels(config.kernels)
+
+
+def configure_kernels(config: TrainConfig, device: torch.device) -> str:
+    """``--kernels`` on the training ``device``: resolve it (``auto``: the Triton kernels on a
+    GPU where Triton is installed, else the fused ones, which run on the CPU and fall back to
+    PyTorch ops on a GPU; :func:`~distmb.nn.kernels.dispatch.resolve_kernels`) and select it
+    for every layer of this process. Returns the implementation selected."""
+    kernels = resolve_kernels(config.kernels, device)
+    set_kernels(kernels)
+    return kernels
