@@ -130,7 +130,8 @@ class DeviceSettings:
 
     Args:
         device: ``cpu``, ``cuda``, ``cuda:N`` or ``auto``.
-        kernels: the layers' implementation (``fused``, ``torch`` or ``triton``).
+        kernels: the layers' implementation (``auto``, resolved on the training device, or
+            ``fused``, ``torch`` or ``triton``).
         precision: the forward's precision (``fp32``, ``bf16`` or ``fp16``).
         graph_placement: the GPU sampler's CSR in GPU memory (``device``) or pinned host
             memory (``host``).
