@@ -89,6 +89,10 @@ QUICK = {"nodes": 10_000, "avg_degree": 10.0, "feat_dim": 16, "hidden": 32, "epo
          "batches": 3, "warmup": 1, "repeats": 3, "superbatch": 4, "batch_size": 500}  # fmt: skip
 #: The bar panels' axis ends, as a multiple of the longest bar: room for legends and labels.
 HEADROOM = 1.35
+#: The benchmark's parts (``--parts``), in the order they run; ``"bandwidth"`` is sized by
+#: ``"cache"``'s mean inputs per batch, so it needs that part.
+PARTS = ("training", "precision_sweep", "profile", "profile_graphs", "launches_per_iteration",
+         "sampling", "cache", "bandwidth")  # fmt: skip
 #: The goals, checked in the record: epoch seconds with the feature table on the device and
 #: with the device cache over zero-copy host rows; device sampler against the C++ one; GPU
 #: busy (kernel-covered fraction of the epoch); host syncs and launches per iteration.
@@ -141,7 +145,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=None, help="JSON path (PNG beside it)")
+    p.add_argument(
+        "--parts", type=str, default=",".join(PARTS),
+        help="comma-separated parts to run, the others recorded as skipped (default: all): "
+        "a short GPU lease can leave out the device-independent cache part (and bandwidth, "
+        "which it sizes)",
+    )  # fmt: skip
     args = p.parse_args(argv)
+    unknown = [name for name in args.parts.split(",") if name not in PARTS]
+    if unknown:
+        p.error(f"--parts: {', '.join(unknown)} not among {', '.join(PARTS)}")
+    args.parts = set(args.parts.split(","))
     if args.quick:
         for key, value in QUICK.items():
             if p.get_default(key) == getattr(args, key):  # flags given explicitly win
@@ -488,9 +502,11 @@ def sampling_part(args: argparse.Namespace, graph) -> list[dict[str, Any]]:
 
 
 def measured(result: dict[str, Any], key: str) -> Any:
-    """``result[key]``, or None where that part failed or did not run."""
+    """``result[key]``, or None where that part failed, was skipped or did not run."""
     value = result.get(key)
-    return None if value is None or (isinstance(value, dict) and "failed" in value) else value
+    if isinstance(value, dict) and ("failed" in value or "skipped" in value):
+        return None
+    return value
 
 
 def trained_runs(result: dict[str, Any]) -> list[dict[str, Any]]:
@@ -705,8 +721,12 @@ def main(argv: list[str] | None = None) -> int:
 
     def part(key: str, measure: Callable[[], Any]) -> None:
         """``result[key] = measure()``, or where it raises, a record of the failure (the
-        other parts still run); the JSON so far is written after each part, so that a run
-        stopped at its time limit keeps what it measured."""
+        other parts still run), or where ``--parts`` leaves it out, a record saying so; the
+        JSON so far is written after each part, so that a run stopped at its time limit
+        keeps what it measured."""
+        if key not in args.parts:
+            result[key] = {"skipped": "not among --parts"}
+            return
         try:
             result[key] = measure()
         except Exception as exc:  # noqa: BLE001 - recorded, and the benchmark goes on
@@ -724,7 +744,7 @@ def main(argv: list[str] | None = None) -> int:
     part("launches_per_iteration", lambda: launches_part(args, graph))
     part("sampling", lambda: sampling_part(args, graph))
     part("cache", lambda: gpu_features.cache_part(args, graph))
-    if on_gpu and "failed" not in result["cache"]:
+    if on_gpu and measured(result, "cache") is not None:
         rows = int(result["cache"]["mean_inputs_per_batch"])
         part("bandwidth", lambda: gpu_features.bandwidth_part(args, graph, rows))
     elif on_gpu:

@@ -256,3 +256,25 @@ def test_a_failing_training_run_is_recorded_under_its_name(monkeypatch):
     record = gpu.guarded_run(args, None, "fused", cache_percent=100.0, model="gat",
                              precision="bf16")  # fmt: skip
     assert record["name"] == "gat/table/fused/prefetch3" and record["precision"] == "bf16"
+
+
+def test_parts_run_only_those_asked_for(monkeypatch, tmp_path):
+    """``--parts``: the others are recorded as skipped, read by no goal and drawn as not
+    measured; an unknown part is refused naming the known ones."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import gpu
+
+    with pytest.raises(SystemExit):
+        gpu.parse_args(["--device", "cpu", "--parts", "sampling,bogus"])
+    called: list[str] = []
+    monkeypatch.setattr(gpu, "sampling_part", lambda args, graph: called.append("s") or [])
+    monkeypatch.setattr(gpu, "training_runs", lambda args, graph: called.append("t") or [])
+    out = tmp_path / "gpu.json"
+    code = gpu.main(["--device", "cpu", "--quick", "--nodes", "2000", "--threads", "2",
+                     "--parts", "sampling", "--out", str(out)])  # fmt: skip
+    result = json.loads(out.read_text())
+    assert code == 0 and called == ["s"]
+    for key in ("training", "precision_sweep", "profile", "launches_per_iteration", "cache"):
+        assert result[key] == {"skipped": "not among --parts"}, key
+    assert result["sampling"] == [] and gpu.failed_parts(result) == []
+    assert gpu.measured(result, "training") is None
