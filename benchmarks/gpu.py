@@ -10,7 +10,8 @@ batch 1000):
    + backward + optimizer), plus the device cache's hit rate and host->device bytes of that
    epoch. One run per ``--kernels`` value with ``--device-cache-percent`` of the rows in the
    device cache (``cache10/fused`` ...; on CUDA also ``cache10/triton/graphs``, with
-   ``--cuda-graphs``), then the whole table on the device with
+   ``--cuda-graphs``, and ``cache10/triton/graphs/match``, with ``--match-reorder`` too),
+   then the whole table on the device with
    ``--prefetch 0`` and with ``--prefetch`` (``table/triton/prefetch0`` ...: triton where it
    is among ``--kernels``, the GPU configuration), the same with ``--cuda-graphs`` and (triton
    only) with ``--compile`` (``table/triton/compile/prefetch0``: its compilations and their
@@ -203,10 +204,13 @@ def make_trainer(
     model: str = "sage",
     cuda_graphs: bool = False,
     compile_model: bool = False,
+    match_reorder: bool | None = None,
 ) -> Trainer:
     """A Trainer on the GPU path: ``model`` with ``cache_percent`` of the rows in the device
     cache (the whole table: policy ``degree``, no pre-sampling needed), ``--cuda-graphs``
-    when ``cuda_graphs``, ``--compile`` when ``compile_model``, the rest from ``args``."""
+    when ``cuda_graphs``, ``--compile`` when ``compile_model``, ``--match-reorder`` when
+    ``match_reorder`` (None: ``args``'), the rest from ``args``."""
+    match_reorder = args.match_reorder if match_reorder is None else match_reorder
     row_bytes = graph.features.shape[1] * graph.features.itemsize
     whole = cache_percent >= WHOLE_TABLE_PERCENT
     cache_mb = graph.num_nodes * min(cache_percent, 100.0) / 100 * row_bytes / 2**20
@@ -216,7 +220,7 @@ def make_trainer(
         progress=False, device=args.device, sampler="device", kernels=kernels, model=model,
         precision=precision, device_cache_mb=cache_mb * (1.01 if whole else 1.0),
         device_cache_policy="degree" if whole else "presc",
-        match_reorder=args.match_reorder, prefetch=prefetch, superbatch=args.superbatch,
+        match_reorder=match_reorder, prefetch=prefetch, superbatch=args.superbatch,
         presample_epochs=args.presample_epochs, threads=args.threads, cuda_graphs=cuda_graphs,
         compile=compile_model,
     )  # fmt: skip
@@ -230,9 +234,10 @@ def run_name(
     model: str = "sage",
     graphs: bool = False,
     compiled: bool = False,
+    match: bool = False,
 ) -> str:
     """``table/fused/prefetch0`` or ``cache10/triton`` (the ``--prefetch`` of the cache runs;
-    ``cache10/triton/graphs`` with ``--cuda-graphs``),
+    ``cache10/triton/graphs`` with ``--cuda-graphs``, ``.../match`` with Match-Reorder),
     prefixed by the model when it is not GraphSAGE (``gat/table/triton/prefetch2``), with
     ``graphs/`` before the prefetch for ``--cuda-graphs`` (``table/triton/graphs/prefetch0``)
     and ``compile/`` for ``--compile`` (``table/triton/compile/prefetch0``)."""
@@ -240,7 +245,8 @@ def run_name(
     if cache_percent >= WHOLE_TABLE_PERCENT:
         step = "graphs/" if graphs else "compile/" if compiled else ""
         return f"{prefix}table/{kernels}/{step}prefetch{prefetch}"
-    return f"{prefix}cache{cache_percent:g}/{kernels}" + ("/graphs" if graphs else "")
+    suffix = ("/graphs" if graphs else "") + ("/match" if match else "")
+    return f"{prefix}cache{cache_percent:g}/{kernels}{suffix}"
 
 
 def run_defaults(
@@ -270,16 +276,18 @@ def training_part(
     model: str = "sage",
     cuda_graphs: bool = False,
     compile_model: bool = False,
+    match_reorder: bool | None = None,
 ) -> dict[str, Any]:
     """Train ``--epochs`` epochs on the GPU path; the last epoch's time split (and the test
     accuracy when ``accuracy``). Unset arguments come from ``args``. With ``compile_model``
     (``--compile``) also the compilations, their seconds, and the first epoch (which
     compiles) apart from the steady ones (the median of the others)."""
     cache_percent, prefetch, precision = run_defaults(args, cache_percent, prefetch, precision)
+    match = args.match_reorder if match_reorder is None else match_reorder
     t0 = time.perf_counter()
     trainer = make_trainer(args, graph, kernels, cache_percent=cache_percent, prefetch=prefetch,
                            precision=precision, model=model, cuda_graphs=cuda_graphs,
-                           compile_model=compile_model)  # fmt: skip
+                           compile_model=compile_model, match_reorder=match)  # fmt: skip
     setup_s = time.perf_counter() - t0
     epochs = [trainer.train_epoch(e) for e in range(args.epochs)]
     last = epochs[-1]
@@ -287,14 +295,15 @@ def training_part(
     cache = stages.features.counters() if stages is not None else {}
     compute = last["fwd"] + last["bwd"] + last["opt"]
     record = {
-        "name": run_name(kernels, cache_percent, prefetch, model, cuda_graphs, compile_model),
+        "name": run_name(kernels, cache_percent, prefetch, model, cuda_graphs, compile_model,
+                         match and not args.match_reorder),  # fmt: skip
         "model": model,
         "cuda_graphs": cuda_graphs,
         "compile": compile_model,
         "kernels": kernels,
         "precision": precision,
         "prefetch": prefetch,
-        "match_reorder": args.match_reorder,
+        "match_reorder": match,
         "setup_s": round(setup_s, 2),
         "epoch_times_s": [r["epoch_time"] for r in epochs],
         "epoch_s": last["epoch_time"],
@@ -328,7 +337,7 @@ def training_part(
 
 def training_runs(args: argparse.Namespace, graph) -> list[dict[str, Any]]:
     """One run per ``--kernels`` with the device cache (on CUDA also with ``--cuda-graphs``,
-    :func:`profiled_kernels`), then the whole table with
+    :func:`profiled_kernels`, and with ``--match-reorder`` too), then the whole table with
     ``--prefetch 0`` and with ``--prefetch`` (:func:`profiled_kernels`: triton on CUDA, the
     GPU configuration), the same with ``--cuda-graphs`` and with ``--compile`` (triton
     only), then GAT (``--heads`` 4) on the whole table with each ``--kernels`` (on CUDA the
@@ -339,6 +348,10 @@ def training_runs(args: argparse.Namespace, graph) -> list[dict[str, Any]]:
     table_kernels = profiled_kernels(args)
     if args.device == "cuda":  # the device cache with --cuda-graphs (the step and sampler)
         runs.append(guarded_run(args, graph, table_kernels, cuda_graphs=True))
+        if not args.match_reorder:  # and with Match-Reorder: fewer host rows a batch
+            runs.append(
+                guarded_run(args, graph, table_kernels, cuda_graphs=True, match_reorder=True)
+            )
     table = {"cache_percent": WHOLE_TABLE_PERCENT}
     for prefetch in dict.fromkeys((0, args.prefetch)):
         runs.append(guarded_run(args, graph, table_kernels, prefetch=prefetch, **table))
@@ -366,8 +379,9 @@ def guarded_run(args: argparse.Namespace, graph, kernels: str, **options: Any) -
         )
         graphs = options.get("cuda_graphs", False)
         compiled = options.get("compile_model", False)
+        match = options.get("match_reorder") and not args.match_reorder
         name = run_name(kernels, cache_percent, prefetch, options.get("model", "sage"),
-                        graphs, compiled)  # fmt: skip
+                        graphs, compiled, bool(match))  # fmt: skip
         record = {"name": name, "model": options.get("model", "sage"), "cuda_graphs": graphs,
                   "compile": compiled, "precision": precision,
                   "failed": f"{type(exc).__name__}: {exc}"}  # fmt: skip

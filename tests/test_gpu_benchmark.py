@@ -256,6 +256,8 @@ def test_a_failing_training_run_is_recorded_under_its_name(monkeypatch):
     record = gpu.guarded_run(args, None, "fused", cache_percent=100.0, model="gat",
                              precision="bf16")  # fmt: skip
     assert record["name"] == "gat/table/fused/prefetch3" and record["precision"] == "bf16"
+    record = gpu.guarded_run(args, None, "triton", cuda_graphs=True, match_reorder=True)
+    assert record["name"] == "cache10/triton/graphs/match"
 
 
 def test_parts_run_only_those_asked_for(monkeypatch, tmp_path):
