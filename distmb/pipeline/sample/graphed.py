@@ -36,9 +36,10 @@ and the batch is sampled again eagerly with the full bounds (the same blocks: a 
 random words depend on its index only), the shape's bounds are refitted to it and its graph
 captured again at its next batch; after :data:`MAX_REFITS` refits with the full bounds.
 
-**When.** A shape's first :data:`WARMUP_BATCHES` batches run eagerly; at the next, its
-graph is captured, after one more eager launch from the static buffers (it compiles the
-key-from-device kernels outside the capture), on a stream of its own with
+**When.** A shape's first batch runs eagerly (its warm-up, which fits its bounds; again
+while none has succeeded); at the next, its graph is captured, after one more eager launch
+from the static buffers (it compiles the key-from-device kernels outside the capture), on a
+stream of its own with
 ``capture_error_mode="thread_local"`` and no device-wide synchronisation (the BatchLoader's
 producer thread samples while the training thread runs, and may capture its own step).
 Captures and replays hold :data:`~distmb.core.graph_lock.GRAPH_LOCK`, as the training step
@@ -79,8 +80,6 @@ from distmb.pipeline.sample.padded import with_headroom
 
 #: Batch shapes ``(n_seeds, fanouts)`` that get a graph; batches of other shapes run eagerly.
 MAX_SAMPLER_GRAPHS = 2
-#: Eager batches of a shape before its graph is captured.
-WARMUP_BATCHES = 1
 #: Refits of a shape's bounds after batches that exceed them; at the next, its graph takes
 #: the full bounds (:func:`~distmb.pipeline.sample.device_batch.destination_bounds`).
 MAX_REFITS = 2
@@ -121,8 +120,6 @@ class SamplerGraphs:
     csr_indices: torch.Tensor
     n_solid: int
     backend: Backend
-    #: Eager batches so far per shape not yet captured.
-    _seen: dict[Shape, int] = field(default_factory=dict)
     _graphs: dict[Shape, _ShapeGraph] = field(default_factory=dict)
     #: Per shape, the bounds fitted to its eager batches, and its refits so far.
     _fitted: dict[Shape, list[int]] = field(default_factory=dict)
@@ -151,13 +148,10 @@ class SamplerGraphs:
         if entry is None:
             if len(self._graphs) >= MAX_SAMPLER_GRAPHS:  # no room: nothing kept for it
                 return self._read(seeds, self._launch(seeds, fanouts, keys), raise_bad_seed)
-            seen = self._seen.get(shape, 0)
-            if seen < WARMUP_BATCHES or shape not in self._fitted:  # (or a failed warm-up)
-                self._seen[shape] = seen + 1
+            if shape not in self._fitted:  # its warm-up (again, if one failed)
                 return self._eager(shape, seeds, keys, raise_bad_seed)
             with GRAPH_LOCK:  # no other thread's random op or replay during the capture
                 entry = self._capture(seeds, fanouts, self._fitted[shape])
-            self._seen.pop(shape, None)
             self._graphs[shape] = entry
         entry.seeds.copy_(seeds)
         _upload(keys, entry.keys)
@@ -170,7 +164,6 @@ class SamplerGraphs:
             self.overflows += 1
             self._refits[shape] = self._refits.get(shape, 0) + 1
             del self._graphs[shape]
-            self._seen[shape] = WARMUP_BATCHES
             return self._eager(shape, seeds, keys, raise_bad_seed)
         return _owned(blocks)
 
