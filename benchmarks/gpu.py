@@ -249,19 +249,38 @@ def run_name(
     return f"{prefix}cache{cache_percent:g}/{kernels}{suffix}"
 
 
-def run_defaults(
+def run_settings(
     args: argparse.Namespace,
-    cache_percent: float | None,
-    prefetch: int | None,
-    precision: str | None,
-) -> tuple[float, int, str]:
-    """A run's device cache percent, prefetch and precision: those given, the others from
-    ``args``."""
-    return (
-        args.device_cache_percent if cache_percent is None else cache_percent,
-        args.prefetch if prefetch is None else prefetch,
-        args.precision if precision is None else precision,
-    )
+    kernels: str,
+    *,
+    cache_percent: float | None = None,
+    prefetch: int | None = None,
+    precision: str | None = None,
+    model: str = "sage",
+    cuda_graphs: bool = False,
+    compile_model: bool = False,
+    match_reorder: bool | None = None,
+    **_: Any,
+) -> dict[str, Any]:
+    """A run's settings, those given over ``args``' (the options of :func:`training_part`;
+    others ignored), and its name (:func:`run_name`; ``/match`` where its Match-Reorder is
+    not ``args``'): the head of its record, and of its failure's."""
+    cache_percent = args.device_cache_percent if cache_percent is None else cache_percent
+    prefetch = args.prefetch if prefetch is None else prefetch
+    match = args.match_reorder if match_reorder is None else match_reorder
+    name = run_name(kernels, cache_percent, prefetch, model, cuda_graphs, compile_model,
+                    match and not args.match_reorder)  # fmt: skip
+    return {
+        "name": name,
+        "model": model,
+        "cuda_graphs": cuda_graphs,
+        "compile": compile_model,
+        "kernels": kernels,
+        "precision": args.precision if precision is None else precision,
+        "prefetch": prefetch,
+        "match_reorder": match,
+        "cache_percent": cache_percent,
+    }
 
 
 def training_part(
@@ -282,12 +301,15 @@ def training_part(
     accuracy when ``accuracy``). Unset arguments come from ``args``. With ``compile_model``
     (``--compile``) also the compilations, their seconds, and the first epoch (which
     compiles) apart from the steady ones (the median of the others)."""
-    cache_percent, prefetch, precision = run_defaults(args, cache_percent, prefetch, precision)
-    match = args.match_reorder if match_reorder is None else match_reorder
+    run = run_settings(args, kernels, cache_percent=cache_percent, prefetch=prefetch,
+                       precision=precision, model=model, cuda_graphs=cuda_graphs,
+                       compile_model=compile_model, match_reorder=match_reorder)  # fmt: skip
+    cache_percent, precision = run.pop("cache_percent"), run["precision"]
     t0 = time.perf_counter()
-    trainer = make_trainer(args, graph, kernels, cache_percent=cache_percent, prefetch=prefetch,
-                           precision=precision, model=model, cuda_graphs=cuda_graphs,
-                           compile_model=compile_model, match_reorder=match)  # fmt: skip
+    trainer = make_trainer(args, graph, kernels, cache_percent=cache_percent,
+                           prefetch=run["prefetch"], precision=precision, model=model,
+                           cuda_graphs=cuda_graphs, compile_model=compile_model,
+                           match_reorder=run["match_reorder"])  # fmt: skip
     setup_s = time.perf_counter() - t0
     epochs = [trainer.train_epoch(e) for e in range(args.epochs)]
     last = epochs[-1]
@@ -295,15 +317,7 @@ def training_part(
     cache = stages.features.counters() if stages is not None else {}
     compute = last["fwd"] + last["bwd"] + last["opt"]
     record = {
-        "name": run_name(kernels, cache_percent, prefetch, model, cuda_graphs, compile_model,
-                         match and not args.match_reorder),  # fmt: skip
-        "model": model,
-        "cuda_graphs": cuda_graphs,
-        "compile": compile_model,
-        "kernels": kernels,
-        "precision": precision,
-        "prefetch": prefetch,
-        "match_reorder": match,
+        **run,
         "setup_s": round(setup_s, 2),
         "epoch_times_s": [r["epoch_time"] for r in epochs],
         "epoch_s": last["epoch_time"],
@@ -374,19 +388,11 @@ def guarded_run(args: argparse.Namespace, graph, kernels: str, **options: Any) -
     try:
         return training_part(args, graph, kernels, **options)
     except Exception as exc:  # noqa: BLE001 - recorded, and the benchmark goes on
-        cache_percent, prefetch, precision = run_defaults(
-            args, options.get("cache_percent"), options.get("prefetch"), options.get("precision")
-        )
-        graphs = options.get("cuda_graphs", False)
-        compiled = options.get("compile_model", False)
-        match = options.get("match_reorder") and not args.match_reorder
-        name = run_name(kernels, cache_percent, prefetch, options.get("model", "sage"),
-                        graphs, compiled, bool(match))  # fmt: skip
-        record = {"name": name, "model": options.get("model", "sage"), "cuda_graphs": graphs,
-                  "compile": compiled, "precision": precision,
-                  "failed": f"{type(exc).__name__}: {exc}"}  # fmt: skip
+        run = run_settings(args, kernels, **options)
+        record = {key: run[key] for key in ("name", "model", "cuda_graphs", "compile", "precision")}
+        record["failed"] = f"{type(exc).__name__}: {exc}"
         traceback.print_exc()
-        print(f"train [{name}]: failed: {record['failed']}", flush=True)
+        print(f"train [{record['name']}]: failed: {record['failed']}", flush=True)
         return record
 
 
@@ -394,7 +400,7 @@ def precision_part(args: argparse.Namespace, graph) -> list[dict[str, Any]]:
     """The whole-table run per ``--precisions`` value, with its test accuracy, with the GPU
     configuration's kernels (:func:`profiled_kernels`); on CUDA also GAT per precision but
     fp32 (its fp32 run is among the training runs). GraphSAGE runs with ``--cuda-graphs`` on
-    CUDA but in fp16 (its fastest configuration, where the matrix products' share of the
+    CUDA except in fp16 (its fastest configuration, where the matrix products' share of the
     time is largest; an eager epoch is bound by launches, so a precision barely shows
     there). GAT's projections, of every source to ``heads x hidden`` columns, are most of
     its arithmetic, so TF32 and bf16 matter to it more than to GraphSAGE. On the CPU the
@@ -523,9 +529,10 @@ def measured(result: dict[str, Any], key: str) -> Any:
     return value
 
 
-def trained_runs(result: dict[str, Any]) -> list[dict[str, Any]]:
-    """The training runs that did not fail."""
-    return [r for r in measured(result, "training") or [] if "failed" not in r]
+def trained_runs(result: dict[str, Any], key: str = "training") -> list[dict[str, Any]]:
+    """The runs of part ``key`` (``"training"`` or ``"precision_sweep"``) that trained: not
+    failed, nor skipped (a precision the device cannot run)."""
+    return [r for r in measured(result, key) or [] if "epoch_s" in r]
 
 
 def failed_parts(result: dict[str, Any]) -> list[str]:
@@ -556,8 +563,7 @@ def goals(result: dict[str, Any]) -> dict[str, str]:
         )
     if cached:
         out["epoch_cache"] = f"epoch, device cache <= {EPOCH_GOAL_CACHE_S} s: {min(cached):.2f} s"
-    sweep = measured(result, "precision_sweep") or []
-    swept = [r for r in sweep if "epoch_s" in r and r.get("model", "sage") == "sage"]
+    swept = [r for r in trained_runs(result, "precision_sweep") if r.get("model", "sage") == "sage"]
     if swept:  # the precision sweep's table runs: the goal at another precision
         best = min(swept, key=lambda r: r["epoch_s"])
         out["epoch_table_any_precision"] = (
@@ -595,9 +601,8 @@ def plot(result: dict[str, Any], path: Path) -> None:
     label = "" if result["figures"] == "gpu" else " (CPU smoke test, not a GPU figure)"
     fig.suptitle(machine_title(result["machine"]) + label, fontsize="medium")
     # The precision sweep's runs at other precisions beside the training runs (fp32).
-    sweep = measured(result, "precision_sweep") or []
-    others = [r for r in sweep if "epoch_s" in r and r.get("precision", "fp32") != "fp32"]
-    training = trained_runs(result) + others
+    sweep = trained_runs(result, "precision_sweep")
+    training = trained_runs(result) + [r for r in sweep if r.get("precision", "fp32") != "fp32"]
     if training:
         draw_epochs(ax_epoch, training)
     sampling = measured(result, "sampling")
