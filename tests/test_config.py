@@ -93,6 +93,7 @@ FLAG_FIELDS = {
     "--graph-placement": "graph_placement",
     "--device-cache-mb": "device_cache_mb",
     "--device-cache-policy": "device_cache_policy",
+    "--feature-dtype": "feature_dtype",
     "--match-reorder": "match_reorder",
     "--cuda-graphs": "cuda_graphs",
     "--compile": "compile",
@@ -161,6 +162,7 @@ ALSO_CHANGED = {
     "--graph-placement": {"sampler"},
     "--device-cache-mb": {"sampler"},
     "--device-cache-policy": {"sampler"},
+    "--feature-dtype": {"sampler"},
     "--match-reorder": {"sampler"},
     "--cuda-graphs": {"sampler"},
     "--compile": {"sampler", "kernels"},
@@ -212,6 +214,7 @@ def test_every_flag_maps_to_one_field_and_back():
         "--normalize-features": ["row"],
         "--device-cache-policy": ["degree", "--sampler", "device"],
         "--device-cache-mb": ["10", "--sampler", "device"],
+        "--feature-dtype": ["float16", "--sampler", "device"],
         "--graph-placement": ["host", "--sampler", "device"],
         "--match-reorder": ["--sampler", "device"],
         "--cuda-graphs": ["--sampler", "device"],
@@ -267,8 +270,8 @@ def test_cli_defaults_equal_dataclass_defaults():
         cache_policy="belady", superbatch=32, presample_epochs=1, graph_layout="mmap",
         neighbor_cache_mb=256.0, neighbor_cache_order="degree", device="cpu", sampler="auto",
         graph_placement="device", device_cache_mb=4096.0,
-        device_cache_policy="presc", match_reorder=False, cuda_graphs=False, compile=False,
-        hec_size=1_000_000,
+        device_cache_policy="presc", feature_dtype="float32", match_reorder=False,
+        cuda_graphs=False, compile=False, hec_size=1_000_000,
         hec_nc=2000, hec_lifespan=2, hec_delay=1,
         no_hec=False, exact_remote=False, partition_cache=".cache/distmb-parts",
         comm="auto", grad_bucket_mb=0.25, collective_timeout=300.0,
@@ -383,6 +386,7 @@ def test_relations(argv, message):
         ["--cuda-graphs"],
         ["--compile", "--kernels", "triton"],
         ["--device-cache-mb", "10", "--device-cache-policy", "degree"],
+        ["--feature-dtype", "bfloat16"],
     ],
 )
 def test_gpu_path_options_stop_a_cpu_run(argv):
@@ -494,7 +498,7 @@ VIEW_FIELDS = {
     ),
     "device_settings": (
         "device", "kernels", "precision", "graph_placement", "device_cache_mb",
-        "device_cache_policy", "match_reorder",
+        "device_cache_policy", "feature_dtype", "match_reorder",
     ),
     "comm_settings": ("comm", "grad_bucket_mb", "collective_timeout"),
 }  # fmt: skip
@@ -507,8 +511,8 @@ _NON_DEFAULT = dict(
     feature_cache_mb=10.0, cache_policy="lru", superbatch=4, presample_epochs=2,
     graph_layout="ooc", neighbor_cache_mb=5.0, neighbor_cache_order="ratio", device="auto",
     kernels="torch", precision="bf16", graph_placement="host", device_cache_mb=10.0,
-    device_cache_policy="degree", match_reorder=True, comm="torch", grad_bucket_mb=0.0,
-    collective_timeout=60.0,
+    device_cache_policy="degree", feature_dtype="bfloat16", match_reorder=True, comm="torch",
+    grad_bucket_mb=0.0, collective_timeout=60.0,
 )  # fmt: skip
 VIEW_PROBES = [
     TrainConfig(**_NON_DEFAULT, lr=0.02, lr_schedule="cosine", lr_min=0.001),

@@ -137,6 +137,7 @@ class DeviceSettings:
             memory (``host``).
         device_cache_mb: MiB of feature rows cached in GPU memory.
         device_cache_policy: rows that cache holds (``presc``, ``degree`` or ``none``).
+        feature_dtype: the dtype the host rows and that cache store the table in.
         match_reorder: FastGL's Match-Reorder of the batches within each superbatch.
     """
 
@@ -146,6 +147,7 @@ class DeviceSettings:
     graph_placement: str
     device_cache_mb: float
     device_cache_policy: str
+    feature_dtype: str
     match_reorder: bool
 
 

@@ -49,6 +49,7 @@ from distmb.pipeline import DEFAULT_PREFETCH
 from distmb.pipeline.features.cached import CACHE_POLICIES
 from distmb.pipeline.features.device import DEVICE_CACHE_POLICIES
 from distmb.pipeline.features.normalize import NORMALIZATIONS
+from distmb.pipeline.features.zero_copy import STORAGE_DTYPES
 
 __all__ = [
     "DataOptions",
@@ -370,7 +371,7 @@ class GpuPathOptions:
     )
     device_cache_mb: float = option(
         DEFAULT_DEVICE_CACHE_MB,
-        "MiB of feature rows cached in GPU memory (rows in the table's dtype; clamped to the "
+        "MiB of feature rows cached in GPU memory (rows in --feature-dtype; clamped to the "
         "table); the other rows are read by the GPU from pinned host memory (zero-copy)",
         min=0,
     )
@@ -379,6 +380,15 @@ class GpuPathOptions:
         "rows the device cache holds: presc (most used in pre-sampling, own random stream), "
         "degree (highest in-degree) or none (every row from host memory)",
         choices=DEVICE_CACHE_POLICIES,
+    )
+    feature_dtype: str = option(
+        "float32",
+        "dtype the GPU path stores the feature table in (the pinned host rows the GPU reads "
+        "and its device cache): float16 or bfloat16 halve the bytes a row moves over PCIe and "
+        "double the rows per MiB of cache; rows reach the model as float32 (rounded once). "
+        "float16 refuses a table with values beyond 65504. Evaluation reads the table as "
+        "stored in the partition",
+        choices=tuple(STORAGE_DTYPES),
     )
     match_reorder: bool = option(
         False,

@@ -16,12 +16,14 @@ import numpy as np
 import torch
 
 from distmb.config.train import TrainConfig
+from distmb.core.errors import InputError
 from distmb.data.local import LocalGraph
 from distmb.pipeline.features.cached import CachedFeatures
 from distmb.pipeline.features.device import DeviceFeatures, build_device_features
 from distmb.pipeline.features.normalize import FeatureNormalization
 from distmb.pipeline.features.reorder import MatchReorder
 from distmb.pipeline.features.tiered import TieredFeatures, build_tiered_features
+from distmb.pipeline.features.zero_copy import STORAGE_DTYPES, StorageRangeError
 from distmb.pipeline.sample.device import DeviceNeighborSampler
 from distmb.pipeline.sample.host import NeighborSampler
 
@@ -64,7 +66,19 @@ def open_device_stages(
     rank's rows (:func:`part_table`), normalised once here when ``--normalize-features`` is
     set. With ``host_cache`` (``--features ooc``: the out-of-core cache of the same rows),
     the device cache reads its misses from it instead, normalised as read
-    (:class:`~distmb.pipeline.features.tiered.TieredFeatures`)."""
+    (:class:`~distmb.pipeline.features.tiered.TieredFeatures`). ``--feature-dtype`` is the
+    dtype the host rows and the device cache store the (normalised) table in.
+
+    Raises:
+        InputError: ``--feature-dtype`` other than float32 with ``--features ooc``, or
+            float16 with a table holding values beyond its range.
+    """
+    if host_cache is not None and config.feature_dtype != "float32":
+        raise InputError(
+            f"--feature-dtype {config.feature_dtype} with --features ooc: the out-of-core "
+            "cache serves float32 rows from its file; use --features mmap or memory, or "
+            "--feature-dtype float32"
+        )
     sampler = DeviceNeighborSampler(
         local.indptr,
         adjacency,
@@ -107,20 +121,22 @@ def open_device_stages(
     )
     if host_cache is None:
         device_cache["backend"] = kernel_backend(device)
-    stages = DeviceStages(
-        sampler,
-        build_device_features(table, device, **device_cache)
-        if host_cache is None
-        else build_tiered_features(host_cache, device, normalization, **device_cache),
-        note="",
-    )
+        device_cache["dtype"] = STORAGE_DTYPES[config.feature_dtype]
+        try:
+            features = build_device_features(table, device, **device_cache)
+        except StorageRangeError as err:
+            raise InputError(f"--feature-dtype {config.feature_dtype}: {err}") from None
+    else:
+        features = build_tiered_features(host_cache, device, normalization, **device_cache)
+    stages = DeviceStages(sampler, features, note="")
     cache = stages.device_cache
     share = 100 * cache.capacity / max(cache.num_rows, 1)
     note = (
         f"GPU path on {device}: sampler {type(sampler).__name__} (graph placement "
         f"{config.graph_placement}), device feature cache {config.device_cache_policy} "
         f"{cache.capacity} rows ({share:.1f} % of the table, "
-        f"{cache.memory_bytes / 2**20:.1f} MiB)"
+        f"{cache.memory_bytes / 2**20:.1f} MiB), rows stored as "
+        f"{str(cache.host.dtype).removeprefix('torch.')}"
         + (", its misses from the out-of-core host cache" if host_cache is not None else "")
         + (", Match-Reorder" if config.match_reorder else "")
     )

@@ -60,7 +60,10 @@ take the torch back end: both need the misses' distinct ids as a tensor of their
 size is data-dependent (Match keeps them for the next gather; a reader reads exactly those
 rows, from its host cache and its file).
 
-Every gather returns exactly the table's rows (cast to float32). Counters, per
+Every gather returns exactly the table's rows (cast to float32). With ``dtype``
+(``--feature-dtype float16`` or ``bfloat16``) the host rows and the cache store the table in
+that dtype: a gather returns the stored values (the table's, rounded once) as float32, and a
+missed row moves half the bytes over PCIe. Counters, per
 :meth:`reset_counters`, the same under both back ends: ``lookups`` (ids requested, with
 repeats), ``hits`` (of those, ids in the cache), ``misses``, ``rows_loaded`` (distinct rows
 read from host memory), ``rows_reused`` (distinct missed rows taken from the previous
@@ -177,6 +180,9 @@ class DeviceFeatures(FeatureSource):
             and the BatchLoader gathers block 0's halo rows too. Default: every row is solid.
         backend: ``"auto"``, ``"triton"`` (sync-free) or ``"torch"`` (module docstring;
             :func:`resolve_gather_backend`); the one taken is :attr:`backend`.
+        dtype: the dtype the host rows and the cache store the table in (``--feature-dtype``,
+            :data:`~distmb.pipeline.features.zero_copy.STORAGE_DTYPES`); None: the table's.
+            Gathers return float32 whatever it is. Not with a :class:`HostRowReader`.
     """
 
     def __init__(
@@ -191,6 +197,7 @@ class DeviceFeatures(FeatureSource):
         align_rows: bool = True,
         n_solid: int | None = None,
         backend: GatherBackend = "auto",
+        dtype: torch.dtype | None = None,
     ) -> None:
         if policy not in DEVICE_CACHE_POLICIES:
             raise ValueError(
@@ -198,11 +205,17 @@ class DeviceFeatures(FeatureSource):
             )
         if capacity < 0:
             raise ValueError(f"device cache capacity must be >= 0 rows, got {capacity}")
-        self.host: HostRows | HostRowReader = (
-            HostRows(table, device, align_rows=align_rows)
-            if isinstance(table, np.ndarray | torch.Tensor)
-            else table
-        )
+        if isinstance(table, np.ndarray | torch.Tensor):
+            self.host: HostRows | HostRowReader = HostRows(
+                table, device, align_rows=align_rows, dtype=dtype
+            )
+        elif dtype is not None and dtype != table.dtype:
+            raise ValueError(
+                f"DeviceFeatures: a HostRowReader serves {table.dtype} rows; it cannot store "
+                f"them as {dtype}"
+            )
+        else:
+            self.host = table
         super().__init__(self.host.num_rows, self.host.dim)
         self.device = self.host.device
         self.backend = resolve_gather_backend(
@@ -558,19 +571,22 @@ def build_device_features(
     align_rows: bool = True,
     n_solid: int | None = None,
     backend: GatherBackend = "auto",
+    dtype: torch.dtype | None = None,
 ) -> DeviceFeatures:
-    """A :class:`DeviceFeatures` of ``cache_mb`` MiB of rows (in the table's dtype) filled by
-    ``policy``, ranked by :func:`~distmb.pipeline.features.presample.static_hot_ids` (``presc``
-    pre-samples with its own stream derived from ``seed``; the training batches are never
-    seen). The arguments from ``degree`` to ``seed`` are those of that function
-    (``degree``: one entry per row of ``table``, halo rows included); ``n_solid`` is
-    :class:`DeviceFeatures`', as is ``backend``."""
+    """A :class:`DeviceFeatures` of ``cache_mb`` MiB of rows (in the stored dtype: ``dtype``,
+    default the table's) filled by ``policy``, ranked by
+    :func:`~distmb.pipeline.features.presample.static_hot_ids` (``presc`` pre-samples with its
+    own stream derived from ``seed``; the training batches are never seen). The arguments
+    from ``degree`` to ``seed`` are those of that function (``degree``: one entry per row of
+    ``table``, halo rows included); ``n_solid``, ``backend`` and ``dtype`` are
+    :class:`DeviceFeatures`'."""
     if policy not in DEVICE_CACHE_POLICIES:
         raise ValueError(
             f"device cache policy must be one of {DEVICE_CACHE_POLICIES}, got {policy!r}"
         )
     num_rows, dim = int(table.shape[0]), int(table.shape[1])
-    itemsize = int(np.dtype(str(table.dtype).removeprefix("torch.")).itemsize)
+    stored = dtype if dtype is not None else table.dtype
+    itemsize = stored.itemsize if isinstance(stored, torch.dtype) else np.dtype(stored).itemsize
     capacity = cache_rows(cache_mb, dim, num_rows, itemsize) if policy != "none" else 0
     hot = None
     if capacity:
@@ -591,4 +607,5 @@ def build_device_features(
         align_rows=align_rows,
         n_solid=n_solid,
         backend=backend,
+        dtype=dtype,
     )

@@ -46,8 +46,25 @@ ROW_ALIGN_BYTES = 128
 #: ``cudaHostRegisterPortable | cudaHostRegisterMapped``: pinned for every context, mapped
 #: into the device's address space.
 _HOST_REGISTER_FLAGS = 1 | 2
-#: Dtypes a host table may hold (those ``__cuda_array_interface__`` can describe).
-HOST_DTYPES: tuple[torch.dtype, ...] = (torch.float16, torch.float32, torch.float64)
+#: Dtypes a host table may hold. ``__cuda_array_interface__`` describes all but bfloat16,
+#: which numpy lacks: its rows are described as int16 and viewed back (:func:`cuda_alias`).
+HOST_DTYPES: tuple[torch.dtype, ...] = (
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+)
+#: The dtypes a table may be stored in on the device path, by name (``--feature-dtype``): the
+#: host rows the GPU reads and its cache hold them; gathers return float32. float16 and
+#: bfloat16 halve the bytes a row moves over PCIe (and the cache's bytes per row).
+STORAGE_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+}
+#: Rows converted at a time when a table is stored in another dtype (bounds the temporary
+#: float copies of a memory-mapped table to a few MiB).
+CONVERT_CHUNK_ROWS = 1 << 16
 
 
 def resolve_device(device: torch.device | str) -> torch.device:
@@ -71,7 +88,8 @@ def aligned_width(dim: int, itemsize: int, align: int = ROW_ALIGN_BYTES) -> int:
 
 def as_host_tensor(table: np.ndarray | torch.Tensor) -> torch.Tensor:
     """The table as a 2-D CPU tensor of one of :data:`HOST_DTYPES` (numpy arrays are wrapped,
-    not copied, when they can be; memory maps are read)."""
+    not copied, when they can be; memory maps are read). bfloat16 comes as a tensor only
+    (numpy has no such dtype)."""
     if isinstance(table, np.ndarray):
         if table.ndim != 2 or table.dtype not in (np.float16, np.float32, np.float64):
             raise ValueError(
@@ -85,7 +103,7 @@ def as_host_tensor(table: np.ndarray | torch.Tensor) -> torch.Tensor:
         tensor = table
     if tensor.ndim != 2 or tensor.dtype not in HOST_DTYPES or tensor.device.type != "cpu":
         raise ValueError(
-            f"host feature table must be a 2-D float16/32/64 CPU tensor, got "
+            f"host feature table must be a 2-D float16/bfloat16/float32/float64 CPU tensor, got "
             f"{tensor.dtype}{list(tensor.shape)} on {tensor.device}"
         )
     return tensor
@@ -109,10 +127,12 @@ class _CudaArrayInterface:
 
 def cuda_alias(host: torch.Tensor, device: torch.device) -> torch.Tensor:
     """A CUDA tensor on ``device`` whose storage is ``host``'s pinned, mapped memory
-    (contiguous CPU tensor). Kernels reading it read host memory over PCIe."""
+    (contiguous CPU tensor). Kernels reading it read host memory over PCIe. A bfloat16 host
+    is described as int16 (the interface has no bfloat16) and the alias viewed back."""
     if not host.is_contiguous() or not host.is_pinned():
         raise ValueError("cuda_alias: the host tensor must be contiguous and pinned")
-    alias = torch.as_tensor(_CudaArrayInterface(host), device=device)
+    described = host.view(torch.int16) if host.dtype == torch.bfloat16 else host
+    alias = torch.as_tensor(_CudaArrayInterface(described), device=device).view(host.dtype)
     if alias.data_ptr() != host.data_ptr() or alias.device.type != "cuda":
         raise RuntimeError(
             "cuda_alias: PyTorch copied the host table instead of aliasing it "
@@ -131,6 +151,9 @@ class HostRows:
         device: where gathered rows land: ``cuda`` (zero-copy reads of the pinned host
             buffer) or ``cpu`` (the same layout and code, for tests).
         align_rows: pad rows to :data:`ROW_ALIGN_BYTES` (see the module docstring).
+        dtype: the dtype the host buffer stores the rows in (one of :data:`HOST_DTYPES`);
+            None: the table's. Converted chunk by chunk while the buffer is filled
+            (:func:`copy_rows`); a value the cast would make infinite is an error.
 
     Attributes:
         view: [num_rows, dim] tensor on ``device`` over the host buffer (stride ``width``).
@@ -144,12 +167,15 @@ class HostRows:
         device: torch.device | str,
         *,
         align_rows: bool = True,
+        dtype: torch.dtype | None = None,
     ) -> None:
         source = as_host_tensor(table)
+        if dtype is not None and dtype not in HOST_DTYPES:
+            raise ValueError(f"host rows dtype must be one of {HOST_DTYPES}, got {dtype}")
         self.device = resolve_device(device)
         self.num_rows, self.dim = int(source.shape[0]), int(source.shape[1])
-        self.dtype = source.dtype
-        itemsize = source.element_size()
+        self.dtype = source.dtype if dtype is None else dtype
+        itemsize = self.dtype.itemsize
         self.width = aligned_width(self.dim, itemsize) if align_rows else self.dim
         self.row_bytes = self.dim * itemsize
         self._registered: int | None = None
@@ -158,11 +184,11 @@ class HostRows:
             full = cuda_alias(host, self.device)
             self._check_alias(host, full)
         else:
-            if self.width == self.dim and source.is_contiguous():
+            if self.width == self.dim and source.is_contiguous() and source.dtype == self.dtype:
                 host = source
             else:
                 host = torch.zeros((self.num_rows, self.width), dtype=self.dtype)
-                host[:, : self.dim].copy_(source)
+                copy_rows(host[:, : self.dim], source)
             full = host
         self.host = host
         self.view = full[:, : self.dim]
@@ -194,7 +220,7 @@ class HostRows:
         rounds up to a power of two), filled, then pinned and mapped in place with
         ``cudaHostRegister``."""
         host = torch.zeros((self.num_rows, self.width), dtype=self.dtype)
-        host[:, : self.dim].copy_(source)
+        copy_rows(host[:, : self.dim], source)
         nbytes = host.numel() * host.element_size()
         if nbytes:
             err = torch.cuda.cudart().cudaHostRegister(
@@ -220,6 +246,38 @@ class HostRows:
             raise RuntimeError(
                 "zero-copy: rows read by the GPU through the host alias differ from the host "
                 "rows (no unified virtual addressing for registered memory on this system?)"
+            )
+
+
+class StorageRangeError(ValueError):
+    """A table holds a value beyond the largest of the dtype it is to be stored in."""
+
+
+def copy_rows(dest: torch.Tensor, source: torch.Tensor) -> None:
+    """``dest[:] = source`` (2-D CPU tensors of one shape), cast to ``dest``'s dtype
+    :data:`CONVERT_CHUNK_ROWS` rows at a time when the dtypes differ.
+
+    Raises:
+        StorageRangeError: the cast makes a finite value infinite (beyond float16's largest value,
+            65504); the message names its row and value. Values that are not finite in the
+            table stay as they are.
+    """
+    if source.dtype == dest.dtype:
+        dest.copy_(source)
+        return
+    for start in range(0, int(source.shape[0]), CONVERT_CHUNK_ROWS):
+        rows = source[start : start + CONVERT_CHUNK_ROWS]
+        out = dest[start : start + CONVERT_CHUNK_ROWS]
+        out.copy_(rows)
+        overflow = torch.isinf(out) & torch.isfinite(rows)
+        if bool(overflow.any()):
+            row, col = (int(i) for i in torch.nonzero(overflow)[0])
+            limit = torch.finfo(dest.dtype).max
+            dtype = str(dest.dtype).removeprefix("torch.")
+            raise StorageRangeError(
+                f"feature table row {start + row} holds {float(rows[row, col]):.6g} "
+                f"(column {col}), beyond {dtype}'s largest value {limit:.6g}: store the "
+                "table as bfloat16 or float32, or normalise its features"
             )
 
 
