@@ -97,9 +97,10 @@ def test_quick_cpu_run_writes_a_consistent_record(tmp_path):
     assert result["figures"].startswith("cpu smoke test")
     assert result["graph"]["classes"] == 47 and result["graph"]["nodes"] == SMOKE_NODES
     assert result["model"]["batch_size"] == SMOKE_BATCH and result["model"]["hidden"] == 32
-    cached, *table = result["training"]
+    cached, half, *table = result["training"]
     assert [r["name"] for r in result["training"]] == [
-        "cache10/fused", "table/fused/prefetch0", "table/fused/prefetch2",
+        "cache10/fused", "cache10/fused/float16", "table/fused/prefetch0",
+        "table/fused/prefetch2",
         "table/fused/graphs/prefetch0", "table/fused/graphs/prefetch2",
         "gat/table/fused/prefetch2",
     ]  # fmt: skip
@@ -110,6 +111,10 @@ def test_quick_cpu_run_writes_a_consistent_record(tmp_path):
         assert train["iterations"] > 0 and train["epoch_s"] > 0
         assert min(train["sample_s"], train["feature_movement_s"], train["compute_s"]) > 0
     assert 0 <= cached["device_cache_hit_rate"] <= 1 and cached["h2d_bytes"] > 0
+    # float16 host rows: the same batches, the same cached rows, two bytes a value.
+    assert half["feature_dtype"] == "float16" and cached["feature_dtype"] == "float32"
+    assert half["device_cache_hit_rate"] == cached["device_cache_hit_rate"]
+    assert half["h2d_bytes"] * 2 == cached["h2d_bytes"]
     # The whole table on the device: every lookup hits, nothing crosses from the host.
     assert all(r["device_cache_hit_rate"] == 1.0 and r["h2d_bytes"] == 0 for r in table)
     sweep = {r["precision"]: r for r in result["precision_sweep"]}
@@ -186,7 +191,7 @@ def test_goals_read_the_table_and_cache_runs_and_the_profile(monkeypatch):
         ": 0.38 s (tf32, table/triton/graphs/prefetch2)"
     )
     assert goals["epoch_table"].endswith(": 0.42 s")  # the table run, not the cache run
-    assert goals["epoch_cache"].endswith(": 1.00 s")
+    assert goals["epoch_cache"].endswith(": 1.00 s (cache10/fused)")  # names its run
     assert goals["busy"] == "GPU busy >= 80%: 62%"
     assert goals["syncs"].endswith(": 3.5") and goals["launches"].endswith(": 212.0")
     assert goals["sampling"].endswith(": 2.1x")
