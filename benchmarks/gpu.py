@@ -12,7 +12,9 @@ batch 1000):
    device cache (``cache10/fused`` ...; on CUDA also ``cache10/triton/graphs``, with
    ``--cuda-graphs``, and ``cache10/triton/graphs/match``, with ``--match-reorder`` too;
    ``cache10/triton/graphs/float16`` per ``--feature-dtypes``: the host rows and the cache
-   in two bytes a value, the same rows cached), then the whole table on the device with
+   in two bytes a value, the same rows cached; ``.../float16/programs264`` per
+   ``--gather-programs-per-sm``: its gather capped at that many programs a multiprocessor),
+   then the whole table on the device with
    ``--prefetch 0`` and with ``--prefetch`` (``table/triton/prefetch0`` ...: triton where it
    is among ``--kernels``, the GPU configuration), the same with ``--cuda-graphs`` and (triton
    only) with ``--compile`` (``table/triton/compile/prefetch0``: its compilations and their
@@ -145,6 +147,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "more device-cache run each, in the cache runs' fastest configuration, the host rows "
         "and the cache in that dtype (the cache holds the same rows)",
     )  # fmt: skip
+    p.add_argument(
+        "--gather-programs-per-sm", type=str, default="2",
+        help="comma-separated programs per multiprocessor ('' for none; CUDA only): one more "
+        "device-cache run each, as the first --feature-dtypes run (else the graphs run), its "
+        "sync-free gather capped at that many programs a multiprocessor "
+        "(DeviceFeatures.gather_programs), so that the training step's kernels find room "
+        "beside a gather waiting on PCIe",
+    )  # fmt: skip
     p.add_argument("--prefetch", type=int, default=2)
     p.add_argument("--superbatch", type=int, default=DEFAULT_SUPERBATCH)
     p.add_argument("--presample-epochs", type=int, default=1)
@@ -180,6 +190,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if precision not in PRECISIONS:
             p.error(f"--precisions: {precision!r} is not one of {PRECISIONS}")
     args.feature_dtypes = [d for d in args.feature_dtypes.split(",") if d]
+    try:
+        args.gather_programs_per_sm = [int(v) for v in args.gather_programs_per_sm.split(",") if v]
+    except ValueError:
+        p.error(f"--gather-programs-per-sm: integers expected, got {args.gather_programs_per_sm!r}")
+    if any(v < 1 for v in args.gather_programs_per_sm):
+        p.error("--gather-programs-per-sm: values must be >= 1")
     for dtype in args.feature_dtypes:
         if dtype not in STORAGE_DTYPES or dtype == "float32":
             p.error(f"--feature-dtypes: {dtype!r} is not one of float16, bfloat16")
@@ -218,13 +234,15 @@ def make_trainer(
     compile_model: bool = False,
     match_reorder: bool | None = None,
     feature_dtype: str = "float32",
+    gather_programs: int | None = None,
 ) -> Trainer:
     """A Trainer on the GPU path: ``model`` with ``cache_percent`` of the rows in the device
     cache (the whole table: policy ``degree``, no pre-sampling needed), ``--cuda-graphs``
     when ``cuda_graphs``, ``--compile`` when ``compile_model``, ``--match-reorder`` when
     ``match_reorder`` (None: ``args``'), the table stored in ``feature_dtype``
     (``--feature-dtype``; the cache's MiB sized so that it holds the same rows whatever the
-    dtype), the rest from ``args``."""
+    dtype), the device cache's sync-free gather capped at ``gather_programs`` programs
+    (``DeviceFeatures.gather_programs``), the rest from ``args``."""
     match_reorder = args.match_reorder if match_reorder is None else match_reorder
     row_bytes = graph.features.shape[1] * STORAGE_DTYPES[feature_dtype].itemsize
     whole = cache_percent >= WHOLE_TABLE_PERCENT
@@ -239,7 +257,10 @@ def make_trainer(
         presample_epochs=args.presample_epochs, threads=args.threads, cuda_graphs=cuda_graphs,
         compile=compile_model, feature_dtype=feature_dtype,
     )  # fmt: skip
-    return Trainer(LocalGraph.from_graph(graph), config, log=lambda _: None)
+    trainer = Trainer(LocalGraph.from_graph(graph), config, log=lambda _: None)
+    if gather_programs is not None:
+        trainer.parts.device_stages.device_cache.gather_programs = gather_programs
+    return trainer
 
 
 def run_name(
@@ -251,15 +272,18 @@ def run_name(
     compiled: bool = False,
     match: bool = False,
     feature_dtype: str = "float32",
+    gather_programs: int | None = None,
 ) -> str:
     """``table/fused/prefetch0`` or ``cache10/triton`` (the ``--prefetch`` of the cache runs;
     ``cache10/triton/graphs`` with ``--cuda-graphs``, ``.../match`` with Match-Reorder),
     prefixed by the model when it is not GraphSAGE (``gat/table/triton/prefetch2``), with
     ``graphs/`` before the prefetch for ``--cuda-graphs`` (``table/triton/graphs/prefetch0``)
-    and ``compile/`` for ``--compile`` (``table/triton/compile/prefetch0``), and the
-    ``--feature-dtype`` last where it is not float32 (``cache10/triton/graphs/float16``)."""
+    and ``compile/`` for ``--compile`` (``table/triton/compile/prefetch0``), then the
+    ``--feature-dtype`` where it is not float32 (``cache10/triton/graphs/float16``) and a
+    gather's cap on its programs (``.../float16/programs264``)."""
     prefix = "" if model == "sage" else f"{model}/"
     stored = "" if feature_dtype == "float32" else f"/{feature_dtype}"
+    stored += "" if gather_programs is None else f"/programs{gather_programs}"
     if cache_percent >= WHOLE_TABLE_PERCENT:
         step = "graphs/" if graphs else "compile/" if compiled else ""
         return f"{prefix}table/{kernels}/{step}prefetch{prefetch}{stored}"
@@ -279,6 +303,7 @@ def run_settings(
     compile_model: bool = False,
     match_reorder: bool | None = None,
     feature_dtype: str = "float32",
+    gather_programs: int | None = None,
     **_: Any,
 ) -> dict[str, Any]:
     """A run's settings, those given over ``args``' (the options of :func:`training_part`;
@@ -288,7 +313,7 @@ def run_settings(
     prefetch = args.prefetch if prefetch is None else prefetch
     match = args.match_reorder if match_reorder is None else match_reorder
     name = run_name(kernels, cache_percent, prefetch, model, cuda_graphs, compile_model,
-                    match and not args.match_reorder, feature_dtype)  # fmt: skip
+                    match and not args.match_reorder, feature_dtype, gather_programs)  # fmt: skip
     return {
         "name": name,
         "model": model,
@@ -299,6 +324,7 @@ def run_settings(
         "prefetch": prefetch,
         "match_reorder": match,
         "feature_dtype": feature_dtype,
+        "gather_programs": gather_programs,
         "cache_percent": cache_percent,
     }
 
@@ -317,6 +343,7 @@ def training_part(
     compile_model: bool = False,
     match_reorder: bool | None = None,
     feature_dtype: str = "float32",
+    gather_programs: int | None = None,
 ) -> dict[str, Any]:
     """Train ``--epochs`` epochs on the GPU path; the last epoch's time split (and the test
     accuracy when ``accuracy``). Unset arguments come from ``args``. With ``compile_model``
@@ -325,14 +352,15 @@ def training_part(
     run = run_settings(args, kernels, cache_percent=cache_percent, prefetch=prefetch,
                        precision=precision, model=model, cuda_graphs=cuda_graphs,
                        compile_model=compile_model, match_reorder=match_reorder,
-                       feature_dtype=feature_dtype)  # fmt: skip
+                       feature_dtype=feature_dtype, gather_programs=gather_programs)  # fmt: skip
     cache_percent, precision = run.pop("cache_percent"), run["precision"]
     t0 = time.perf_counter()
     trainer = make_trainer(args, graph, kernels, cache_percent=cache_percent,
                            prefetch=run["prefetch"], precision=precision, model=model,
                            cuda_graphs=cuda_graphs, compile_model=compile_model,
                            match_reorder=run["match_reorder"],
-                           feature_dtype=feature_dtype)  # fmt: skip
+                           feature_dtype=feature_dtype,
+                           gather_programs=gather_programs)  # fmt: skip
     setup_s = time.perf_counter() - t0
     epochs = [trainer.train_epoch(e) for e in range(args.epochs)]
     last = epochs[-1]
@@ -392,6 +420,20 @@ def training_runs(args: argparse.Namespace, graph) -> list[dict[str, Any]]:
             )
     for dtype in args.feature_dtypes:  # two-byte host rows: half the bytes a missed row moves
         runs.append(guarded_run(args, graph, table_kernels, cuda_graphs=cuda, feature_dtype=dtype))
+    if cuda:  # the gather capped, to leave multiprocessors to the training step's kernels
+        sms = torch.cuda.get_device_properties(args.device).multi_processor_count
+        dtype = args.feature_dtypes[0] if args.feature_dtypes else "float32"
+        for per_sm in args.gather_programs_per_sm:
+            runs.append(
+                guarded_run(
+                    args,
+                    graph,
+                    table_kernels,
+                    cuda_graphs=True,
+                    feature_dtype=dtype,
+                    gather_programs=per_sm * sms,
+                )
+            )
     table = {"cache_percent": WHOLE_TABLE_PERCENT}
     for prefetch in dict.fromkeys((0, args.prefetch)):
         runs.append(guarded_run(args, graph, table_kernels, prefetch=prefetch, **table))

@@ -126,6 +126,32 @@ def test_rows_narrow_and_wider_than_one_column_block(dim):
     assert source.counters() == reference.counters()
 
 
+@pytest.mark.parametrize("programs", [1, 3])
+def test_capped_programs_loop_over_every_row_block(programs, monkeypatch):
+    """With ``gather_programs`` each program loops over row blocks (pid, pid + programs,
+    ...): the rows and the counters equal the torch back end's, over requests of many row
+    blocks (a short last one included) and of fewer blocks than programs."""
+    monkeypatch.setattr(gather_triton, "VALUES_PER_PROGRAM", 64)  # 4 rows a block: many blocks
+    launched = []
+    real = gather_triton.launch
+
+    def spy(*args, **kwargs):
+        launched.append(args[-1])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(gather_triton, "launch", spy)
+    table = table_of(np.float32)
+    source = make(table, 13, "triton")
+    source.gather_programs = programs
+    reference = make(table, 13, "torch")
+    for ids in requests(source):
+        got = source.gather_batch_rows(torch.from_numpy(ids), take_buffer)[0]
+        np.testing.assert_array_equal(got.numpy(), table[ids])
+        reference.gather_device(ids)
+    assert source.counters() == reference.counters()
+    assert set(launched) == {programs}
+
+
 def test_a_wrong_unpermute_is_caught(monkeypatch):
     """The comparison above fails for a kernel writing rows in sorted order (perm ignored)."""
     table = table_of(np.float32)
@@ -338,12 +364,12 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from distmb.pipeline.features.gather_triton import _gather_kernel, block_shape
 rows, cols = block_shape(300)
-for dtype in ("fp16", "fp32", "fp64"):
+for dtype in ("fp16", "bf16", "fp32", "fp64"):
     for has_cache in (True, False):
         sig = dict(sorted_ids_ptr="*i64", perm_ptr="*i64", n="i64", slot_of_ptr="*i32",
                    cache_ptr="*" + dtype, host_ptr="*" + dtype, host_stride="i64",
                    out_ptr="*fp32", dim="i64", num_rows="i64", stats_ptr="*i64",
-                   HAS_CACHE="constexpr", BLOCK_ROWS="constexpr", BLOCK_COLS="constexpr")
+                   row_blocks="i64", HAS_CACHE="constexpr", BLOCK_ROWS="constexpr", BLOCK_COLS="constexpr")
         constexprs = {"HAS_CACHE": has_cache, "BLOCK_ROWS": rows, "BLOCK_COLS": cols}
         kernel = triton.compile(ASTSource(_gather_kernel, sig, constexprs=constexprs),
                                 target=GPUTarget("cuda", 90, 32))

@@ -183,7 +183,15 @@ class DeviceFeatures(FeatureSource):
         dtype: the dtype the host rows and the cache store the table in (``--feature-dtype``,
             :data:`~distmb.pipeline.features.zero_copy.STORAGE_DTYPES`); None: the table's.
             Gathers return float32 whatever it is. Not with a :class:`HostRowReader`.
+
+    Attributes:
+        gather_programs: the sync-free gather's cap on its programs per column block (each
+            then loops over row blocks, leaving the rest of the GPU to other streams'
+            kernels: :mod:`~distmb.pipeline.features.gather_triton`); None (default): one
+            program per row block. Set it between gathers; the rows are the same either way.
     """
+
+    gather_programs: int | None = None
 
     def __init__(
         self,
@@ -492,6 +500,7 @@ class DeviceFeatures(FeatureSource):
             self.host.view,
             self.num_rows,
             self._stats,
+            self.gather_programs,
         )
         self._pending = self._pending or bool(ids.numel())
         return out

@@ -15,6 +15,12 @@ stride may be padded to 128 bytes (:func:`~distmb.pipeline.features.zero_copy.al
 every host row then starts on a 128-byte boundary, and a program's first column block with
 it.
 
+The grid has one program per ``BLOCK_ROWS`` ids unless ``max_programs`` caps it: then each
+program loops over row blocks ``pid, pid + programs, ...`` (a grid-stride loop), so that a
+gather whose loads wait on PCIe holds only that many programs' worth of the GPU's
+multiprocessors, and kernels of other streams (the training step, while the BatchLoader
+gathers the next batch) find room beside it. The output is the same whatever the cap.
+
 The programs of the first column block also count, into ``stats: int64[STATS_SIZE]``
 (atomic adds, one per program and counter): the hits, the distinct misses (a missed id that
 differs from its predecessor in sorted order: the rows read from host memory), the ids
@@ -83,9 +89,42 @@ if triton is not None:
     _STAT_LOW = tl.constexpr(STAT_LOW)
     _STAT_HIGH = tl.constexpr(STAT_HIGH)
 
-    # n and num_rows are never compile-time constants (n changes with every gather).
-    @triton.jit(do_not_specialize=["n", "num_rows"])
+    # n, num_rows and row_blocks are never compile-time constants (n changes with every
+    # gather).
+    @triton.jit(do_not_specialize=["n", "num_rows", "row_blocks"])
     def _gather_kernel(
+        sorted_ids_ptr,
+        perm_ptr,
+        n,
+        slot_of_ptr,
+        cache_ptr,
+        host_ptr,
+        host_stride,
+        out_ptr,
+        dim,
+        num_rows,
+        stats_ptr,
+        row_blocks,
+        HAS_CACHE: tl.constexpr,
+        BLOCK_ROWS: tl.constexpr,
+        BLOCK_COLS: tl.constexpr,
+    ):
+        """out[perm[i], cols] = float32(cache[slot] if slot >= 0 else host[id]) for the
+        sorted positions i of the program's row blocks (``pid`` and every
+        ``num_programs(0)``-th after it, below ``row_blocks``) and its columns (contract in
+        the module docstring)."""
+        # int64 block numbers: row0 may pass 2**31 for a long request.
+        first, step = tl.program_id(0).to(tl.int64), tl.num_programs(0).to(tl.int64)
+        for block in range(first, row_blocks, step):
+            _gather_block(
+                block * BLOCK_ROWS, sorted_ids_ptr, perm_ptr, n, slot_of_ptr,
+                cache_ptr, host_ptr, host_stride, out_ptr, dim, num_rows, stats_ptr,
+                HAS_CACHE, BLOCK_ROWS, BLOCK_COLS,
+            )  # fmt: skip
+
+    @triton.jit
+    def _gather_block(
+        row0,
         sorted_ids_ptr,
         perm_ptr,
         n,
@@ -101,9 +140,8 @@ if triton is not None:
         BLOCK_ROWS: tl.constexpr,
         BLOCK_COLS: tl.constexpr,
     ):
-        """out[perm[i], cols] = float32(cache[slot] if slot >= 0 else host[id]) for the
-        program's sorted positions i and columns (contract in the module docstring)."""
-        row0 = tl.program_id(0).to(tl.int64) * BLOCK_ROWS
+        """One row block of :func:`_gather_kernel`: sorted positions ``row0 + [0,
+        BLOCK_ROWS)``, the program's column block; counted by the first column block."""
         rows = row0 + tl.arange(0, BLOCK_ROWS)
         live = rows < n
         ids = tl.load(sorted_ids_ptr + rows, mask=live, other=0)
@@ -169,14 +207,17 @@ def launch(
     out: torch.Tensor,
     num_rows: int,
     stats: torch.Tensor,
+    max_programs: int | None = None,
 ) -> None:
     """Launch the kernel over ``n = sorted_ids.numel() > 0`` ids (see :func:`gather_rows`
     for the arguments). The one place the kernel is launched: tests that count a gather's
     ops count a launch here as one op (the interpreter copies tensors while it runs)."""
     n, dim = int(sorted_ids.shape[0]), int(out.shape[1])
     block_rows, block_cols = block_shape(dim)
+    row_blocks = triton.cdiv(n, block_rows)
+    programs = row_blocks if max_programs is None else min(row_blocks, max_programs)
     # At least one column block: its programs count the ids even when rows have no values.
-    grid = (triton.cdiv(n, block_rows), max(1, triton.cdiv(dim, block_cols)))
+    grid = (programs, max(1, triton.cdiv(dim, block_cols)))
     device = out.device
     with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
         _gather_kernel[grid](
@@ -191,6 +232,7 @@ def launch(
             dim,
             num_rows,
             stats,
+            row_blocks,
             HAS_CACHE=slot_of is not None,
             BLOCK_ROWS=block_rows,
             BLOCK_COLS=block_cols,
@@ -205,6 +247,7 @@ def gather_rows(
     host: torch.Tensor,
     num_rows: int,
     stats: torch.Tensor,
+    max_programs: int | None = None,
 ) -> torch.Tensor:
     """float32[n, dim] on ``host``'s device: ``out[perm[i]]`` is the row of
     ``sorted_ids[i]``, from ``cache`` where ``slot_of`` has a slot, else from ``host``
@@ -218,16 +261,21 @@ def gather_rows(
         host: [num_rows, dim], unit column stride, any row stride (the padded host rows).
         num_rows: the table's rows.
         stats: int64[STATS_SIZE] (:func:`new_stats`), accumulated into.
+        max_programs: at most this many programs per column block, each looping over row
+            blocks (module docstring); None: one program per row block.
 
     Raises:
         RuntimeError: Triton is not installed.
+        ValueError: ``max_programs`` below 1.
     """
     if triton is None:
         raise RuntimeError("Triton is not installed (pip install 'distmb[triton]')")
+    if max_programs is not None and max_programs < 1:
+        raise ValueError(f"gather_rows: max_programs must be >= 1, got {max_programs}")
     n, dim = int(sorted_ids.shape[0]), int(host.shape[1])
     out = torch.empty((n, dim), dtype=torch.float32, device=host.device)
     if n:
         if host.stride(1) != 1 or (slot_of is not None and not cache.is_contiguous()):
             raise ValueError("gather_rows: host rows need unit column stride, cache contiguous")
-        launch(sorted_ids, perm, slot_of, cache, host, out, num_rows, stats)
+        launch(sorted_ids, perm, slot_of, cache, host, out, num_rows, stats, max_programs)
     return out
