@@ -357,25 +357,30 @@ def test_backend_choice(monkeypatch):
 
 def test_kernel_compiles_for_hopper():
     """The interpreter accepts Python the compiler rejects: compile the kernel for sm_90 (no
-    GPU needed) for every host dtype, with and without a cache."""
+    GPU needed) for every host dtype, with and without a cache, one row block a program and
+    looped (a capped grid)."""
     code = """
+import itertools
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from distmb.pipeline.features.gather_triton import _gather_kernel, block_shape
+from distmb.pipeline.features.gather_triton import _gather_kernel, _gather_kernel_looped
+from distmb.pipeline.features.gather_triton import block_shape
 rows, cols = block_shape(300)
-for dtype in ("fp16", "bf16", "fp32", "fp64"):
-    for has_cache in (True, False):
-        sig = dict(sorted_ids_ptr="*i64", perm_ptr="*i64", n="i64", slot_of_ptr="*i32",
-                   cache_ptr="*" + dtype, host_ptr="*" + dtype, host_stride="i64",
-                   out_ptr="*fp32", dim="i64", num_rows="i64", stats_ptr="*i64",
-                   row_blocks="i64", HAS_CACHE="constexpr", BLOCK_ROWS="constexpr", BLOCK_COLS="constexpr")
-        constexprs = {"HAS_CACHE": has_cache, "BLOCK_ROWS": rows, "BLOCK_COLS": cols}
-        kernel = triton.compile(ASTSource(_gather_kernel, sig, constexprs=constexprs),
-                                target=GPUTarget("cuda", 90, 32))
-        ptx = kernel.asm["ptx"]
-        assert ptx.count("atom.global") == 5 and "max.s64" in ptx, ptx
-        assert len(kernel.asm["cubin"]) > 0
+dtypes = ("fp16", "bf16", "fp32", "fp64")
+for dtype, has_cache, looped in itertools.product(dtypes, (True, False), (False, True)):
+    sig = dict(sorted_ids_ptr="*i64", perm_ptr="*i64", n="i64", slot_of_ptr="*i32",
+               cache_ptr="*" + dtype, host_ptr="*" + dtype, host_stride="i64",
+               out_ptr="*fp32", dim="i64", num_rows="i64", stats_ptr="*i64",
+               **({"row_blocks": "i64"} if looped else {}), HAS_CACHE="constexpr",
+               BLOCK_ROWS="constexpr", BLOCK_COLS="constexpr")
+    constexprs = {"HAS_CACHE": has_cache, "BLOCK_ROWS": rows, "BLOCK_COLS": cols}
+    fn = _gather_kernel_looped if looped else _gather_kernel
+    kernel = triton.compile(ASTSource(fn, sig, constexprs=constexprs),
+                            target=GPUTarget("cuda", 90, 32))
+    ptx = kernel.asm["ptx"]
+    assert ptx.count("atom.global") == 5 and "max.s64" in ptx, ptx
+    assert len(kernel.asm["cubin"]) > 0
 """
     compile_triton_in_subprocess(code)
 

@@ -89,10 +89,35 @@ if triton is not None:
     _STAT_LOW = tl.constexpr(STAT_LOW)
     _STAT_HIGH = tl.constexpr(STAT_HIGH)
 
-    # n, num_rows and row_blocks are never compile-time constants (n changes with every
-    # gather).
-    @triton.jit(do_not_specialize=["n", "num_rows", "row_blocks"])
+    # n and num_rows are never compile-time constants (n changes with every gather).
+    @triton.jit(do_not_specialize=["n", "num_rows"])
     def _gather_kernel(
+        sorted_ids_ptr,
+        perm_ptr,
+        n,
+        slot_of_ptr,
+        cache_ptr,
+        host_ptr,
+        host_stride,
+        out_ptr,
+        dim,
+        num_rows,
+        stats_ptr,
+        HAS_CACHE: tl.constexpr,
+        BLOCK_ROWS: tl.constexpr,
+        BLOCK_COLS: tl.constexpr,
+    ):
+        """out[perm[i], cols] = float32(cache[slot] if slot >= 0 else host[id]) for the
+        program's sorted positions i (one row block) and columns (contract in the module
+        docstring)."""
+        _gather_block(
+            tl.program_id(0).to(tl.int64) * BLOCK_ROWS, sorted_ids_ptr, perm_ptr, n,
+            slot_of_ptr, cache_ptr, host_ptr, host_stride, out_ptr, dim, num_rows, stats_ptr,
+            HAS_CACHE, BLOCK_ROWS, BLOCK_COLS,
+        )  # fmt: skip
+
+    @triton.jit(do_not_specialize=["n", "num_rows", "row_blocks"])
+    def _gather_kernel_looped(
         sorted_ids_ptr,
         perm_ptr,
         n,
@@ -109,10 +134,8 @@ if triton is not None:
         BLOCK_ROWS: tl.constexpr,
         BLOCK_COLS: tl.constexpr,
     ):
-        """out[perm[i], cols] = float32(cache[slot] if slot >= 0 else host[id]) for the
-        sorted positions i of the program's row blocks (``pid`` and every
-        ``num_programs(0)``-th after it, below ``row_blocks``) and its columns (contract in
-        the module docstring)."""
+        """:func:`_gather_kernel` for the program's row blocks ``pid`` and every
+        ``num_programs(0)``-th after it, below ``row_blocks`` (a capped grid)."""
         # int64 block numbers: row0 may pass 2**31 for a long request.
         first, step = tl.program_id(0).to(tl.int64), tl.num_programs(0).to(tl.int64)
         for block in range(first, row_blocks, step):
@@ -140,8 +163,8 @@ if triton is not None:
         BLOCK_ROWS: tl.constexpr,
         BLOCK_COLS: tl.constexpr,
     ):
-        """One row block of :func:`_gather_kernel`: sorted positions ``row0 + [0,
-        BLOCK_ROWS)``, the program's column block; counted by the first column block."""
+        """One row block of the gather: sorted positions ``row0 + [0, BLOCK_ROWS)``, the
+        program's column block; counted by the first column block."""
         rows = row0 + tl.arange(0, BLOCK_ROWS)
         live = rows < n
         ids = tl.load(sorted_ids_ptr + rows, mask=live, other=0)
@@ -215,12 +238,13 @@ def launch(
     n, dim = int(sorted_ids.shape[0]), int(out.shape[1])
     block_rows, block_cols = block_shape(dim)
     row_blocks = triton.cdiv(n, block_rows)
-    programs = row_blocks if max_programs is None else min(row_blocks, max_programs)
+    looped = max_programs is not None and max_programs < row_blocks
     # At least one column block: its programs count the ids even when rows have no values.
-    grid = (programs, max(1, triton.cdiv(dim, block_cols)))
+    grid = (max_programs if looped else row_blocks, max(1, triton.cdiv(dim, block_cols)))
+    kernel = _gather_kernel_looped if looped else _gather_kernel
     device = out.device
     with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
-        _gather_kernel[grid](
+        kernel[grid](
             sorted_ids,
             perm,
             n,
@@ -232,7 +256,7 @@ def launch(
             dim,
             num_rows,
             stats,
-            row_blocks,
+            *((row_blocks,) if looped else ()),
             HAS_CACHE=slot_of is not None,
             BLOCK_ROWS=block_rows,
             BLOCK_COLS=block_cols,
