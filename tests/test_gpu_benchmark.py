@@ -202,6 +202,14 @@ def test_goals_read_the_table_and_cache_runs_and_the_profile(monkeypatch):
     goals = gpu.goals(result)
     assert goals["profiled"].endswith("table/triton/graphs/prefetch0")
     assert goals["launches"].endswith(": 45.0") and goals["busy"].endswith(": 90%")
+    # The configuration users run (graphs, --prefetch 2) when it is the fastest.
+    result["profile_prefetch"] = {"name": "table/triton/graphs/prefetch2", "wall_s": 0.8,
+                                  "gpu_busy": 0.95, "syncs_per_iteration": 1.5,
+                                  "launches_per_iteration": 46.0}  # fmt: skip
+    goals = gpu.goals(result)
+    assert goals["profiled"].endswith("table/triton/graphs/prefetch2")
+    assert goals["busy"].endswith(": 95%")
+    result["profile_prefetch"] = {"skipped": "not among --parts"}
     result["profile_graphs"] = {"failed": "RuntimeError: capture"}
     assert gpu.goals(result)["launches"].endswith(": 212.0")
     assert gpu.goals({"figures": "cpu smoke test"}) == {"note": "CPU smoke test: no goal applies"}
