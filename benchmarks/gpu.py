@@ -14,7 +14,7 @@ batch 1000):
    ``cache10/triton/graphs/float16`` per ``--feature-dtypes``: the host rows and the cache
    in two bytes a value, the same rows cached; ``.../float16/programs264`` per
    ``--gather-programs-per-sm``: its gather capped at that many programs a multiprocessor),
-   then the whole table on the device with
+   then the whole table on the device (``table/triton/graphs/prefetch2/float16`` too) with
    ``--prefetch 0`` and with ``--prefetch`` (``table/triton/prefetch0`` ...: triton where it
    is among ``--kernels``, the GPU configuration), the same with ``--cuda-graphs`` and (triton
    only) with ``--compile`` (``table/triton/compile/prefetch0``: its compilations and their
@@ -444,6 +444,10 @@ def training_runs(args: argparse.Namespace, graph) -> list[dict[str, Any]]:
     for prefetch in dict.fromkeys((0, args.prefetch)):
         runs.append(
             guarded_run(args, graph, table_kernels, prefetch=prefetch, cuda_graphs=True, **table)
+        )
+    for dtype in args.feature_dtypes:  # the table in two bytes: half the gather's reads
+        runs.append(
+            guarded_run(args, graph, table_kernels, cuda_graphs=True, feature_dtype=dtype, **table)
         )
     if table_kernels == "triton":  # --compile: the Triton layers only
         runs.append(

@@ -102,6 +102,7 @@ def test_quick_cpu_run_writes_a_consistent_record(tmp_path):
         "cache10/fused", "cache10/fused/float16", "table/fused/prefetch0",
         "table/fused/prefetch2",
         "table/fused/graphs/prefetch0", "table/fused/graphs/prefetch2",
+        "table/fused/graphs/prefetch2/float16",
         "gat/table/fused/prefetch2",
     ]  # fmt: skip
     graphed = [r for r in result["training"] if r["cuda_graphs"]]
