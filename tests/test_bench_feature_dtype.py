@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -89,3 +90,18 @@ def test_quick_run_records_half_the_bytes_with_the_same_rows(
     assert data["accuracy_same_across_sizings"] is True
     assert data["table_rounding"]["float32"]["changed_fraction"] == 0.0
     assert data["table_rounding"]["float16"]["changed_fraction"] > 0.0
+
+
+def test_table_rounding_counts_what_numpy_float16_changes(feature_dtype):
+    table = np.random.default_rng(0).standard_normal((50, 7)).astype(np.float32) * 1e-3
+    table[3, :4] = [0.0, 1e-9, 3e-5, 1 / 3]  # zero, made zero, subnormal, rounded
+    got = feature_dtype.table_rounding(torch.from_numpy(table), ["float32", "float16"])
+    rounded = table.astype(np.float16).astype(np.float32)
+    nonzero = table != 0
+    relative = np.abs(rounded - table)[nonzero] / np.abs(table)[nonzero]
+    assert got["float32"]["changed_fraction"] == 0.0
+    assert got["float16"]["changed_fraction"] == pytest.approx(np.mean(rounded != table))
+    assert got["float16"]["changed_fraction_of_nonzero"] == pytest.approx(np.mean(relative != 0))
+    assert got["float16"]["zeroed_fraction_of_nonzero"] == pytest.approx(1 / nonzero.sum())
+    assert got["float16"]["max_relative_error"] == 1.0
+    assert got["float16"]["median_relative_error"] == pytest.approx(np.median(relative))
