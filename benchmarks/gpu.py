@@ -24,7 +24,9 @@ batch 1000):
 2. **Precision sweep** (``"precision_sweep"``): the whole-table run once per ``--precisions``
    value, with its test accuracy (exact layer-wise inference; ``--no-accuracy`` skips it),
    on CUDA with ``--cuda-graphs`` (not fp16) and for GAT too (but fp32, a training run):
-   what TF32 and bf16 buy against what they cost.
+   what TF32 and bf16 buy against what they cost; the **C++ path** on the same machine's CPU
+   cores (``"cpp_baseline"``: same model, epochs and seed; its epoch time and the test
+   accuracy the sweep's are read against).
 3. **Profile** (``"profile"``): one whole-table epoch (``--prefetch 0``) under torch.profiler
    (``benchmarks/gpu_profile.py``): kernel launches and host synchronisations per
    iteration, kernel time and GPU busy (on CPU tensors the counts are 0); on CUDA also with
@@ -100,8 +102,10 @@ QUICK = {"nodes": 10_000, "avg_degree": 10.0, "feat_dim": 16, "hidden": 32, "epo
 HEADROOM = 1.35
 #: The benchmark's parts (``--parts``), in the order they run; ``"bandwidth"`` is sized by
 #: ``"cache"``'s mean inputs per batch, so it needs that part.
-PARTS = ("training", "precision_sweep", "profile", "profile_graphs", "profile_prefetch",
-         "launches_per_iteration", "sampling", "cache", "bandwidth")  # fmt: skip
+PARTS = (
+    "training", "precision_sweep", "cpp_baseline", "profile", "profile_graphs",
+    "profile_prefetch", "launches_per_iteration", "sampling", "cache", "bandwidth",
+)  # fmt: skip
 #: The goals, checked in the record: epoch seconds with the feature table on the device and
 #: with the device cache over zero-copy host rows; device sampler against the C++ one; GPU
 #: busy (kernel-covered fraction of the epoch); host syncs and launches per iteration.
@@ -510,6 +514,37 @@ def precision_part(args: argparse.Namespace, graph) -> list[dict[str, Any]]:
     return records
 
 
+def cpp_baseline_part(args: argparse.Namespace, graph) -> dict[str, Any]:
+    """The C++ path on this machine's CPU cores (``--device cpu --sampler cpp``, the fused
+    kernels, ``--threads``): the same model, batches per epoch, epochs and seed as the
+    precision sweep's runs, its epoch time and its test accuracy (the sweep's accuracies
+    are read against it: other random choices, the same distribution)."""
+    config = TrainConfig(
+        layers=len(args.fanouts), fanout=tuple(args.fanouts), hidden=args.hidden,
+        batch_size=args.batch_size, epochs=args.epochs, seed=args.seed, progress=False,
+        device="cpu", sampler="cpp", threads=args.threads,
+    )  # fmt: skip
+    t0 = time.perf_counter()
+    trainer = Trainer(LocalGraph.from_graph(graph), config, log=lambda _: None)
+    setup_s = time.perf_counter() - t0
+    epochs = [trainer.train_epoch(e) for e in range(args.epochs)]
+    record: dict[str, Any] = {
+        "name": "cpp/cpu",
+        "kernels": trainer.parts.kernels,
+        "threads": int(_C.get_num_threads()),
+        "setup_s": round(setup_s, 2),
+        "epoch_times_s": [r["epoch_time"] for r in epochs],
+        "epoch_s": epochs[-1]["epoch_time"],
+        "loss": round(epochs[-1]["loss"], 4),
+    }
+    if not args.no_accuracy:
+        t0 = time.perf_counter()
+        record["test_acc"] = round(trainer.evaluate()["test_acc"], 4)
+        record["evaluate_s"] = round(time.perf_counter() - t0, 2)
+    print(f"cpp baseline: {record}", flush=True)
+    return record
+
+
 def profiled_kernels(args: argparse.Namespace) -> str:
     """The ``--kernels`` value the profile and the census run: ``triton`` where it is among
     ``--kernels`` (the GPU configuration: its aggregation kernels), else the first."""
@@ -652,6 +687,13 @@ def goals(result: dict[str, Any]) -> dict[str, str]:
         out["epoch_table_any_precision"] = (
             f"epoch, table on the device, any precision <= {EPOCH_GOAL_TABLE_S} s: "
             f"{best['epoch_s']:.2f} s ({best['precision']}, {best['name']})"
+        )
+    baseline = measured(result, "cpp_baseline")
+    accurate = [r for r in swept if "test_acc" in r]
+    if baseline and "test_acc" in baseline and accurate:
+        out["accuracy"] = (
+            f"test accuracy, C++ path {baseline['test_acc']:.4f}; GPU path "
+            + ", ".join(f"{r['precision']} {r['test_acc']:.4f}" for r in accurate)
         )
     profiles = [measured(result, key) for key in ("profile", "profile_graphs", "profile_prefetch")]
     profiles = [p for p in profiles if p]
@@ -839,6 +881,7 @@ def main(argv: list[str] | None = None) -> int:
 
     part("training", lambda: training_runs(args, graph))
     part("precision_sweep", lambda: precision_part(args, graph))
+    part("cpp_baseline", lambda: cpp_baseline_part(args, graph))
     part("profile", lambda: profile_part(args, graph))
     if on_gpu:
         part("profile_graphs", lambda: profile_part(args, graph, cuda_graphs=True))

@@ -121,6 +121,10 @@ def test_quick_cpu_run_writes_a_consistent_record(tmp_path):
     sweep = {r["precision"]: r for r in result["precision_sweep"]}
     assert set(sweep) == {"fp32", "bf16"} and sweep["fp32"]["loss"] != sweep["bf16"]["loss"]
     assert all(0 <= r["test_acc"] <= 1 and r["kernels"] == "torch" for r in sweep.values())
+    # The C++ path on the same CPU: same model and epochs, its test accuracy measured.
+    baseline = result["cpp_baseline"]
+    assert baseline["name"] == "cpp/cpu" and baseline["kernels"] == "fused"
+    assert len(baseline["epoch_times_s"]) == 1 and 0 <= baseline["test_acc"] <= 1
     profile = result["profile"]
     assert profile["iterations"] == cached["iterations"] and profile["wall_s"] > 0
     assert profile["launches"] == profile["kernels"] == 0  # CPU tensors: no device work
@@ -188,6 +192,10 @@ def test_goals_read_the_table_and_cache_runs_and_the_profile(monkeypatch):
         {"name": "table/triton/graphs/prefetch2", "precision": "fp32", "failed": "capture"},
     ]  # fmt: skip
     goals = gpu.goals(result)
+    assert "accuracy" not in goals  # no accuracies measured
+    result["precision_sweep"][0]["test_acc"] = 0.8125
+    result["cpp_baseline"] = {"name": "cpp/cpu", "epoch_s": 14.0, "test_acc": 0.8131}
+    assert gpu.goals(result)["accuracy"] == "test accuracy, C++ path 0.8131; GPU path tf32 0.8125"
     assert goals["epoch_table_any_precision"].endswith(
         ": 0.38 s (tf32, table/triton/graphs/prefetch2)"
     )
