@@ -55,7 +55,13 @@ WIDE_GRAPH = GRAPH.replace("feat_dim=4", "feat_dim=100")
 WIDE_RUNS = [dict(model="sage", hidden=256), dict(model="gat", hidden=64)]
 #: ``@triton.jit`` functions of the package that no run of :data:`RUNS` compiles, as
 #: ``module.name``, with the reason (e.g. a kernel only multi-GPU runs launch).
-NOT_LAUNCHED: dict[str, str] = {}
+NOT_LAUNCHED: dict[str, str] = {
+    "distmb.pipeline.features.gather_triton._gather_kernel_looped": (
+        "the feature gather with its grid capped (DeviceFeatures.gather_programs), which no "
+        "training option sets (benchmarks/gpu.py does); tests/test_device_gather_sync_free.py "
+        "runs it and compiles it for sm_90"
+    ),
+}
 #: The kernels' dtype under ``--precision fp16`` (a GPU only: CUDA autocast with a gradient
 #: scaler) where ``--precision bf16`` gives them ``*bf16``: compiled as such too.
 GPU_ONLY_TWINS = {"*bf16": "*fp16"}

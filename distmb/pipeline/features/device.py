@@ -74,7 +74,7 @@ crossed PCIe).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Literal, Protocol
+from typing import Literal
 
 import numpy as np
 import torch
@@ -90,7 +90,7 @@ from distmb.pipeline.features.gather_triton import (
     STAT_OUT_OF_RANGE,
 )
 from distmb.pipeline.features.presample import static_hot_ids
-from distmb.pipeline.features.protocol import FeatureSource, TakeBuffer
+from distmb.pipeline.features.protocol import FeatureSource, HostRowReader, TakeBuffer
 from distmb.pipeline.features.zero_copy import HostRows
 from distmb.pipeline.sample import idmap_triton
 from distmb.pipeline.sample.host import NeighborSampler
@@ -108,32 +108,6 @@ DIRECTORY_BYTES_PER_ROW = 4
 #: device (where it can run and the cache allows it), else torch ops.
 GatherBackend = Literal["auto", "triton", "torch"]
 GATHER_BACKENDS: tuple[str, ...] = ("auto", "triton", "torch")
-
-
-class HostRowReader(Protocol):
-    """Where :class:`DeviceFeatures` reads the rows its cache misses, when it is not a host
-    table (:class:`~distmb.pipeline.features.zero_copy.HostRows` over one): the rows of an
-    out-of-core host cache (:class:`~distmb.pipeline.features.tiered.HostCacheRows`).
-
-    Attributes:
-        device: where :meth:`gather` delivers rows.
-        num_rows, dim: the table's shape, also as ``shape`` (``(num_rows, dim)``).
-        dtype: the rows' dtype; ``row_bytes``: one row's bytes in it.
-    """
-
-    device: torch.device
-    num_rows: int
-    dim: int
-    dtype: torch.dtype
-    row_bytes: int
-
-    @property
-    def shape(self) -> tuple[int, int]: ...
-
-    def gather(self, sorted_ids: torch.Tensor) -> torch.Tensor:
-        """[n, dim] of :attr:`dtype` on :attr:`device`: rows ``sorted_ids`` (int64[n] on
-        :attr:`device`, ascending, distinct, in range)."""
-        ...
 
 
 def resolve_gather_backend(

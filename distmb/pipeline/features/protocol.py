@@ -1,10 +1,12 @@
-"""The FeatureSource protocol: rows of an input-feature table by vertex id."""
+"""The FeatureSource protocol: rows of an input-feature table by vertex id; and
+:class:`HostRowReader`, where the device feature cache reads the rows it misses."""
 
 from __future__ import annotations
 
 import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -183,3 +185,30 @@ def take_rows(table: np.ndarray | torch.Tensor, ids: np.ndarray, out: torch.Tens
             out.copy_(torch.index_select(table, 0, torch.from_numpy(ids)))
     else:
         out.copy_(torch.from_numpy(np.take(table, ids, axis=0).astype(np.float32)))
+
+
+class HostRowReader(Protocol):
+    """Where :class:`~distmb.pipeline.features.device.DeviceFeatures` reads the rows its
+    cache misses, when it is not a host table
+    (:class:`~distmb.pipeline.features.zero_copy.HostRows` over one): the rows of an
+    out-of-core host cache (:class:`~distmb.pipeline.features.tiered.HostCacheRows`).
+
+    Attributes:
+        device: where :meth:`gather` delivers rows.
+        num_rows, dim: the table's shape, also as ``shape`` (``(num_rows, dim)``).
+        dtype: the rows' dtype; ``row_bytes``: one row's bytes in it.
+    """
+
+    device: torch.device
+    num_rows: int
+    dim: int
+    dtype: torch.dtype
+    row_bytes: int
+
+    @property
+    def shape(self) -> tuple[int, int]: ...
+
+    def gather(self, sorted_ids: torch.Tensor) -> torch.Tensor:
+        """[n, dim] of :attr:`dtype` on :attr:`device`: rows ``sorted_ids`` (int64[n] on
+        :attr:`device`, ascending, distinct, in range)."""
+        ...

@@ -53,7 +53,7 @@ STAGING_GROWTH = 1.5
 
 class HostCacheRows:
     """The rows of an out-of-core host cache as a
-    :class:`~distmb.pipeline.features.device.HostRowReader`: where the device cache reads its
+    :class:`~distmb.pipeline.features.protocol.HostRowReader`: where the device cache reads its
     misses.
 
     Args:
