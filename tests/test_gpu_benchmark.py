@@ -302,3 +302,30 @@ def test_parts_run_only_those_asked_for(monkeypatch, tmp_path):
         assert result[key] == {"skipped": "not among --parts"}, key
     assert result["sampling"] == [] and gpu.failed_parts(result) == []
     assert gpu.measured(result, "training") is None
+
+
+def test_the_gpu_only_configurations_run_on_cpu_tensors(monkeypatch):
+    """The runs only a GPU makes (the capped gather, the graphed profile at --prefetch) on
+    CPU tensors: named as the record says, the cap set on the device cache, the profile's
+    configuration the one named."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import gpu
+
+    from distmb.data.datasets.synthetic import SyntheticConfig, generate
+
+    args = gpu.parse_args(["--device", "cpu", "--quick", "--threads", "2", "--epochs", "1"])
+    graph = generate(SyntheticConfig(nodes=600, avg_degree=5, feat_dim=8, classes=3, seed=0))
+    trainers = []
+    make = gpu.make_trainer
+    monkeypatch.setattr(
+        gpu, "make_trainer", lambda *a, **k: trainers.append(make(*a, **k)) or trainers[-1]
+    )
+    record = gpu.training_part(args, graph, "torch", cuda_graphs=True, feature_dtype="float16",
+                               gather_programs=4)  # fmt: skip
+    assert record["name"] == "cache10/torch/graphs/float16/programs4"
+    assert record["gather_programs"] == 4 and record["feature_dtype"] == "float16"
+    assert trainers[-1].parts.device_stages.device_cache.gather_programs == 4
+    assert record["iterations"] > 0 and record["h2d_bytes"] > 0
+    profile = gpu.profile_part(args, graph, cuda_graphs=True, prefetch=2)
+    assert profile["name"] == "table/fused/graphs/prefetch2" and profile["wall_s"] > 0
+    assert trainers[-1].cfg.prefetch == 2 and trainers[-1].cfg.cuda_graphs
