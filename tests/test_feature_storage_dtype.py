@@ -63,6 +63,18 @@ def test_host_rows_store_the_table_in_another_dtype(monkeypatch, device, dtype, 
     rows.close()
 
 
+def test_a_memory_mapped_table_is_converted_chunk_by_chunk(monkeypatch, tmp_path):
+    """A partition's features come memory-mapped (read only): converted as read, a chunk at
+    a time, the file unchanged."""
+    monkeypatch.setattr(zero_copy, "CONVERT_CHUNK_ROWS", 4)
+    np.save(tmp_path / "features.npy", _table())
+    mapped = np.load(tmp_path / "features.npy", mmap_mode="r")
+    rows = HostRows(mapped, "cpu", dtype=torch.bfloat16)
+    got = rows.gather(torch.arange(37)).float().numpy()
+    np.testing.assert_array_equal(got, _stored(_table(), torch.bfloat16))
+    np.testing.assert_array_equal(np.load(tmp_path / "features.npy"), _table())
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_a_bfloat16_tensor_is_a_host_table(device):
     table = torch.from_numpy(_table()).to(torch.bfloat16)
@@ -172,8 +184,10 @@ def test_float16_with_a_table_beyond_its_range_names_the_flag():
     features[7, 2] = -7.0e4
     local = LocalGraph.from_graph(dataclasses.replace(graph, features=features))
     message = r"--feature-dtype float16: feature table row 7 holds -70000"
-    with pytest.raises(InputError, match=message):
+    with pytest.raises(InputError, match=message) as error:
         _losses(local, feature_dtype="float16")
+    assert "--feature-dtype bfloat16" in str(error.value)
+    assert "--normalize-features" in str(error.value)
 
 
 def test_the_out_of_core_cache_refuses_another_dtype(tmp_path, capsys):

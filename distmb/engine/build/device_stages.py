@@ -125,7 +125,10 @@ def open_device_stages(
         try:
             features = build_device_features(table, device, **device_cache)
         except StorageRangeError as err:
-            raise InputError(f"--feature-dtype {config.feature_dtype}: {err}") from None
+            raise InputError(
+                f"--feature-dtype {config.feature_dtype}: {err} (--feature-dtype bfloat16 "
+                "keeps float32's range; --normalize-features scales the table first)"
+            ) from None
     else:
         features = build_tiered_features(host_cache, device, normalization, **device_cache)
     stages = DeviceStages(sampler, features, note="")
