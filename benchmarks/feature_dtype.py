@@ -352,31 +352,35 @@ def machine_title(facts: dict[str, Any]) -> str:
             f"--device {facts['device']} --sampler device")  # fmt: skip
 
 
-def draw_accuracy(ax: Any, name: str, data: dict[str, Any], dtypes: list[str]) -> None:
-    """Per dtype (same-rows runs): each seed's test accuracy at the best validation epoch
-    and at the last epoch, their medians as bars across, and float32's seed range shaded.
-    The axis spans the values (it does not start at zero): read it by its tick labels."""
-    summary = data["summary"]["same_rows"]
+def draw_accuracy(
+    ax: Any, name: str, summary: dict[str, Any], columns: list[str], labels: list[str] | None = None
+) -> None:
+    """Per column of ``summary`` (a dtype, or a precision; the first is the baseline): each
+    seed's test accuracy at the best validation epoch and at the last epoch, their medians
+    as bars across, and the baseline's seed range shaded. ``labels``: the columns' tick
+    labels (default their keys). The axis spans the values (it does not start at zero):
+    read it by its tick labels. Also drawn by ``tf32_emulated.py``."""
+    baseline = columns[0]
     series = (("test_acc_best_val_epoch", "best-val epoch", "o", -0.12),
               ("test_acc_last_epoch", "last epoch", "s", 0.12))  # fmt: skip
     for i, (key, label, marker, offset) in enumerate(series):
-        base = summary[BASELINE][key]["per_seed"]
+        base = summary[baseline][key]["per_seed"]
         ax.axhspan(100 * min(base), 100 * max(base), color=f"C{i}", alpha=0.12,
-                   label=f"float32 seeds' range, {label}")  # fmt: skip
-        for x, dtype in enumerate(dtypes):
-            values = [100 * v for v in summary[dtype][key]["per_seed"]]
+                   label=f"{baseline} seeds' range, {label}")  # fmt: skip
+        for x, column in enumerate(columns):
+            values = [100 * v for v in summary[column][key]["per_seed"]]
             ax.scatter([x + offset] * len(values), values, marker=marker, color=f"C{i}",
                        alpha=0.7, label=label if x == 0 else None, zorder=3)  # fmt: skip
-            median = 100 * summary[dtype][key]["median"]
+            median = 100 * summary[column][key]["median"]
             ax.hlines(median, x + offset - 0.1, x + offset + 0.1, color="k", zorder=4,
                       label="median" if x == 0 and i == 0 else None)  # fmt: skip
-    ax.set_xticks(range(len(dtypes)), dtypes)
-    ax.set_xlim(-0.5, len(dtypes) - 0.5)
+    ax.set_xticks(range(len(columns)), labels or columns)
+    ax.set_xlim(-0.5, len(columns) - 0.5)
     low, high = ax.get_ylim()
     span = max(high - low, MIN_ACCURACY_SPAN)
     top = min((low + high + span) / 2, 100.0)  # an accuracy ends at 100 %
     ax.set_ylim(top - span, top)
-    seeds = len(summary[BASELINE]["test_acc_last_epoch"]["per_seed"])
+    seeds = len(summary[baseline]["test_acc_last_epoch"]["per_seed"])
     ax.set(title=f"{name}: test accuracy, {seeds} seed{'s' * (seeds > 1)} "
            "(axis not from zero)", ylabel="test accuracy (%)")  # fmt: skip
     ax.grid(axis="y", alpha=0.3)
@@ -411,7 +415,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
     fig, axes = panels(2 * len(names), max_columns=2, panel_size=(5.5, 4.5))
     for i, name in enumerate(names):
         data = result["datasets"][name]
-        draw_accuracy(axes[2 * i], name, data, result["dtypes"])
+        draw_accuracy(axes[2 * i], name, data["summary"]["same_rows"], result["dtypes"])
         draw_bytes(axes[2 * i + 1], name, data, result["dtypes"])
     fig.suptitle(f"--feature-dtype: {machine_title(result['machine'])}", fontsize="medium")
     save_figure(fig, path)

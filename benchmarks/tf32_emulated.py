@@ -66,7 +66,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from feature_dtype import machine, products_spec, spread  # noqa: E402  (same datasets)
+from feature_dtype import draw_accuracy, machine, products_spec, spread  # noqa: E402
 from record import command_line  # noqa: E402  (benchmarks/ is not a package)
 
 from distmb.cli.report import save_figure, write_json  # noqa: E402
@@ -119,8 +119,6 @@ MATRIX_OPERANDS: dict[Any, tuple[int, int]] = {
     torch.ops.aten.addbmm: (1, 2),
     torch.ops.aten.addbmm_: (1, 2),
 }
-#: Smallest span of an accuracy axis, percentage points.
-MIN_ACCURACY_SPAN = 2.0
 
 
 def to_tf32(x: Tensor) -> Tensor:
@@ -363,36 +361,6 @@ def measure_dataset(name: str, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def draw_accuracy(ax: Any, name: str, data: dict[str, Any]) -> None:  # noqa: ANN401
-    """Per precision: each seed's test accuracy at the best validation epoch and at the last
-    epoch, their medians, and float32's seed range shaded (axis not from zero)."""
-    summary = data["summary"]
-    series = (("test_acc_best_val_epoch", "best-val epoch", "o", -0.12),
-              ("test_acc_last_epoch", "last epoch", "s", 0.12))  # fmt: skip
-    for i, (key, label, marker, offset) in enumerate(series):
-        base = summary[BASELINE][key]["per_seed"]
-        ax.axhspan(100 * min(base), 100 * max(base), color=f"C{i}", alpha=0.12,
-                   label=f"float32 seeds' range, {label}")  # fmt: skip
-        for x, precision in enumerate(PRECISIONS):
-            values = [100 * v for v in summary[precision][key]["per_seed"]]
-            ax.scatter([x + offset] * len(values), values, marker=marker, color=f"C{i}",
-                       alpha=0.7, label=label if x == 0 else None, zorder=3)  # fmt: skip
-            median = 100 * summary[precision][key]["median"]
-            ax.hlines(median, x + offset - 0.1, x + offset + 0.1, color="k", zorder=4,
-                      label="median" if x == 0 and i == 0 else None)  # fmt: skip
-    ax.set_xticks(range(len(PRECISIONS)), ["float32", "TF32 emulated"])
-    ax.set_xlim(-0.5, len(PRECISIONS) - 0.5)
-    low, high = ax.get_ylim()
-    span = max(high - low, MIN_ACCURACY_SPAN)
-    top = min((low + high + span) / 2, 100.0)  # an accuracy ends at 100 %
-    ax.set_ylim(top - span, top)
-    seeds = len(summary[BASELINE]["test_acc_last_epoch"]["per_seed"])
-    ax.set(title=f"{name}: test accuracy, {seeds} seed{'s' * (seeds > 1)} "
-           "(axis not from zero)", ylabel="test accuracy (%)")  # fmt: skip
-    ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize="x-small", ncols=2, loc="upper center", bbox_to_anchor=(0.5, -0.08))
-
-
 def draw_loss(ax: Any, name: str, data: dict[str, Any]) -> None:  # noqa: ANN401
     """Per seed and epoch: emulated TF32's training loss minus float32's (same seed), beside
     float32's spread over the seeds at that epoch (max - min, shaded either side of zero)."""
@@ -419,7 +387,8 @@ def plot(result: dict[str, Any], path: Path) -> None:
     fig, axes = panels(2 * len(names), max_columns=2, panel_size=(5.5, 4.5))
     for i, name in enumerate(names):
         data = result["datasets"][name]
-        draw_accuracy(axes[2 * i], name, data)
+        draw_accuracy(axes[2 * i], name, data["summary"], list(PRECISIONS),
+                      ["float32", "TF32 emulated"])  # fmt: skip
         draw_loss(axes[2 * i + 1], name, data)
     facts = result["machine"]
     fig.suptitle(f"{LABEL}\n{facts['cpu']}, {facts['cpus']} cores, torch {facts['torch']}, "
