@@ -312,10 +312,9 @@ def run_settings(
     match_reorder: bool | None = None,
     feature_dtype: str = "float32",
     gather_programs: int | None = None,
-    **_: Any,
 ) -> dict[str, Any]:
-    """A run's settings, those given over ``args``' (the options of :func:`training_part`;
-    others ignored), and its name (:func:`run_name`; ``/match`` where its Match-Reorder is
+    """A run's settings, those given over ``args``' (the options of :func:`training_part`),
+    and its name (:func:`run_name`; ``/match`` where its Match-Reorder is
     not ``args``'): the head of its record, and of its failure's."""
     cache_percent = args.device_cache_percent if cache_percent is None else cache_percent
     prefetch = args.prefetch if prefetch is None else prefetch
@@ -338,37 +337,22 @@ def run_settings(
 
 
 def training_part(
-    args: argparse.Namespace,
-    graph,
-    kernels: str,
-    *,
-    cache_percent: float | None = None,
-    prefetch: int | None = None,
-    precision: str | None = None,
-    accuracy: bool = False,
-    model: str = "sage",
-    cuda_graphs: bool = False,
-    compile_model: bool = False,
-    match_reorder: bool | None = None,
-    feature_dtype: str = "float32",
-    gather_programs: int | None = None,
+    args: argparse.Namespace, graph, kernels: str, *, accuracy: bool = False, **options: Any
 ) -> dict[str, Any]:
     """Train ``--epochs`` epochs on the GPU path; the last epoch's time split (and the test
-    accuracy when ``accuracy``). Unset arguments come from ``args``. With ``compile_model``
-    (``--compile``) also the compilations, their seconds, and the first epoch (which
-    compiles) apart from the steady ones (the median of the others)."""
-    run = run_settings(args, kernels, cache_percent=cache_percent, prefetch=prefetch,
-                       precision=precision, model=model, cuda_graphs=cuda_graphs,
-                       compile_model=compile_model, match_reorder=match_reorder,
-                       feature_dtype=feature_dtype, gather_programs=gather_programs)  # fmt: skip
+    accuracy when ``accuracy``). ``options``: :func:`run_settings`' (unset ones come from
+    ``args``). With ``compile_model`` (``--compile``) also the compilations, their seconds,
+    and the first epoch (which compiles) apart from the steady ones (the median of the
+    others)."""
+    run = run_settings(args, kernels, **options)
     cache_percent, precision = run.pop("cache_percent"), run["precision"]
     t0 = time.perf_counter()
     trainer = make_trainer(args, graph, kernels, cache_percent=cache_percent,
-                           prefetch=run["prefetch"], precision=precision, model=model,
-                           cuda_graphs=cuda_graphs, compile_model=compile_model,
+                           prefetch=run["prefetch"], precision=precision, model=run["model"],
+                           cuda_graphs=run["cuda_graphs"], compile_model=run["compile"],
                            match_reorder=run["match_reorder"],
-                           feature_dtype=feature_dtype,
-                           gather_programs=gather_programs)  # fmt: skip
+                           feature_dtype=run["feature_dtype"],
+                           gather_programs=run["gather_programs"])  # fmt: skip
     setup_s = time.perf_counter() - t0
     epochs = [trainer.train_epoch(e) for e in range(args.epochs)]
     last = epochs[-1]
@@ -468,6 +452,7 @@ def guarded_run(args: argparse.Namespace, graph, kernels: str, **options: Any) -
     try:
         return training_part(args, graph, kernels, **options)
     except Exception as exc:  # noqa: BLE001 - recorded, and the benchmark goes on
+        options.pop("accuracy", None)  # not a setting of the run
         run = run_settings(args, kernels, **options)
         record = {key: run[key] for key in ("name", "model", "cuda_graphs", "compile", "precision")}
         record["failed"] = f"{type(exc).__name__}: {exc}"
