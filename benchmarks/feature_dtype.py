@@ -49,6 +49,7 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -421,9 +422,27 @@ def plot(result: dict[str, Any], path: Path) -> None:
     save_figure(fig, path)
 
 
+def measure_and_write(
+    result: dict[str, Any],
+    args: argparse.Namespace,
+    measure: Callable[[str, argparse.Namespace], dict[str, Any]],
+    draw: Callable[[dict[str, Any], Path], None],
+) -> int:
+    """Fill ``result["datasets"]`` with ``measure(name, args)`` per ``args.datasets`` and its
+    ``"seconds"``, write it to ``args.out`` and its figure (``draw``) beside it. Also the
+    end of ``tf32_emulated.py``'s run."""
+    start = time.perf_counter()
+    for name in args.datasets:
+        result["datasets"][name] = measure(name, args)
+    result["seconds"] = round(time.perf_counter() - start, 1)
+    write_json(args.out, result)
+    draw(result, args.out.with_suffix(".png"))
+    print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    start = time.perf_counter()
     result: dict[str, Any] = {
         "benchmark": "feature_dtype",
         "command": command_line(argv, __file__),
@@ -437,13 +456,7 @@ def main(argv: list[str] | None = None) -> int:
         },  # fmt: skip
         "datasets": {},
     }
-    for name in args.datasets:
-        result["datasets"][name] = measure_dataset(name, args)
-    result["seconds"] = round(time.perf_counter() - start, 1)
-    write_json(args.out, result)
-    plot(result, args.out.with_suffix(".png"))
-    print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
-    return 0
+    return measure_and_write(result, args, measure_dataset, plot)
 
 
 if __name__ == "__main__":

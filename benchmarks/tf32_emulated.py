@@ -66,10 +66,16 @@ from torch.utils._python_dispatch import TorchDispatchMode
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from feature_dtype import draw_accuracy, machine, products_spec, spread  # noqa: E402
+from feature_dtype import (  # noqa: E402
+    draw_accuracy,
+    machine,
+    measure_and_write,
+    products_spec,
+    spread,
+)
 from record import command_line  # noqa: E402  (benchmarks/ is not a package)
 
-from distmb.cli.report import save_figure, write_json  # noqa: E402
+from distmb.cli.report import save_figure  # noqa: E402
 from distmb.config import recipes  # noqa: E402
 from distmb.config.train import DEFAULT_FANOUT, TrainConfig  # noqa: E402
 from distmb.core.plotting import panels  # noqa: E402
@@ -398,7 +404,6 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    start = time.perf_counter()
     result: dict[str, Any] = {
         "benchmark": "tf32_emulated",
         "label": LABEL,
@@ -413,13 +418,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "datasets": {},
     }
-    for name in args.datasets:
-        result["datasets"][name] = measure_dataset(name, args)
-    result["seconds"] = round(time.perf_counter() - start, 1)
-    write_json(args.out, result)
-    plot(result, args.out.with_suffix(".png"))
-    print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
-    return 0
+    return measure_and_write(result, args, measure_dataset, plot)
 
 
 if __name__ == "__main__":
