@@ -70,7 +70,7 @@ from distmb.data.datasets.synthetic import SyntheticConfig, generate  # noqa: E4
 from distmb.data.graph import Graph  # noqa: E402
 from distmb.data.local import LocalGraph  # noqa: E402
 from distmb.engine import Trainer  # noqa: E402
-from distmb.pipeline.features.zero_copy import STORAGE_DTYPES  # noqa: E402
+from distmb.pipeline.features.storage import STORAGE_DTYPES  # noqa: E402
 
 RESULTS = HERE.parent / "results"
 #: The baseline every other dtype is compared with.

@@ -92,7 +92,7 @@ from distmb.data.datasets.synthetic import SyntheticConfig, generate  # noqa: E4
 from distmb.data.local import LocalGraph  # noqa: E402
 from distmb.engine import Trainer  # noqa: E402
 from distmb.engine.op_census import census_epoch  # noqa: E402
-from distmb.pipeline.features.zero_copy import STORAGE_DTYPES  # noqa: E402
+from distmb.pipeline.features.storage import STORAGE_DTYPES  # noqa: E402
 
 RESULTS = HERE.parent / "results"
 #: ``--quick``: a graph and a run small enough for a CPU smoke test of every part.

@@ -162,7 +162,6 @@ ALSO_CHANGED = {
     "--graph-placement": {"sampler"},
     "--device-cache-mb": {"sampler"},
     "--device-cache-policy": {"sampler"},
-    "--feature-dtype": {"sampler"},
     "--match-reorder": {"sampler"},
     "--cuda-graphs": {"sampler"},
     "--compile": {"sampler", "kernels"},
@@ -214,7 +213,7 @@ def test_every_flag_maps_to_one_field_and_back():
         "--normalize-features": ["row"],
         "--device-cache-policy": ["degree", "--sampler", "device"],
         "--device-cache-mb": ["10", "--sampler", "device"],
-        "--feature-dtype": ["float16", "--sampler", "device"],
+        "--feature-dtype": ["float16"],
         "--graph-placement": ["host", "--sampler", "device"],
         "--match-reorder": ["--sampler", "device"],
         "--cuda-graphs": ["--sampler", "device"],
@@ -386,7 +385,6 @@ def test_relations(argv, message):
         ["--cuda-graphs"],
         ["--compile", "--kernels", "triton"],
         ["--device-cache-mb", "10", "--device-cache-policy", "degree"],
-        ["--feature-dtype", "bfloat16"],
     ],
 )
 def test_gpu_path_options_stop_a_cpu_run(argv):
@@ -494,11 +492,11 @@ VIEW_FIELDS = {
     "pipeline": (
         "batch_size", "fanout", "prefetch", "gather_in_place", "sampler", "loader_threads",
         "features", "feature_cache_mb", "cache_policy", "superbatch", "presample_epochs",
-        "graph_layout", "neighbor_cache_mb", "neighbor_cache_order",
+        "graph_layout", "neighbor_cache_mb", "neighbor_cache_order", "feature_dtype",
     ),
     "device_settings": (
         "device", "kernels", "precision", "graph_placement", "device_cache_mb",
-        "device_cache_policy", "feature_dtype", "match_reorder",
+        "device_cache_policy", "match_reorder",
     ),
     "comm_settings": ("comm", "grad_bucket_mb", "collective_timeout"),
 }  # fmt: skip

@@ -5,7 +5,8 @@ rows of ``dim`` columns; ids out of range or malformed refused with a clear erro
 loader's gather (:meth:`~distmb.pipeline.features.FeatureSource.gather_batch_rows`) on the
 source's device; planned gathers (``inspect`` first) as exact as unplanned ones.
 
-Sources: in-memory and memory-mapped tables, stacked sources, a part's rows with its halo
+Sources: in-memory and memory-mapped tables, tables stored in two bytes a value
+(``--feature-dtype``: rows equal the rounded table's), stacked sources, a part's rows with its halo
 rows, the out-of-core cache under every policy (and its lookup-only view), normalised rows,
 the device cache on CPU tensors under every policy (on CUDA with ``pytest -m cuda``), the
 out-of-core host cache behind the device cache (``--features ooc`` on the device path) under
@@ -42,6 +43,7 @@ from distmb.pipeline.features import (
 from distmb.pipeline.features.cached import CACHE_POLICIES, STATIC_POLICIES
 from distmb.pipeline.features.device import DEVICE_CACHE_POLICIES, DeviceFeatures
 from distmb.pipeline.features.presample import hot_rows
+from distmb.pipeline.features.storage import STORAGE_DTYPES, stored_table
 from distmb.pipeline.features.tiered import build_tiered_features
 
 NUM_ROWS, DIM = 60, 5
@@ -141,12 +143,34 @@ def memmap_case(tmp_path: Path) -> Case:
     return Case(ArrayFeatures(np.load(tmp_path / "table.npy", mmap_mode="r")), table)
 
 
+def rounded(table: np.ndarray, dtype: torch.dtype) -> np.ndarray:
+    """The reference of a stored table: torch's cast of the whole table, back in float32."""
+    return torch.from_numpy(table).to(dtype).float().numpy()
+
+
+def stored_case(name: str) -> Case:
+    dtype = STORAGE_DTYPES[name]
+    return Case(ArrayFeatures(stored_table(base_table(), dtype)), rounded(base_table(), dtype))
+
+
 #: name -> (tmp_path -> Case).
 CASES: dict[str, Callable[[Path], Case]] = {
     "array": lambda _: Case(ArrayFeatures(base_table()), base_table()),
     "array-float64": lambda _: Case(ArrayFeatures(base_table().astype(np.float64)), base_table()),
     "array-tensor": lambda _: Case(ArrayFeatures(torch.from_numpy(base_table())), base_table()),
     "array-memmap": memmap_case,
+    # --feature-dtype on the CPU path: the table stored in two bytes, rows gathered as float32.
+    **{
+        f"array-stored-{name}": (lambda _, n=name: stored_case(n))
+        for name in ("float16", "bfloat16")
+    },
+    "part-stored-with-halo": lambda _: Case(
+        PartFeatures(
+            stored_table(base_table()[:45], torch.bfloat16),
+            stored_table(base_table()[45:], torch.bfloat16),
+        ),
+        rounded(base_table(), torch.bfloat16),
+    ),
     "concat": lambda _: Case(
         ConcatFeatures(ArrayFeatures(base_table()[:25]), ArrayFeatures(base_table()[25:])),
         base_table(),

@@ -20,14 +20,10 @@ from distmb.core.errors import InputError
 from distmb.data.local import LocalGraph
 from distmb.engine import Trainer
 from distmb.partition import partition_graph
-from distmb.pipeline.features import zero_copy
+from distmb.pipeline.features import storage
 from distmb.pipeline.features.device import build_device_features
-from distmb.pipeline.features.zero_copy import (
-    ROW_ALIGN_BYTES,
-    STORAGE_DTYPES,
-    HostRows,
-    StorageRangeError,
-)
+from distmb.pipeline.features.storage import STORAGE_DTYPES, StorageRangeError
+from distmb.pipeline.features.zero_copy import ROW_ALIGN_BYTES, HostRows
 from distmb.pipeline.sample import NeighborSampler
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
@@ -48,7 +44,7 @@ def _stored(table: np.ndarray, dtype: torch.dtype) -> np.ndarray:
 @pytest.mark.parametrize("dtype", HALF)
 @pytest.mark.parametrize("align", [True, False])
 def test_host_rows_store_the_table_in_another_dtype(monkeypatch, device, dtype, align):
-    monkeypatch.setattr(zero_copy, "CONVERT_CHUNK_ROWS", 5)  # 37 rows: 8 chunks, one short
+    monkeypatch.setattr(storage, "CONVERT_CHUNK_ROWS", 5)  # 37 rows: 8 chunks, one short
     table = _table()
     rows = HostRows(table, device, align_rows=align, dtype=dtype)
     assert rows.dtype == dtype and rows.view.dtype == dtype
@@ -66,7 +62,7 @@ def test_host_rows_store_the_table_in_another_dtype(monkeypatch, device, dtype, 
 def test_a_memory_mapped_table_is_converted_chunk_by_chunk(monkeypatch, tmp_path):
     """A partition's features come memory-mapped (read only): converted as read, a chunk at
     a time, the file unchanged."""
-    monkeypatch.setattr(zero_copy, "CONVERT_CHUNK_ROWS", 4)
+    monkeypatch.setattr(storage, "CONVERT_CHUNK_ROWS", 4)
     np.save(tmp_path / "features.npy", _table())
     mapped = np.load(tmp_path / "features.npy", mmap_mode="r")
     rows = HostRows(mapped, "cpu", dtype=torch.bfloat16)
@@ -86,7 +82,7 @@ def test_a_bfloat16_tensor_is_a_host_table(device):
 
 
 def test_float16_refuses_values_beyond_its_range(monkeypatch):
-    monkeypatch.setattr(zero_copy, "CONVERT_CHUNK_ROWS", 5)
+    monkeypatch.setattr(storage, "CONVERT_CHUNK_ROWS", 5)
     table = _table()
     table[23, 4] = 1.0e5
     message = r"row 23 holds 100000 \(column 4\), beyond float16"

@@ -104,6 +104,8 @@ class PipelineSettings:
         graph_layout: in-neighbour lists memory-mapped (``mmap``) or read out of core (``ooc``).
         neighbor_cache_mb: MiB of in-neighbour lists cached with ``graph_layout="ooc"``.
         neighbor_cache_order: which lists that cache holds (``degree`` or ``ratio``).
+        feature_dtype: the dtype a rank stores its feature table in (``float32``, ``float16``
+            or ``bfloat16``; the CPU path's table, the GPU path's host rows and device cache).
     """
 
     batch_size: int
@@ -120,6 +122,7 @@ class PipelineSettings:
     graph_layout: str
     neighbor_cache_mb: float
     neighbor_cache_order: str
+    feature_dtype: str
 
 
 @dataclass(frozen=True)
@@ -137,7 +140,6 @@ class DeviceSettings:
             memory (``host``).
         device_cache_mb: MiB of feature rows cached in GPU memory.
         device_cache_policy: rows that cache holds (``presc``, ``degree`` or ``none``).
-        feature_dtype: the dtype the host rows and that cache store the table in.
         match_reorder: FastGL's Match-Reorder of the batches within each superbatch.
     """
 
@@ -147,7 +149,6 @@ class DeviceSettings:
     graph_placement: str
     device_cache_mb: float
     device_cache_policy: str
-    feature_dtype: str
     match_reorder: bool
 
 

@@ -49,7 +49,7 @@ from distmb.pipeline import DEFAULT_PREFETCH
 from distmb.pipeline.features.cached import CACHE_POLICIES
 from distmb.pipeline.features.device import DEVICE_CACHE_POLICIES
 from distmb.pipeline.features.normalize import NORMALIZATIONS
-from distmb.pipeline.features.zero_copy import STORAGE_DTYPES
+from distmb.pipeline.features.storage import STORAGE_DTYPES
 
 __all__ = [
     "DataOptions",
@@ -312,6 +312,15 @@ class FeatureOptions:
         "needs a partition in the ooc layout); default: ooc for an ooc partition, else mmap",
         choices=FEATURE_SOURCES,
     )
+    feature_dtype: str = option(
+        "float32",
+        "dtype a rank stores its feature table in: float16 or bfloat16 halve its memory (the "
+        "CPU path's table, then held in RAM with --features memory or mmap; the GPU path's "
+        "pinned host rows and device cache) and the bytes a gathered row moves; rows reach "
+        "the model as float32, rounded once (after --normalize-features). float16 refuses a "
+        "table with values beyond 65504; not with --features ooc",
+        choices=tuple(STORAGE_DTYPES),
+    )
     feature_cache_mb: float = option(
         DEFAULT_FEATURE_CACHE_MB,
         "MiB of feature rows cached in memory with --features ooc (per rank; clamped to the "
@@ -380,15 +389,6 @@ class GpuPathOptions:
         "rows the device cache holds: presc (most used in pre-sampling, own random stream), "
         "degree (highest in-degree) or none (every row from host memory)",
         choices=DEVICE_CACHE_POLICIES,
-    )
-    feature_dtype: str = option(
-        "float32",
-        "dtype the GPU path stores the feature table in (the pinned host rows the GPU reads "
-        "and its device cache): float16 or bfloat16 halve the bytes a row moves over PCIe and "
-        "double the rows per MiB of cache; rows reach the model as float32 (rounded once). "
-        "float16 refuses a table with values beyond 65504. Evaluation reads the table as "
-        "stored in the partition",
-        choices=tuple(STORAGE_DTYPES),
     )
     match_reorder: bool = option(
         False,

@@ -25,6 +25,7 @@ from distmb.core import machine
 from distmb.core.errors import InputError
 from distmb.core.units import FLOAT32_BYTES
 from distmb.nn.models import parameter_count, stack_widths
+from distmb.pipeline.features.storage import STORAGE_DTYPES
 
 #: float32 values per parameter during training: weights, gradients, Adam's two moments.
 TRAINING_VALUES_PER_PARAMETER = 4
@@ -194,7 +195,16 @@ def estimate_memory(
                 min(config.superbatch, steps) * block_bytes,
             )
         )
-    if features == "memory":
+    if features != "ooc" and config.feature_dtype != "float32":
+        # --feature-dtype: the table converted into RAM, whether --features is memory or mmap
+        items.append(
+            MemoryItem(
+                f"the feature table stored as {config.feature_dtype} in memory",
+                ("feature_dtype", "features"),
+                graph.n_local * graph.feat_dim * STORAGE_DTYPES[config.feature_dtype].itemsize,
+            )
+        )
+    elif features == "memory":
         items.append(
             MemoryItem(
                 "the feature table loaded into memory",

@@ -16,14 +16,14 @@ import numpy as np
 import torch
 
 from distmb.config.train import TrainConfig
-from distmb.core.errors import InputError
 from distmb.data.local import LocalGraph
+from distmb.engine.build.features import stored_rows
 from distmb.pipeline.features.cached import CachedFeatures
 from distmb.pipeline.features.device import DeviceFeatures, build_device_features
 from distmb.pipeline.features.normalize import FeatureNormalization
 from distmb.pipeline.features.reorder import MatchReorder
+from distmb.pipeline.features.storage import STORAGE_DTYPES
 from distmb.pipeline.features.tiered import TieredFeatures, build_tiered_features
-from distmb.pipeline.features.zero_copy import STORAGE_DTYPES, StorageRangeError
 from distmb.pipeline.sample.device import DeviceNeighborSampler
 from distmb.pipeline.sample.host import NeighborSampler
 
@@ -70,15 +70,11 @@ def open_device_stages(
     dtype the host rows and the device cache store the (normalised) table in.
 
     Raises:
-        InputError: ``--feature-dtype`` other than float32 with ``--features ooc``, or
-            float16 with a table holding values beyond its range.
+        InputError: ``--feature-dtype float16`` with a table holding values beyond its
+            range (:func:`~distmb.engine.build.features.stored_rows`; ``--features ooc``
+            with a two-byte dtype was refused by
+            :func:`~distmb.engine.build.features.open_features`).
     """
-    if host_cache is not None and config.feature_dtype != "float32":
-        raise InputError(
-            f"--feature-dtype {config.feature_dtype} with --features ooc: the out-of-core "
-            "cache serves float32 rows from its file; use --features mmap or memory, or "
-            "--feature-dtype float32"
-        )
     sampler = DeviceNeighborSampler(
         local.indptr,
         adjacency,
@@ -93,8 +89,9 @@ def open_device_stages(
     )
     if host_cache is None:
         table = part_table(local)
-        if normalization is not None:  # the host copy the device reads holds normalised rows
-            table = normalization.apply_(torch.from_numpy(np.array(table, dtype=np.float32)))
+        if normalization is not None or config.feature_dtype != "float32":
+            # The host copy the device reads holds normalised rows, rounded once.
+            table = stored_rows(table, config.feature_dtype, normalization)
         num_rows = int(table.shape[0])
     else:
         num_rows = host_cache.num_rows
@@ -122,13 +119,7 @@ def open_device_stages(
     if host_cache is None:
         device_cache["backend"] = kernel_backend(device)
         device_cache["dtype"] = STORAGE_DTYPES[config.feature_dtype]
-        try:
-            features = build_device_features(table, device, **device_cache)
-        except StorageRangeError as err:
-            raise InputError(
-                f"--feature-dtype {config.feature_dtype}: {err} (--feature-dtype bfloat16 "
-                "keeps float32's range; --normalize-features scales the table first)"
-            ) from None
+        features = build_device_features(table, device, **device_cache)
     else:
         features = build_tiered_features(host_cache, device, normalization, **device_cache)
     stages = DeviceStages(sampler, features, note="")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from distmb.config.train import TrainConfig
 from distmb.core.errors import InputError
@@ -17,6 +18,7 @@ from distmb.pipeline.features.memory import PartFeatures
 from distmb.pipeline.features.normalize import FeatureNormalization, NormalizedFeatures
 from distmb.pipeline.features.presample import static_hot_ids
 from distmb.pipeline.features.protocol import FeatureSource
+from distmb.pipeline.features.storage import StorageRangeError, storage_dtype, stored_table
 from distmb.pipeline.sample.host import NeighborSampler
 
 
@@ -80,7 +82,8 @@ def open_features(
     adjacency: np.ndarray | NeighborFile | None = None,
     normalization: FeatureNormalization | None = None,
 ) -> FeatureSources:
-    """The rank's feature sources for ``config.features`` (see :func:`feature_kind`).
+    """The rank's feature sources for ``config.features`` (see :func:`feature_kind`), the
+    table stored as ``config.feature_dtype`` (:func:`stored_rows`).
 
     Args:
         adjacency: what the rank's sampler reads in-neighbour lists from
@@ -89,9 +92,30 @@ def open_features(
         normalization: ``--normalize-features``
             (:func:`distmb.pipeline.features.normalize.fit_normalization`), applied to every row the
             sources return; None: rows as stored.
+
+    Raises:
+        InputError: ``--features ooc`` with a partition in another layout, or with a
+            ``--feature-dtype`` other than float32; float16 with a table beyond its range.
     """
     kind = feature_kind(config, local)
     note_norm = f", normalised: {normalization.kind}" if normalization is not None else ""
+    if kind == "ooc" and config.feature_dtype != "float32":
+        raise InputError(
+            f"--feature-dtype {config.feature_dtype} with --features ooc: the out-of-core "
+            "cache serves float32 rows from its file; use --features mmap or memory, or "
+            "--feature-dtype float32"
+        )
+    if kind != "ooc" and config.feature_dtype != "float32":
+        solid = stored_rows(local.features, config.feature_dtype, normalization)
+        halo = local.halo_features
+        if halo is not None:
+            halo = stored_rows(halo, config.feature_dtype, normalization, first_row=local.n_solid)
+        table_mib = (solid.nbytes + (halo.nbytes if halo is not None else 0)) / 2**20
+        note = (
+            f"features: in memory as {config.feature_dtype} ({table_mib:.1f} MiB, read from "
+            f"the partition's float32 table{', normalised first' if normalization else ''})"
+        )
+        return FeatureSources(PartFeatures(solid, halo), None, kind, note, normalization)
     if kind != "ooc":
         solid, halo = local.features, local.halo_features
         if kind == "memory":  # read into RAM once (from .npy or the ooc row file)
@@ -123,6 +147,36 @@ def open_features(
         note += f"; --feature-cache-mb {config.feature_cache_mb:g} exceeds the table: all of it"
     train = part_rows(cache, local.n_solid, normalization)
     return FeatureSources(train, cache, "ooc", note + note_norm, normalization)
+
+
+def stored_rows(
+    table: np.ndarray | torch.Tensor,
+    feature_dtype: str,
+    normalization: FeatureNormalization | None = None,
+    first_row: int = 0,
+) -> torch.Tensor:
+    """``table`` (float32[n, F], memory-mapped or not) stored as ``--feature-dtype``
+    ``feature_dtype`` in a new CPU tensor, normalised by ``normalization`` first (in float32,
+    chunk by chunk: :func:`~distmb.pipeline.features.storage.stored_table`). The one place
+    where a rank's table is converted, for the CPU path's sources and the GPU path's host
+    rows alike.
+
+    Args:
+        first_row: the id of ``table``'s first row (a part's halo rows follow its solid
+            ones), for the error message.
+
+    Raises:
+        InputError: a value beyond the dtype's range (float16: 65504), naming its row and
+            the flags that help.
+    """
+    transform = normalization.apply_ if normalization is not None else None
+    try:
+        return stored_table(table, storage_dtype(feature_dtype), transform, first_row=first_row)
+    except StorageRangeError as err:
+        raise InputError(
+            f"--feature-dtype {feature_dtype}: {err} (--feature-dtype bfloat16 keeps float32's "
+            "range; --normalize-features scales the table first)"
+        ) from None
 
 
 def _hot_ids(

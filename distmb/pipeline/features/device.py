@@ -155,7 +155,7 @@ class DeviceFeatures(FeatureSource):
         backend: ``"auto"``, ``"triton"`` (sync-free) or ``"torch"`` (module docstring;
             :func:`resolve_gather_backend`); the one taken is :attr:`backend`.
         dtype: the dtype the host rows and the cache store the table in (``--feature-dtype``,
-            :data:`~distmb.pipeline.features.zero_copy.STORAGE_DTYPES`); None: the table's.
+            :data:`~distmb.pipeline.features.storage.STORAGE_DTYPES`); None: the table's.
             Gathers return float32 whatever it is. Not with a :class:`HostRowReader`.
 
     Attributes:

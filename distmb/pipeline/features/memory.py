@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from distmb.core.units import FLOAT32_BYTES
 from distmb.pipeline.features.protocol import FeatureSource, as_row_table, take_rows
 
 
@@ -14,7 +13,12 @@ class ArrayFeatures(FeatureSource):
 
     Args:
         table: float[num_rows, dim], a numpy array (a read-only ``np.memmap`` is read in
-            place, through the OS page cache) or a CPU tensor.
+            place, through the OS page cache) or a CPU tensor: float32, or a table stored
+            in two bytes a value (``--feature-dtype``: float16 or bfloat16, see
+            :mod:`~distmb.pipeline.features.storage`), whose rows are gathered as float32.
+
+    Attributes:
+        row_bytes: bytes one row occupies in ``table`` (what a gather reads per row).
     """
 
     def __init__(self, table: np.ndarray | torch.Tensor) -> None:
@@ -23,15 +27,17 @@ class ArrayFeatures(FeatureSource):
         super().__init__(table.shape[0], table.shape[1])
         self.table = table
         self._rows = as_row_table(table)
+        itemsize = table.itemsize if isinstance(table, np.ndarray) else table.element_size()
+        self.row_bytes = self.dim * itemsize
 
     def _read_into(self, ids: np.ndarray, out: torch.Tensor) -> None:
         take_rows(self._rows, ids, out)
-        self.bytes_read += ids.size * self.dim * FLOAT32_BYTES
+        self.bytes_read += ids.size * self.row_bytes
 
     def _table_in_place(self, ids: np.ndarray) -> torch.Tensor | None:
         t = self._rows
         if isinstance(t, torch.Tensor) and t.dtype == torch.float32 and t.is_contiguous():
-            self.bytes_read += ids.size * self.dim * FLOAT32_BYTES
+            self.bytes_read += ids.size * self.row_bytes
             return t
         return None
 

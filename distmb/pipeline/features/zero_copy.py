@@ -40,6 +40,8 @@ import warnings
 import numpy as np
 import torch
 
+from distmb.pipeline.features.storage import copy_rows
+
 #: Row starts are aligned to this many bytes in the host copy (a PCIe read request and a
 #: GPU L2 line: PyTorch-Direct's alignment unit).
 ROW_ALIGN_BYTES = 128
@@ -54,17 +56,6 @@ HOST_DTYPES: tuple[torch.dtype, ...] = (
     torch.float32,
     torch.float64,
 )
-#: The dtypes a table may be stored in on the device path, by name (``--feature-dtype``): the
-#: host rows the GPU reads and its cache hold them; gathers return float32. float16 and
-#: bfloat16 halve the bytes a row moves over PCIe (and the cache's bytes per row).
-STORAGE_DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-}
-#: Rows converted at a time when a table is stored in another dtype (bounds the temporary
-#: float copies of a memory-mapped table to a few MiB).
-CONVERT_CHUNK_ROWS = 1 << 16
 
 
 def resolve_device(device: torch.device | str) -> torch.device:
@@ -246,38 +237,6 @@ class HostRows:
             raise RuntimeError(
                 "zero-copy: rows read by the GPU through the host alias differ from the host "
                 "rows (no unified virtual addressing for registered memory on this system?)"
-            )
-
-
-class StorageRangeError(ValueError):
-    """A table holds a value beyond the largest of the dtype it is to be stored in."""
-
-
-def copy_rows(dest: torch.Tensor, source: torch.Tensor) -> None:
-    """``dest[:] = source`` (2-D CPU tensors of one shape), cast to ``dest``'s dtype
-    :data:`CONVERT_CHUNK_ROWS` rows at a time when the dtypes differ.
-
-    Raises:
-        StorageRangeError: the cast makes a finite value infinite (beyond float16's largest value,
-            65504); the message names its row and value. Values that are not finite in the
-            table stay as they are.
-    """
-    if source.dtype == dest.dtype:
-        dest.copy_(source)
-        return
-    for start in range(0, int(source.shape[0]), CONVERT_CHUNK_ROWS):
-        rows = source[start : start + CONVERT_CHUNK_ROWS]
-        out = dest[start : start + CONVERT_CHUNK_ROWS]
-        out.copy_(rows)
-        overflow = torch.isinf(out) & torch.isfinite(rows)
-        if bool(overflow.any()):
-            row, col = (int(i) for i in torch.nonzero(overflow)[0])
-            limit = torch.finfo(dest.dtype).max
-            dtype = str(dest.dtype).removeprefix("torch.")
-            raise StorageRangeError(
-                f"feature table row {start + row} holds {float(rows[row, col]):.6g} "
-                f"(column {col}), beyond {dtype}'s largest value {limit:.6g}: store the "
-                "table as bfloat16 or float32, or normalise its features"
             )
 
 

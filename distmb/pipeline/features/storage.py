@@ -1,0 +1,124 @@
+"""The dtype a rank stores its input-feature table in (``--feature-dtype``).
+
+A partition's features are float32. A rank may hold them in two bytes a value instead:
+``float16`` or ``bfloat16`` halve the table's memory (the CPU path's table in RAM, the GPU
+path's pinned host rows and device cache) and the bytes every gathered row moves. Rows reach
+the model as float32, each value rounded once (to nearest even) when the table is stored.
+
+- ``bfloat16`` keeps float32's range (8 exponent bits) with an 8-bit significand: about 2-3
+  significant decimal digits.
+- ``float16`` has an 11-bit significand but tops out at 65,504: a table with a larger value is
+  refused (:class:`StorageRangeError`) rather than stored as infinity.
+
+:func:`copy_rows` converts a table into a preallocated buffer, :func:`stored_table` into a new
+one; both a chunk of :data:`CONVERT_CHUNK_ROWS` rows at a time, so a memory-mapped float32
+table is never copied whole, and both may normalise each chunk in float32 before it is
+rounded (``--normalize-features``: the rounding then applies to the normalised values, as
+the model reads them).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+#: The dtypes a table may be stored in, by name (``--feature-dtype``).
+STORAGE_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+}
+#: Rows converted at a time when a table is stored in another dtype (bounds the temporary
+#: float copies of a memory-mapped table to a few MiB).
+CONVERT_CHUNK_ROWS = 1 << 16
+
+#: ``transform(rows) -> rows``: applied to each float32 chunk (a copy it may change in place)
+#: before it is stored, e.g. ``FeatureNormalization.apply_``
+#: (:mod:`distmb.pipeline.features.normalize`).
+RowTransform = Callable[[torch.Tensor], torch.Tensor]
+
+
+class StorageRangeError(ValueError):
+    """A table holds a value beyond the largest of the dtype it is to be stored in."""
+
+
+def storage_dtype(name: str) -> torch.dtype:
+    """The torch dtype of ``--feature-dtype name`` (a key of :data:`STORAGE_DTYPES`)."""
+    try:
+        return STORAGE_DTYPES[name]
+    except KeyError:
+        raise ValueError(
+            f"feature dtype must be one of {', '.join(STORAGE_DTYPES)}, got {name!r}"
+        ) from None
+
+
+def as_cpu_tensor(table: np.ndarray | torch.Tensor) -> torch.Tensor:
+    """A 2-D CPU tensor over ``table``'s memory (a numpy array, memory maps included, is
+    wrapped without a copy when it is C-contiguous; it is never written)."""
+    if isinstance(table, torch.Tensor):
+        return table
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "non-writable array": read only
+        return torch.from_numpy(np.ascontiguousarray(table))
+
+
+def copy_rows(
+    dest: torch.Tensor,
+    source: torch.Tensor,
+    transform: RowTransform | None = None,
+    first_row: int = 0,
+) -> None:
+    """``dest[:] = transform(source)`` (2-D CPU tensors of one shape), cast to ``dest``'s
+    dtype :data:`CONVERT_CHUNK_ROWS` rows at a time when the dtypes differ or a
+    ``transform`` is given (``transform`` gets a float32 copy of each chunk).
+
+    Args:
+        first_row: the id the error message gives ``source``'s first row.
+
+    Raises:
+        StorageRangeError: the cast makes a finite value infinite (beyond float16's largest
+            value, 65504); the message names its row (``first_row`` + its index), column
+            and value. Values that are not finite in the table stay as they are.
+    """
+    if source.dtype == dest.dtype and transform is None:
+        dest.copy_(source)
+        return
+    for start in range(0, int(source.shape[0]), CONVERT_CHUNK_ROWS):
+        rows = source[start : start + CONVERT_CHUNK_ROWS]
+        if transform is not None:
+            rows = transform(rows.to(torch.float32, copy=True))
+        out = dest[start : start + CONVERT_CHUNK_ROWS]
+        out.copy_(rows)
+        if dest.dtype == rows.dtype:
+            continue
+        overflow = torch.isinf(out) & torch.isfinite(rows)
+        if bool(overflow.any()):
+            row, col = (int(i) for i in torch.nonzero(overflow)[0])
+            limit = torch.finfo(dest.dtype).max
+            dtype = str(dest.dtype).removeprefix("torch.")
+            raise StorageRangeError(
+                f"feature table row {first_row + start + row} holds {float(rows[row, col]):.6g} "
+                f"(column {col}), beyond {dtype}'s largest value {limit:.6g}: store the "
+                "table as bfloat16 or float32, or normalise its features"
+            )
+
+
+def stored_table(
+    table: np.ndarray | torch.Tensor,
+    dtype: torch.dtype,
+    transform: RowTransform | None = None,
+    first_row: int = 0,
+) -> torch.Tensor:
+    """A new contiguous CPU tensor ``dtype[n, F]`` holding ``table``'s rows (float[n, F],
+    numpy or CPU tensor, memory-mapped or not), each chunk passed through ``transform`` in
+    float32 first when given (:func:`copy_rows`, ``first_row`` as there; raises its
+    :class:`StorageRangeError`)."""
+    source = as_cpu_tensor(table)
+    if source.ndim != 2:
+        raise ValueError(f"feature table must be 2-D, got shape {list(source.shape)}")
+    out = torch.empty(tuple(source.shape), dtype=dtype)
+    copy_rows(out, source, transform, first_row)
+    return out

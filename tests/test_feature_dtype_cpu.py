@@ -1,0 +1,183 @@
+"""``--feature-dtype`` on the CPU path: the rank's feature table held in float16 or bfloat16,
+against independent references (torch's own cast of the table, a float32 run on a table
+rounded beforehand, the table's shape for the bytes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+from conftest import FAST_FLAGS, random_graph, run_train_cli
+
+from distmb.config.train import TrainConfig
+from distmb.core.errors import InputError
+from distmb.data.local import LocalGraph
+from distmb.data.store.store import PartitionStore
+from distmb.engine import Trainer
+from distmb.engine.budget import GraphShape, estimate_memory
+from distmb.engine.build.features import open_features, stored_rows
+from distmb.partition import partition_graph
+from distmb.pipeline.features import ArrayFeatures, FeatureNormalization, storage
+from distmb.pipeline.features.storage import STORAGE_DTYPES, StorageRangeError, stored_table
+
+HALF = ["float16", "bfloat16"]
+FAST = dict(layers=2, fanout=(4, 4), hidden=16, batch_size=100, epochs=2, progress=False)
+
+
+def rounded(table: np.ndarray, name: str) -> np.ndarray:
+    """The reference: torch's cast of the whole table, back in float32."""
+    return (
+        torch.from_numpy(np.asarray(table, dtype=np.float32))
+        .to(STORAGE_DTYPES[name])
+        .float()
+        .numpy()
+    )
+
+
+# ---- conversion --------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", HALF)
+def test_stored_table_converts_chunk_by_chunk_and_normalises_first(monkeypatch, tmp_path, name):
+    monkeypatch.setattr(storage, "CONVERT_CHUNK_ROWS", 6)  # 40 rows: 7 chunks, one short
+    table = np.random.default_rng(0).random((40, 7)).astype(np.float32) * 5
+    np.save(tmp_path / "t.npy", table)
+    mapped = np.load(tmp_path / "t.npy", mmap_mode="r")
+    got = stored_table(mapped, STORAGE_DTYPES[name])
+    assert got.dtype == STORAGE_DTYPES[name] and got.is_contiguous()
+    np.testing.assert_array_equal(got.float().numpy(), rounded(table, name))
+    # Row normalisation in float32, then one rounding (not a rounding of the raw rows first).
+    norm = FeatureNormalization("row")
+    got = stored_table(mapped, STORAGE_DTYPES[name], norm.apply_)
+    expected = rounded(table / table.sum(axis=1, keepdims=True), name)
+    np.testing.assert_array_equal(got.float().numpy(), expected)
+    np.testing.assert_array_equal(np.load(tmp_path / "t.npy"), table)  # the file unchanged
+
+
+def test_a_value_beyond_float16_names_its_row_id_and_the_flags():
+    table = np.ones((30, 4), dtype=np.float32)
+    table[12, 3] = 7.0e4
+    with pytest.raises(StorageRangeError, match=r"row 112 holds 70000 \(column 3\)"):
+        stored_table(table, torch.float16, first_row=100)
+    with pytest.raises(InputError, match=r"--feature-dtype float16: feature table row 112") as err:
+        stored_rows(table, "float16", first_row=100)
+    assert "--feature-dtype bfloat16" in str(err.value) and "--normalize-features" in str(err.value)
+    assert stored_rows(table, "bfloat16").dtype == torch.bfloat16  # float32's range
+
+
+def test_two_byte_rows_count_two_bytes_a_value():
+    table = stored_table(np.ones((10, 6), dtype=np.float32), torch.bfloat16)
+    source = ArrayFeatures(table)
+    assert source.gather(np.array([1, 2, 2])).dtype == torch.float32
+    assert source.bytes_read == 3 * 6 * 2
+    assert source.rows_in_place(np.array([1])) is None  # the fused layer reads float32 only
+
+
+# ---- the rank's sources --------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def replicated_part(tmp_path_factory) -> tuple[PartitionStore, np.ndarray]:
+    """Part 0 of 2 with replicated halo rows, and the whole graph's float32 features."""
+    graph = random_graph(n=400, m=3000, feat_dim=6, classes=3, seed=3)
+    out = tmp_path_factory.mktemp("parts") / "p2"
+    partition_graph(graph, 2, out, seed=0, replicate_halo_features=True)
+    return PartitionStore(out, 0), np.asarray(graph.features, dtype=np.float32)
+
+
+@pytest.mark.parametrize("kind", ["mmap", "memory"])
+@pytest.mark.parametrize("name", HALF)
+def test_the_rank_holds_solid_and_halo_rows_in_two_bytes(replicated_part, kind, name):
+    store, features = replicated_part
+    local = LocalGraph.from_store(store)
+    assert local.n_local > local.n_solid  # the part has halo rows
+    config = TrainConfig(**FAST, features=kind, feature_dtype=name)
+    sources = open_features(local, config)
+    train = sources.train
+    held = [train.head.table, train.tail.table]
+    assert all(t.dtype == STORAGE_DTYPES[name] for t in held)
+    assert sum(t.nbytes for t in held) == local.n_local * local.feat_dim * 2
+    assert f"in memory as {name}" in sources.note
+    ids = np.arange(local.n_local)
+    vid_o = np.asarray(store.orig_ids)  # VID_p -> VID_o: the rows the part holds
+    np.testing.assert_array_equal(train.gather(ids).numpy(), rounded(features[vid_o], name))
+    assert sources.evaluation() is train  # evaluation reads the same two-byte table
+
+
+def test_the_stored_rows_are_normalised_before_they_are_rounded(replicated_part):
+    store, features = replicated_part
+    local = LocalGraph.from_store(store)
+    norm = FeatureNormalization("row")
+    config = TrainConfig(**FAST, feature_dtype="bfloat16", normalize_features="row")
+    sources = open_features(local, config, normalization=norm)
+    table = features[np.asarray(store.orig_ids)]
+    expected = rounded(table / table.sum(axis=1, keepdims=True), "bfloat16")
+    got = sources.train.gather(np.arange(local.n_local)).numpy()
+    np.testing.assert_array_equal(got, expected)  # normalised once, as stored
+
+
+def test_float32_keeps_the_partition_table_as_it_is(replicated_part):
+    local = LocalGraph.from_store(replicated_part[0])
+    train = open_features(local, TrainConfig(**FAST)).train
+    assert isinstance(train.head.table, np.memmap)  # mmap: nothing converted, nothing held
+
+
+def test_the_budget_counts_the_stored_table():
+    shape = GraphShape(n_solid=1000, n_local=1500, n_train=500, feat_dim=16, num_classes=4,
+                       max_in_degree=50)  # fmt: skip
+
+    def table_items(**options) -> dict[str, int]:
+        items = estimate_memory(TrainConfig(**FAST, **options), shape, 1)
+        return {i.what: i.nbytes for i in items if "feature table" in i.what}
+
+    assert table_items() == {}  # mmap: the page cache's, not the rank's
+    assert table_items(features="memory") == {"the feature table loaded into memory": 1500 * 16 * 4}
+    for kind in ("mmap", "memory"):
+        assert table_items(features=kind, feature_dtype="bfloat16") == {
+            "the feature table stored as bfloat16 in memory": 1500 * 16 * 2
+        }
+
+
+# ---- training ---------------------------------------------------------------------------------
+def _run(graph, **options) -> tuple[list[float], dict[str, float]]:
+    trainer = Trainer(LocalGraph.from_graph(graph), TrainConfig(**FAST, **options),
+                      log=lambda _: None)  # fmt: skip
+    losses = [r["loss"] for r in trainer.fit()]
+    accuracies = {k: v for k, v in trainer.evaluate().items() if k.endswith("_acc")}
+    return losses, accuracies
+
+
+@pytest.mark.parametrize("name", HALF)
+def test_a_run_trains_and_evaluates_as_on_the_table_rounded_beforehand(name):
+    """The C++ path with the table stored in ``name`` is a float32 run on the rounded table:
+    the same losses and accuracies, bit for bit (training and evaluation read the stored
+    rows; the float32 run reads its rows in place, the stored one gathers them)."""
+    graph = random_graph(n=600, m=4000, feat_dim=8, classes=3, seed=4)
+    pre_rounded = dataclasses.replace(graph, features=rounded(graph.features, name))
+    stored = _run(graph, feature_dtype=name)
+    assert stored == _run(pre_rounded)
+    assert stored[0] != _run(graph)[0]  # the rounding is seen
+
+
+def test_the_cli_runs_the_cpu_path_with_a_two_byte_table(capsys):
+    argv = ["--dataset", "synthetic:nodes=800,avg_degree=6,feat_dim=8,classes=3", *FAST_FLAGS,
+            "--epochs", "1", "--feature-dtype", "bfloat16"]  # fmt: skip
+    code, out, err = run_train_cli(argv, capsys)
+    assert code == 0, err
+    assert "features: in memory as bfloat16" in out + err
+
+
+def test_the_out_of_core_layout_refuses_a_two_byte_table_on_the_cpu_path(tmp_path, capsys):
+    graph = random_graph(n=300, m=2000, feat_dim=8, classes=3, seed=4)
+    partition_graph(graph, 1, tmp_path / "p", seed=0, features_layout="ooc")
+    argv = [
+        "--part-dir",
+        str(tmp_path / "p"),
+        *FAST_FLAGS,
+        "--epochs",
+        "1",
+        "--feature-dtype",
+        "bfloat16",
+    ]  # fmt: skip  (--features defaults to ooc here)
+    code, _, err = run_train_cli(argv, capsys)
+    assert code == 2, err
+    assert "--feature-dtype bfloat16 with --features ooc" in err and "Traceback" not in err
