@@ -176,7 +176,7 @@ def test_goals_read_the_table_and_cache_runs_and_the_profile(monkeypatch):
     result = fake_result(1.0)
     result["training"].append({"name": "table/fused/prefetch2", "epoch_s": 0.42})
     result["training"].append({"name": "gat/table/triton/prefetch2", "model": "gat",
-                               "epoch_s": 0.3})  # not GraphSAGE: no goal reads it  # fmt: skip
+                               "precision": "fp32", "epoch_s": 0.3})  # no sage goal  # fmt: skip
     # A --cuda-graphs run that failed is recorded and read by no goal.
     result["training"].append({"name": "table/triton/graphs/prefetch2", "model": "sage",
                                "cuda_graphs": True, "failed": "RuntimeError: capture"})  # fmt: skip
@@ -329,3 +329,159 @@ def test_the_gpu_only_configurations_run_on_cpu_tensors(monkeypatch):
     profile = gpu.profile_part(args, graph, cuda_graphs=True, prefetch=2)
     assert profile["name"] == "table/fused/graphs/prefetch2" and profile["wall_s"] > 0
     assert trainers[-1].cfg.prefetch == 2 and trainers[-1].cfg.cuda_graphs
+    assert trainers[-1].cfg.model == profile["model"] == "sage"
+    # GAT's profile: the same epoch of the other model, named with its prefix.
+    profile = gpu.profile_part(args, graph, cuda_graphs=True, model="gat")
+    assert profile["name"] == "gat/table/fused/graphs/prefetch0" and profile["wall_s"] > 0
+    assert trainers[-1].cfg.model == profile["model"] == "gat"
+    assert trainers[-1].cfg.prefetch == 0 and trainers[-1].cfg.cuda_graphs
+
+
+def planned_runs(monkeypatch, device: str) -> tuple[list[dict], list[dict]]:
+    """The training part's and the precision sweep's runs as they would be on ``device``
+    (``--kernels fused,triton``, every precision), their settings recorded instead of
+    trained: on "cuda" the GPU's 132 multiprocessors are faked, no GPU is used."""
+    import types
+
+    import gpu
+
+    def settings(args, graph, kernels, accuracy=False, **options):
+        return gpu.run_settings(args, kernels, **options)
+
+    monkeypatch.setattr(gpu, "training_part", settings)
+    monkeypatch.setattr(
+        torch.cuda,
+        "get_device_properties",
+        lambda d: types.SimpleNamespace(multi_processor_count=132),
+    )
+    args = gpu.parse_args(["--device", "cpu", "--kernels", "fused,triton",
+                           "--precisions", "fp32,tf32,bf16,fp16"])  # fmt: skip
+    args.device = device  # parse_args refuses cuda on a machine without a GPU
+    return gpu.training_runs(args, None), gpu.precision_part(args, None)
+
+
+def test_gat_runs_graphed_on_cuda_in_training_and_the_sweep(monkeypatch):
+    """On CUDA GAT also runs in its fastest configuration (--cuda-graphs at --prefetch, the
+    Triton kernels), after its eager runs; the sweep's GAT runs are graphed as GraphSAGE's
+    (but fp16, whose scaler a graph cannot replay). On the CPU neither."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    training, sweep = planned_runs(monkeypatch, "cuda")
+    gat = [(r["name"], r["kernels"], r["cuda_graphs"], r["prefetch"])
+           for r in training if r["model"] == "gat"]  # fmt: skip
+    assert gat == [
+        ("gat/table/fused/prefetch2", "fused", False, 2),
+        ("gat/table/triton/prefetch2", "triton", False, 2),
+        ("gat/table/triton/graphs/prefetch2", "triton", True, 2),
+    ]
+    assert training[-1]["name"] == "gat/table/triton/graphs/prefetch2"  # after the eager ones
+    graphed = {(r["model"], r["precision"]): r["cuda_graphs"] for r in sweep}
+    assert graphed == {
+        ("sage", "fp32"): True, ("sage", "tf32"): True, ("sage", "bf16"): True,
+        ("sage", "fp16"): False,
+        ("gat", "tf32"): True, ("gat", "bf16"): True, ("gat", "fp16"): False,
+    }  # fmt: skip
+    names = {r["name"] for r in sweep if r["model"] == "gat" and r["cuda_graphs"]}
+    assert names == {"gat/table/triton/graphs/prefetch2"}
+    training, sweep = planned_runs(monkeypatch, "cpu")
+    assert not any(r["cuda_graphs"] for r in training if r["model"] == "gat")
+    assert [r["model"] for r in sweep if "skipped" not in r] == ["sage", "sage"]  # fp32, bf16
+
+
+# Ids without "cuda": conftest skips the tests whose keywords name it where no GPU is seen.
+@pytest.mark.parametrize("device", ["cuda", "cpu"], ids=["gpu_faked", "cpu"])
+def test_the_gat_profile_runs_graphed_on_cuda_only(monkeypatch, tmp_path, device):
+    """``profile_gat``: on CUDA one whole-table GAT epoch profiled with --cuda-graphs at
+    --prefetch 0, recorded under its key; on the CPU it is not run (as the other graphed
+    profiles). The profiles' settings are recorded instead of profiled: no GPU is used."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import gpu
+
+    calls: list[dict] = []
+
+    def profile(args, graph, cuda_graphs=False, prefetch=0, model="sage"):
+        calls.append({"model": model, "cuda_graphs": cuda_graphs, "prefetch": prefetch})
+        return {"name": gpu.run_name("triton", 100.0, prefetch, model, graphs=cuda_graphs),
+                "wall_s": 1.0, "gpu_busy": 0.5, "syncs_per_iteration": 1.0,
+                "launches_per_iteration": 10.0}  # fmt: skip
+
+    monkeypatch.setattr(gpu, "profile_part", profile)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(gpu, "machine", lambda device: {"gpu": "a faked GPU", "cpus": 2})
+    out = tmp_path / "gpu.json"
+    code = gpu.main(["--device", device, "--quick", "--nodes", "2000", "--threads", "2",
+                     "--parts", "profile,profile_gat", "--out", str(out)])  # fmt: skip
+    result = json.loads(out.read_text())
+    assert code == 0 and result["profile"]["name"] == "table/triton/prefetch0"
+    if device == "cpu":
+        assert calls == [{"model": "sage", "cuda_graphs": False, "prefetch": 0}]
+        assert "profile_gat" not in result
+        return
+    assert calls == [{"model": "sage", "cuda_graphs": False, "prefetch": 0},
+                     {"model": "gat", "cuda_graphs": True, "prefetch": 0}]  # fmt: skip
+    assert result["profile_gat"]["name"] == "gat/table/triton/graphs/prefetch0"
+    assert result["profile_graphs"] == {"skipped": "not among --parts"}
+    assert result["goals"]["profiled"] == "the profile of table/triton/prefetch0"
+
+
+def test_goals_read_graphsage_profiles_and_record_gats_fastest_epoch(monkeypatch):
+    """GAT's profile, however fast, is not the one GraphSAGE's goals read; GAT's fastest
+    trained epoch (training or sweep, any precision; failed runs left out) is recorded."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import gpu
+
+    result = fake_result(1.0)
+    result["profile"] = {"name": "table/triton/prefetch0", "wall_s": 2.0, "gpu_busy": 0.615,
+                         "syncs_per_iteration": 3.5, "launches_per_iteration": 212.0}  # fmt: skip
+    result["profile_gat"] = {"name": "gat/table/triton/graphs/prefetch0", "model": "gat",
+                             "wall_s": 0.5, "gpu_busy": 0.97, "syncs_per_iteration": 1.0,
+                             "launches_per_iteration": 20.0}  # fmt: skip
+    assert "gat_epoch" not in gpu.goals(result)  # no GAT run
+    graphed = "gat/table/triton/graphs/prefetch2"
+    result["training"] += [
+        {"name": "gat/table/triton/prefetch2", "model": "gat", "precision": "fp32",
+         "epoch_s": 8.4},
+        {"name": graphed, "model": "gat", "precision": "fp32", "epoch_s": 4.25},
+    ]  # fmt: skip
+    result["precision_sweep"] = [
+        {"name": "table/triton/graphs/prefetch2", "model": "sage", "precision": "tf32",
+         "epoch_s": 0.38},  # GraphSAGE's: faster, not GAT's
+        {"name": graphed, "model": "gat", "precision": "tf32", "epoch_s": 3.1},
+        {"name": graphed, "model": "gat", "precision": "bf16", "failed": "RuntimeError: x"},
+    ]  # fmt: skip
+    goals = gpu.goals(result)
+    assert goals["profiled"] == "the profile of table/triton/prefetch0"
+    assert goals["busy"] == "GPU busy >= 80%: 62%" and goals["launches"].endswith(": 212.0")
+    assert goals["gat_epoch"] == (
+        "GAT epoch, table on the device, fastest (recorded, no goal): "
+        "3.10 s (tf32, gat/table/triton/graphs/prefetch2)"
+    )
+    result["training"][-1]["epoch_s"] = 2.5  # the training run's, when it is the fastest
+    assert gpu.goals(result)["gat_epoch"].endswith(": 2.50 s (fp32, " + graphed + ")")
+    assert "epoch_table" not in goals  # GAT's table runs are not GraphSAGE's
+
+
+def test_the_figure_draws_the_graphed_gat_runs(monkeypatch, tmp_path):
+    """The graphed GAT runs, of the training part and the sweep, are rows of the epoch
+    panel."""
+    import matplotlib.pyplot as plt
+
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import gpu
+
+    result = fake_result(1.0)
+    graphed = "gat/table/triton/graphs/prefetch2"
+    phases = {"sample_s": 0.5, "feature_movement_s": 0.25, "compute_s": 3.0}
+    result["training"].append({"name": graphed, "model": "gat", "precision": "fp32",
+                               "epoch_s": 4.0, **phases})  # fmt: skip
+    result["precision_sweep"] = [{"name": graphed, "model": "gat", "precision": "tf32",
+                                  "epoch_s": 3.1, **phases}]  # fmt: skip
+    figures = []
+    monkeypatch.setattr(gpu, "save_figure", lambda fig, path: figures.append(fig))
+    gpu.plot(result, tmp_path / "gpu.png")
+    (fig,) = figures
+    try:
+        fig.canvas.draw()
+        rows = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+        assert rows == [f"{graphed} tf32", graphed, "cache10/fused"]  # the first on top
+    finally:
+        plt.close(fig)
