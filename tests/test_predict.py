@@ -200,6 +200,21 @@ def test_predict_normalises_features_as_the_run_did(graph, tmp_path, capsys, kin
     assert_matches_reference(np.load(out / "logits.npy"), np.load(out / "predictions.npy"), final)
 
 
+def test_predict_reads_the_table_as_the_run_stored_it(graph, tmp_path, capsys):
+    """A run with --feature-dtype bfloat16: predict stores the table as the checkpoint says,
+    so its logits are the float64 reference's on the bfloat16-rounded features."""
+    ckpt, out = tmp_path / "ckpt", tmp_path / "pred"
+    argv = ["--dataset", SMALL, *FAST_FLAGS, "--epochs", "1", "--threads", "1",
+            "--feature-dtype", "bfloat16", "--checkpoint-dir", str(ckpt)]  # fmt: skip
+    assert train_main(argv) == 0
+    code, _, err = run(["--checkpoint", str(ckpt), "--out", str(out)], capsys)
+    assert code == 0, err
+    x = torch.from_numpy(graph.features).to(torch.bfloat16).float().numpy()
+    state = torch.load(ckpt / CHECKPOINT_FILE, weights_only=True)["model"]
+    _, final = sage_reference(dataclasses.replace(graph, features=x), state, 2)
+    assert_matches_reference(np.load(out / "logits.npy"), np.load(out / "predictions.npy"), final)
+
+
 def test_python_api_returns_the_arrays_without_writing(one_rank_run, graph, tmp_path):
     ckpt, _ = one_rank_run
     written = predict(ckpt, dataset=SMALL, out=tmp_path / "a", log=lambda _: None)

@@ -74,9 +74,16 @@ T = TypeVar("T")
 MANIFEST_VERSION = 1
 #: The options a prediction takes from the checkpoint besides those that shape the model
 #: (:data:`RESUME_MUST_MATCH`): the kernels and the evaluation's block size it was evaluated
-#: with, so that predictions repeat the trainer's evaluation bit for bit (``--kernels auto``
-#: is resolved on the CPU, where a prediction runs: the fused kernels, as a CPU run's).
-CARRIED_OPTIONS: tuple[str, ...] = (*RESUME_MUST_MATCH, "kernels", "eval_batch_size")
+#: with, and the dtype it stored the feature table in (``--feature-dtype``: the rows are read
+#: rounded as the run read them), so that predictions repeat the trainer's evaluation bit
+#: for bit (``--kernels auto`` is resolved on the CPU, where a prediction runs: the fused
+#: kernels, as a CPU run's).
+CARRIED_OPTIONS: tuple[str, ...] = (
+    *RESUME_MUST_MATCH,
+    "kernels",
+    "eval_batch_size",
+    "feature_dtype",
+)
 #: Splits whose accuracy the manifest reports.
 SPLITS = ("train", "val", "test")
 
