@@ -19,9 +19,17 @@ from distmb.data.store.store import PartitionStore
 from distmb.engine import Trainer
 from distmb.engine.budget import GraphShape, estimate_memory
 from distmb.engine.build.features import open_features, stored_rows
+from distmb.nn.kernels.cpu_aggregate import aggregate_forward
 from distmb.partition import partition_graph
 from distmb.pipeline.features import ArrayFeatures, FeatureNormalization, storage
-from distmb.pipeline.features.storage import STORAGE_DTYPES, StorageRangeError, stored_table
+from distmb.pipeline.features.storage import (
+    STORAGE_DTYPES,
+    StorageRangeError,
+    file_backed,
+    stored_table,
+)
+from distmb.pipeline.rows import IndexedRows
+from distmb.pipeline.sample import Block, NeighborSampler
 
 HALF = ["float16", "bfloat16"]
 FAST = dict(layers=2, fanout=(4, 4), hidden=16, batch_size=100, epochs=2, progress=False)
@@ -71,7 +79,54 @@ def test_two_byte_rows_count_two_bytes_a_value():
     source = ArrayFeatures(table)
     assert source.gather(np.array([1, 2, 2])).dtype == torch.float32
     assert source.bytes_read == 3 * 6 * 2
-    assert source.rows_in_place(np.array([1])) is None  # the fused layer reads float32 only
+    rows = source.rows_in_place(np.array([1, 3]))  # the fused layer reads them in place
+    assert rows is not None and rows.table is table and rows.dtype == torch.float32
+    assert source.bytes_read == 5 * 6 * 2
+
+
+# ---- rows read in place -------------------------------------------------------------------------
+def every_value(name: str) -> torch.Tensor:
+    """A [4096, 16] table of ``name`` holding each of the 65,536 bit patterns once (zeros of
+    both signs, subnormals, infinities, NaNs included)."""
+    bits = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16)
+    return bits.view(STORAGE_DTYPES[name]).reshape(4096, 16)
+
+
+@pytest.mark.parametrize("name", HALF)
+def test_the_aggregation_widens_every_two_byte_value_exactly(name):
+    """Each destination sums one source row: the kernel's widening equals torch's cast for
+    every bit pattern (subnormals, infinities; NaNs stay NaNs)."""
+    table = every_value(name)
+    ids = torch.randperm(4096, generator=torch.Generator().manual_seed(0))
+    block = Block(n_dst=4096, n_src=4096, n_halo=0, indptr=torch.arange(4097),
+                  indices=torch.arange(4096), src_ids=ids)  # fmt: skip
+    got = aggregate_forward(block, IndexedRows(table, ids), "sum")
+    expected = table.float()[ids]
+    assert torch.equal(torch.isnan(got), torch.isnan(expected))
+    number = ~torch.isnan(expected)
+    assert torch.equal(got[number], expected[number])  # -0.0 == 0.0: a sum from +0 is +0
+    # Bit for bit (NaN payloads, the zeros' signs) what the float32 kernel gives on torch's
+    # widening of the same table.
+    reference = aggregate_forward(block, IndexedRows(table.float(), ids), "sum")
+    assert torch.equal(got.view(torch.int32), reference.view(torch.int32))
+
+
+@pytest.mark.parametrize("kind", ["mean", "sum"])
+@pytest.mark.parametrize("name", HALF)
+def test_in_place_two_byte_rows_aggregate_as_the_rounded_float32_table(name, kind):
+    """Over a random block, reading a two-byte table in place gives, bit for bit, what the
+    same kernel gives over the float32 table rounded to that dtype (the same sums in the
+    same order), and what the gathered rows give."""
+    rng = np.random.default_rng(1)
+    table = stored_table(rng.standard_normal((300, 37)).astype(np.float32) * 4,
+                         STORAGE_DTYPES[name])  # fmt: skip
+    graph = random_graph(n=300, m=2500, feat_dim=4, classes=2, seed=1)
+    sampler = NeighborSampler(graph.indptr, graph.indices, 300, 300, [6], seed=0)
+    (block,) = sampler.sample(np.arange(0, 300, 3), 0, 0)
+    ids = torch.as_tensor(block.src_ids, dtype=torch.int64)
+    got = aggregate_forward(block, IndexedRows(table, ids), kind)
+    assert torch.equal(got, aggregate_forward(block, IndexedRows(table.float(), ids), kind))
+    assert torch.equal(got, aggregate_forward(block, table.float()[ids].contiguous(), kind))
 
 
 # ---- the rank's sources --------------------------------------------------------------------------
@@ -119,6 +174,19 @@ def test_float32_keeps_the_partition_table_as_it_is(replicated_part):
     local = LocalGraph.from_store(replicated_part[0])
     train = open_features(local, TrainConfig(**FAST)).train
     assert isinstance(train.head.table, np.memmap)  # mmap: nothing converted, nothing held
+
+
+def test_features_memory_reads_a_memory_mapped_table_into_this_process(replicated_part):
+    """``--features memory`` copies the part's memory-mapped float32 rows into RAM (a
+    contiguous map is not returned as it is)."""
+    store, features = replicated_part
+    local = LocalGraph.from_store(store)
+    assert file_backed(np.asarray(local.features))
+    train = open_features(local, TrainConfig(**FAST, features="memory")).train
+    for part in (train.head, train.tail):
+        assert not file_backed(part.table) and part.table.flags.c_contiguous
+    ids = np.arange(local.n_local)
+    np.testing.assert_array_equal(train.gather(ids).numpy(), features[np.asarray(store.orig_ids)])
 
 
 def test_the_budget_counts_the_stored_table():

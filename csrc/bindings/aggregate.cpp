@@ -77,19 +77,33 @@ py::tuple py_block_transpose(const py::array& indptr, const py::array& indices, 
                         to_numpy(std::move(t.dst)));
 }
 
+// x_dtype: "float32" (x float32), or "bfloat16" / "float16" (x int16: the values' bits).
 void py_aggregate_forward(const py::array& indptr, const py::array& indices, int64_t n_src,
                           const py::array& x, int64_t dim, const std::string& kind,
-                          const py::array& out) {
+                          const py::array& out, const std::string& x_dtype) {
   const int64_t n_dst = agg_csr(indptr, indices, "aggregate_forward");
   agg_nonnegative(n_src, "n_src");
   agg_nonnegative(dim, "dim");
   const AggKind k = agg_kind(kind);
-  const float* xp = agg_data<float>(x, n_src * dim, "x");
   float* op = agg_data<float>(out, n_dst * dim, "out", true);
   const auto* ip = static_cast<const int64_t*>(indptr.data());
   const auto* ix = static_cast<const int64_t*>(indices.data());
-  py::gil_scoped_release nogil;
-  aggregate_forward(ip, ix, n_dst, n_src, xp, dim, k, op);
+  if (x_dtype == "float32") {
+    const float* xp = agg_data<float>(x, n_src * dim, "x");
+    py::gil_scoped_release nogil;
+    aggregate_forward(ip, ix, n_dst, n_src, xp, dim, k, op);
+  } else if (x_dtype == "bfloat16" || x_dtype == "float16") {
+    const void* bits = agg_data<int16_t>(x, n_src * dim, "x (the values' bits)");
+    py::gil_scoped_release nogil;
+    if (x_dtype == "bfloat16") {
+      aggregate_forward(ip, ix, n_dst, n_src, static_cast<const Bf16*>(bits), dim, k, op);
+    } else {
+      aggregate_forward(ip, ix, n_dst, n_src, static_cast<const Half*>(bits), dim, k, op);
+    }
+  } else {
+    throw py::value_error("aggregate_forward: x_dtype must be float32, bfloat16 or float16, got '" +
+                          x_dtype + "'");
+  }
 }
 
 void py_aggregate_backward(const py::array& indptr, const py::array& t_indptr,
@@ -241,7 +255,9 @@ void bind_aggregate(py::module_& m) {
         " edge ids ascending within each source.");
   m.def("aggregate_forward", &py_aggregate_forward, py::arg("indptr"), py::arg("indices"),
         py::arg("n_src"), py::arg("x"), py::arg("dim"), py::arg("kind"), py::arg("out"),
-        "out float32[n_dst, dim] = sum | mean | gcn of x float32[n_src, dim] over the CSR.");
+        py::arg("x_dtype") = "float32",
+        "out float32[n_dst, dim] = sum | mean | gcn of x [n_src, dim] over the CSR; x float32, "
+        "or with x_dtype bfloat16 / float16 the values' bits as int16 (summed in float32).");
   m.def("aggregate_backward", &py_aggregate_backward, py::arg("indptr"), py::arg("t_indptr"),
         py::arg("t_dst"), py::arg("grad_out"), py::arg("dim"), py::arg("kind"),
         py::arg("grad_x"), py::arg("addend") = py::none(),

@@ -19,6 +19,15 @@ namespace distmb {
 // Unweighted aggregators of distmb.nn.aggregate.aggregate.
 enum class AggKind : int { kSum = 0, kMean = 1, kGcn = 2 };
 
+// Feature rows stored in two bytes a value (--feature-dtype): the bits of one bfloat16 or
+// IEEE half-precision value. aggregate_forward reads such rows in place and sums in float32.
+struct Bf16 {
+  uint16_t bits;
+};
+struct Half {
+  uint16_t bits;
+};
+
 // Per-destination factor of aggregate: 1 (sum), 1 / deg or 0 (mean), 1 / (deg + 1) (gcn).
 inline float agg_scale(AggKind kind, int64_t deg) {
   switch (kind) {
@@ -49,6 +58,12 @@ void transpose_block(const int64_t* indptr, const int64_t* indices, int64_t n_ds
 // dim], out [n_dst, dim]; s_v = 1 (sum), 1/deg or 0 without edges (mean), 1/(deg+1) (gcn).
 void aggregate_forward(const int64_t* indptr, const int64_t* indices, int64_t n_dst,
                        int64_t n_src, const float* x, int64_t dim, AggKind kind, float* out);
+// The same over rows stored in two bytes a value (x bfloat16 or float16 [n_src, dim]), each
+// value widened to float32 exactly as it is read; out float32.
+void aggregate_forward(const int64_t* indptr, const int64_t* indices, int64_t n_dst,
+                       int64_t n_src, const Bf16* x, int64_t dim, AggKind kind, float* out);
+void aggregate_forward(const int64_t* indptr, const int64_t* indices, int64_t n_dst,
+                       int64_t n_src, const Half* x, int64_t dim, AggKind kind, float* out);
 
 // aggregate_backward: grad_x [n_src, dim] of aggregate_forward given grad_out [n_dst, dim],
 // gathered over the transposed CSR (t_indptr, t_dst of transpose_block). Every row of grad_x

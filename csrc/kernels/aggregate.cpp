@@ -122,23 +122,45 @@ void transpose_block(const int64_t* indptr, const int64_t* indices, int64_t n_ds
 
 // ---- mean / sum / gcn --------------------------------------------------------------------------
 
-void aggregate_forward(const int64_t* indptr, const int64_t* indices, int64_t n_dst,
-                       int64_t n_src, const float* x, int64_t dim, AggKind kind, float* out) {
+namespace {
+
+// aggregate_forward over source rows of type T (float, or two bytes a value).
+template <class T>
+void aggregate_rows_forward(const int64_t* indptr, const int64_t* indices, int64_t n_dst,
+                            int64_t n_src, const T* x, int64_t dim, AggKind kind, float* out) {
   const int64_t n_edges = n_dst > 0 ? indptr[n_dst] : 0;
-  const int64_t ahead = prefetch_rows(dim);
-  const RowChunks rows(indptr, n_dst, dim * sizeof(float));
+  // Rows ahead to prefetch, by the rows' bytes (in floats).
+  const int64_t ahead = prefetch_rows(std::max<int64_t>(1, dim * int64_t(sizeof(T)) / 4));
+  const RowChunks rows(indptr, n_dst, dim * sizeof(T));
   const int64_t bad = for_rows(rows, [&](int64_t v) {
     if (!valid_row(indptr, indices, v, n_edges, n_src)) return false;
     const int64_t b = indptr[v], deg = indptr[v + 1] - b;
-    Neighbours nb{x, dim, indices + b, deg};
+    RowsOf<T> nb{x, dim, indices + b, deg};
     nb.pf_cnt = n_edges - b;
     nb.pf_len = dim;
     nb.ahead = ahead;
-    const float* self = kind == AggKind::kGcn ? x + v * dim : nullptr;
+    const T* self = kind == AggKind::kGcn ? x + v * dim : nullptr;
     gather_row(nb, 1, dim, self, 1.0f, agg_scale(kind, deg), out + v * dim);
     return true;
   });
   if (bad) throw_bad_csr(bad, n_src);
+}
+
+}  // namespace
+
+void aggregate_forward(const int64_t* indptr, const int64_t* indices, int64_t n_dst,
+                       int64_t n_src, const float* x, int64_t dim, AggKind kind, float* out) {
+  aggregate_rows_forward(indptr, indices, n_dst, n_src, x, dim, kind, out);
+}
+
+void aggregate_forward(const int64_t* indptr, const int64_t* indices, int64_t n_dst,
+                       int64_t n_src, const Bf16* x, int64_t dim, AggKind kind, float* out) {
+  aggregate_rows_forward(indptr, indices, n_dst, n_src, x, dim, kind, out);
+}
+
+void aggregate_forward(const int64_t* indptr, const int64_t* indices, int64_t n_dst,
+                       int64_t n_src, const Half* x, int64_t dim, AggKind kind, float* out) {
+  aggregate_rows_forward(indptr, indices, n_dst, n_src, x, dim, kind, out);
 }
 
 void aggregate_backward(const int64_t* indptr, int64_t n_dst, const int64_t* t_indptr,

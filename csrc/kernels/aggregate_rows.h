@@ -11,10 +11,12 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "aggregate.h"
 #include "common.h"
 
 namespace distmb {
@@ -134,12 +136,44 @@ inline bool valid_row(const int64_t* indptr, const int64_t* indices, int64_t v, 
 // weight per (edge, head), broadcast over the head's D SIMD lanes: the paper's "broadcast
 // support" (H = 1 and weight 1 for plain sums).
 
-// The neighbours of one output row: row u of the source matrix starts at x + u * ld; edge k
+// ---- stored values -> float32 (exact: every bfloat16 and half value is a float32 value) ---
+
+inline float to_float(float v) { return v; }
+
+// bfloat16 is float32's upper half.
+inline float to_float(Bf16 v) {
+  const uint32_t u = static_cast<uint32_t>(v.bits) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+// IEEE half: the exponent and significand moved into float32's fields (<< 13) and the
+// exponent rebiased by a multiplication by 2^112 (2^(127 - 15)), which also normalises a
+// subnormal half; infinities and NaNs (exponent all ones) get float32's all-ones exponent.
+// Branch-free, so the row loops stay vectorised.
+inline float to_float(Half v) {
+  const uint32_t h = v.bits;
+  const uint32_t magnitude = (h & 0x7fffu) << 13;
+  float f;
+  std::memcpy(&f, &magnitude, sizeof f);
+  f *= 0x1p112f;
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  u = (h & 0x7c00u) == 0x7c00u ? (magnitude | 0x7f800000u) : u;
+  u |= (h & 0x8000u) << 16;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+// The neighbours of one output row: row u of the source matrix (values of type T: float, or
+// two bytes a value read through to_float) starts at x + u * ld; edge k
 // reads row nbr[k] with, for head h, the weight w[(w_idx ? w_idx[k] : k) * w_stride + h]
 // (1 when w is null). Prefetching looks at nbr[k] for k < pf_cnt (>= cnt: the entries after
-// this row's), `ahead` entries ahead, and fetches the first pf_len floats of those rows.
-struct Neighbours {
-  const float* x;
+// this row's), `ahead` entries ahead, and fetches the first pf_len values of those rows.
+template <class T>
+struct RowsOf {
+  const T* x;
   int64_t ld;
   const int64_t* nbr;
   int64_t cnt;
@@ -154,36 +188,50 @@ struct Neighbours {
     return w ? w[(w_idx ? w_idx[k] : k) * w_stride + h] : 1.0f;
   }
   [[gnu::always_inline]] void prefetch(int64_t k) const {
-    if (k + ahead < pf_cnt) prefetch_row(x + nbr[k + ahead] * ld, pf_len);
+    if (k + ahead < pf_cnt) {
+      // prefetch_row counts floats: the row's bytes in floats (at least one).
+      const int64_t floats = std::max<int64_t>(1, pf_len * int64_t(sizeof(T)) / 4);
+      prefetch_row(reinterpret_cast<const float*>(x + nbr[k + ahead] * ld), floats);
+    }
   }
+};
+using Neighbours = RowsOf<float>;
+
+// T itself, in a context where it is not deduced (C++20's std::type_identity_t): the rows
+// decide T, and a null init needs no cast.
+template <class T>
+struct NotDeduced {
+  using type = T;
 };
 
 // o[h * D + d] = scale * (init_scale * init[h * D + d] + sum_k weight(k, h) * row_k[h * D + d])
-// for h < heads, d < dim (init optional; o must not alias the source rows).
-inline void gather_row(const Neighbours& nb, int64_t heads, int64_t dim, const float* init,
+// for h < heads, d < dim (init optional, of the rows' type; o must not alias the source rows).
+template <class T>
+inline void gather_row(const RowsOf<T>& nb, int64_t heads, int64_t dim,
+                       const typename NotDeduced<T>::type* init,
                        float init_scale, float scale, float* __restrict o) {
   const int64_t n = heads * dim;
   if (init) {
 #pragma omp simd
-    for (int64_t f = 0; f < n; ++f) o[f] = init_scale * init[f];
+    for (int64_t f = 0; f < n; ++f) o[f] = init_scale * to_float(init[f]);
   } else {
 #pragma omp simd
     for (int64_t f = 0; f < n; ++f) o[f] = 0.0f;
   }
   for (int64_t k = 0; k < nb.cnt; ++k) {
     nb.prefetch(k);
-    const float* __restrict r = nb.x + nb.nbr[k] * nb.ld;
+    const T* __restrict r = nb.x + nb.nbr[k] * nb.ld;
     if (heads == 1) {
       const float w = nb.weight(k, 0);
 #pragma omp simd
-      for (int64_t f = 0; f < n; ++f) o[f] += w * r[f];
+      for (int64_t f = 0; f < n; ++f) o[f] += w * to_float(r[f]);
     } else {
       for (int64_t h = 0; h < heads; ++h) {
         const float w = nb.weight(k, h);  // broadcast over the head's D lanes
         float* __restrict oh = o + h * dim;
-        const float* __restrict rh = r + h * dim;
+        const T* __restrict rh = r + h * dim;
 #pragma omp simd
-        for (int64_t d = 0; d < dim; ++d) oh[d] += w * rh[d];
+        for (int64_t d = 0; d < dim; ++d) oh[d] += w * to_float(rh[d]);
       }
     }
   }

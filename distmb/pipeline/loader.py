@@ -211,7 +211,11 @@ class BatchLoader:
                 n_dst, dim = first.n_dst, self.features.dim
                 buffer = self._take_buffer(n_dst * dim)
                 head = buffer[: n_dst * dim].view(n_dst, dim)
-                torch.index_select(in_place.table, 0, in_place.ids[:n_dst], out=head)
+                table, own = in_place.table, in_place.ids[:n_dst]
+                if table.dtype == torch.float32:
+                    torch.index_select(table, 0, own, out=head)
+                else:  # a two-byte table: its rows widened to float32
+                    head.copy_(torch.index_select(table, 0, own))
                 batch.x = IndexedRows(in_place.table, in_place.ids, head)
                 batch.x_halo = None
                 batch.buffer = buffer if self.reuse_buffers else None

@@ -8,6 +8,9 @@ loader hands it an :class:`IndexedRows` (unless ``--no-gather-in-place``), with 
 destinations' own rows gathered as its ``head``, and anything else turns it
 into a tensor with :meth:`IndexedRows.materialize`.
 
+A table may be stored in two bytes a value (``--feature-dtype``: :data:`TABLE_DTYPES`); the
+rows are float32 to every reader (the aggregation kernel widens each value as it reads it).
+
 This module imports nothing of distmb's, so the feature sources and the layers can both use it.
 """
 
@@ -19,14 +22,18 @@ import numpy as np
 import torch
 from torch import Tensor
 
+#: The dtypes a table read in place may be stored in; its rows are read as float32.
+TABLE_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16)
+
 
 @dataclass(frozen=True, eq=False)
 class IndexedRows:
     """The rows ``table[ids]``, not copied: row ``i`` is ``table[ids[i]]``.
 
     Attributes:
-        table: float32[N, F], C-contiguous, on the CPU (a feature table; may share a read-only
-            memory map, which is never written).
+        table: [N, F] of :data:`TABLE_DTYPES`, C-contiguous, on the CPU (a feature table;
+            may share a read-only memory map, which is never written). Its rows are read as
+            float32 whatever it stores (:attr:`dtype`).
         ids: int64[n], contiguous, each in ``[0, N)``: the maker checks them (a
             :class:`~distmb.pipeline.features.FeatureSource` does, and the kernels check them
             again).
@@ -44,9 +51,10 @@ class IndexedRows:
 
     def __post_init__(self) -> None:
         t, ids = self.table, self.ids
-        if t.dtype != torch.float32 or t.dim() != 2 or not t.is_contiguous() or t.is_cuda:
+        if t.dtype not in TABLE_DTYPES or t.dim() != 2 or not t.is_contiguous() or t.is_cuda:
             raise ValueError(
-                "IndexedRows: table must be a contiguous float32 [N, F] CPU tensor, got "
+                "IndexedRows: table must be a contiguous float32, bfloat16 or float16 [N, F] "
+                "CPU tensor, got "
                 f"{t.dtype}{list(t.shape)} on {t.device}"
             )
         if ids.dtype != torch.int64 or ids.dim() != 1 or not ids.is_contiguous() or ids.is_cuda:
@@ -76,7 +84,9 @@ class IndexedRows:
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.table.dtype
+        """float32: the dtype of the rows as every reader gets them (the table may store
+        them in two bytes a value)."""
+        return torch.float32
 
     @property
     def device(self) -> torch.device:
@@ -104,15 +114,33 @@ class IndexedRows:
         return IndexedRows(self.table, self.ids[:n])
 
     def materialize(self) -> Tensor:
-        """float32[n, F]: the rows copied into a new tensor (thread-parallel ``index_select``)."""
+        """float32[n, F]: the rows copied into a new tensor (thread-parallel ``index_select``,
+        widened to float32 from a two-byte table)."""
         if self.head is None:
-            return torch.index_select(self.table, 0, self.ids)
+            return self._take(self.ids)
         m = self.head.shape[0]
-        return torch.cat([self.head, torch.index_select(self.table, 0, self.ids[m:])])
+        return torch.cat([self.head, self._take(self.ids[m:])])
 
-    def kernel_source(self) -> tuple[np.ndarray, np.ndarray]:
-        """``(table, ids)`` as numpy views, the form the C++ kernels take an indexed source in."""
+    def _take(self, ids: Tensor) -> Tensor:
+        """float32 rows ``ids`` of the table."""
+        return torch.index_select(self.table, 0, ids).to(torch.float32)
+
+    def kernel_source(self) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+        """The form the C++ UPDATE kernels take an indexed source in: ``(table, ids)`` as numpy
+        views of a float32 table; a two-byte table's rows, which those kernels do not read,
+        gathered as float32 (:meth:`materialize`)."""
+        if self.table.dtype != torch.float32:
+            return self.materialize().numpy()
         return self.table.numpy(), self.ids.numpy()
+
+    def table_bits(self) -> tuple[np.ndarray, str]:
+        """The table as the aggregation kernel reads it in place: ``(float32 array,
+        "float32")``, or for a two-byte table its values' bits as an int16 array and the
+        dtype's name (``"bfloat16"``, ``"float16"``)."""
+        t = self.table
+        if t.dtype == torch.float32:
+            return t.numpy(), "float32"
+        return t.view(torch.int16).numpy(), str(t.dtype).removeprefix("torch.")
 
 
 def materialized(x: Tensor | IndexedRows) -> Tensor:

@@ -18,7 +18,12 @@ from distmb.pipeline.features.memory import PartFeatures
 from distmb.pipeline.features.normalize import FeatureNormalization, NormalizedFeatures
 from distmb.pipeline.features.presample import static_hot_ids
 from distmb.pipeline.features.protocol import FeatureSource
-from distmb.pipeline.features.storage import StorageRangeError, storage_dtype, stored_table
+from distmb.pipeline.features.storage import (
+    StorageRangeError,
+    in_memory,
+    storage_dtype,
+    stored_table,
+)
 from distmb.pipeline.sample.host import NeighborSampler
 
 
@@ -119,8 +124,8 @@ def open_features(
     if kind != "ooc":
         solid, halo = local.features, local.halo_features
         if kind == "memory":  # read into RAM once (from .npy or the ooc row file)
-            solid = np.ascontiguousarray(solid)
-            halo = np.ascontiguousarray(halo) if halo is not None else None
+            solid = in_memory(solid)
+            halo = in_memory(halo) if halo is not None else None
         train = PartFeatures(solid, halo)
         if normalization is not None:
             train = part_rows(train, local.n_solid, normalization)

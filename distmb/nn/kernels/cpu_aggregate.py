@@ -104,7 +104,8 @@ def aggregate_forward(block: Block, x: Tensor | IndexedRows, kind: str) -> Tenso
 
     ``x`` may be rows read in place (:class:`~distmb.pipeline.rows.IndexedRows`, ``kind`` not
     ``"gcn"``): the edges then name the table's rows directly (``ids[indices]``, int64[edges]),
-    and no gathered copy of the sources is made."""
+    and no gathered copy of the sources is made; a table stored in two bytes a value is
+    summed in float32, each value widened exactly as it is read."""
     out = torch.empty(block.n_dst, x.shape[1], dtype=DTYPE)
     if isinstance(x, IndexedRows):
         if kind == "gcn":  # its self term reads x[v] by destination position
@@ -112,9 +113,10 @@ def aggregate_forward(block: Block, x: Tensor | IndexedRows, kind: str) -> Tenso
         if x.shape[0] != block.n_src:
             raise ValueError(f"x has {x.shape[0]} rows but the block has n_src={block.n_src}")
         table_rows = torch.index_select(x.ids, 0, block.indices)
+        table, stored = x.table_bits()  # a two-byte table is widened as it is read
         _C.aggregate_forward(
-            _np(block.indptr), table_rows.numpy(), x.table.shape[0], x.table.numpy(),
-            x.shape[1], kind, out.numpy(),
+            _np(block.indptr), table_rows.numpy(), x.table.shape[0], table,
+            x.shape[1], kind, out.numpy(), stored,
         )  # fmt: skip
         return out
     indptr, indices = _csr(block)

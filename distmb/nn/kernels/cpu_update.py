@@ -76,7 +76,8 @@ def _np(t: Tensor) -> np.ndarray:
 
 def _source(x: Tensor | IndexedRows) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """An UPDATE source as the kernels take it: an array, or ``(table, ids)`` for rows read
-    in place."""
+    in place (a two-byte table's rows gathered as float32 instead:
+    :meth:`~distmb.pipeline.rows.IndexedRows.kernel_source`)."""
     return x.kernel_source() if isinstance(x, IndexedRows) else _np(x)
 
 

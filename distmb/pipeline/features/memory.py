@@ -6,6 +6,7 @@ import numpy as np
 import torch
 
 from distmb.pipeline.features.protocol import FeatureSource, as_row_table, take_rows
+from distmb.pipeline.rows import TABLE_DTYPES
 
 
 class ArrayFeatures(FeatureSource):
@@ -36,7 +37,7 @@ class ArrayFeatures(FeatureSource):
 
     def _table_in_place(self, ids: np.ndarray) -> torch.Tensor | None:
         t = self._rows
-        if isinstance(t, torch.Tensor) and t.dtype == torch.float32 and t.is_contiguous():
+        if isinstance(t, torch.Tensor) and t.dtype in TABLE_DTYPES and t.is_contiguous():
             self.bytes_read += ids.size * self.row_bytes
             return t
         return None

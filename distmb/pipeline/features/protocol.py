@@ -113,8 +113,9 @@ class FeatureSource(ABC):
         return IndexedRows(table, torch.from_numpy(ids_np))
 
     def _table_in_place(self, ids: np.ndarray) -> torch.Tensor | None:
-        """A contiguous float32 CPU tensor whose rows ``ids`` (checked int64) are this
-        source's rows of those ids, or None (the default: rows must be gathered)."""
+        """A contiguous CPU tensor (float32, or a two-byte table: ``rows.TABLE_DTYPES``)
+        whose rows ``ids`` (checked int64) are this source's rows of those ids, or None (the
+        default: rows must be gathered)."""
         return None
 
     def counters(self) -> dict[str, int]:

@@ -19,8 +19,10 @@ the model reads them).
 
 from __future__ import annotations
 
+import mmap
 import warnings
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -63,6 +65,26 @@ def as_cpu_tensor(table: np.ndarray | torch.Tensor) -> torch.Tensor:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # "non-writable array": read only
         return torch.from_numpy(np.ascontiguousarray(table))
+
+
+def file_backed(table: np.ndarray) -> bool:
+    """Whether ``table``'s memory is a mapped file (an ``np.memmap``, or a view of one: its
+    pages are the OS page cache's, not this process's)."""
+    base: Any = table
+    while base is not None:
+        if isinstance(base, (np.memmap, mmap.mmap)):
+            return True
+        base = getattr(base, "base", None)
+    return False
+
+
+def in_memory(table: np.ndarray) -> np.ndarray:
+    """``table`` in this process's memory, C-contiguous: a copy of a memory-mapped table
+    (``np.ascontiguousarray`` alone would return a contiguous map as it is), else the array
+    itself where it already is contiguous."""
+    if file_backed(table):
+        return np.array(table, order="C", copy=True)
+    return np.ascontiguousarray(table)
 
 
 def copy_rows(
