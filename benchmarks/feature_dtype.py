@@ -3,8 +3,8 @@
 The GPU path (``--device cuda``, or CPU tensors with ``--sampler device``) can store its
 feature table (the pinned host rows it reads over PCIe, and its device cache) in float16 or
 bfloat16: two bytes a value, the gathers returning float32 of the rounded values. Training
-sees the rounded rows only; evaluation (exact layer-wise inference) reads the partition's
-float32 table. Per dataset, ``--feature-dtype`` (float32, float16, bfloat16) and seed, one
+and evaluation (exact layer-wise inference, from the rank's host copy stored the same way)
+read the rounded rows. Per dataset, ``--feature-dtype`` (float32, float16, bfloat16) and seed, one
 :class:`distmb.engine.Trainer` run records per epoch the loss, the validation and test
 accuracies and the device cache's counters (``device_cache``: ``bytes_h2d``,
 ``rows_loaded``, ``hits``, ``lookups``). Reported per dtype (``summary``): the last epoch's
