@@ -7,6 +7,10 @@ is at hand. Every log and JSON goes into one folder, with a summary of every ste
     python benchmarks/gpu_check.py --dry-run          # the steps and commands; runs nothing
     python benchmarks/gpu_check.py --no-gpu           # as without a GPU (CI tests this)
     python benchmarks/gpu_check.py --versions         # print the versions, then exit
+    # a short lease: the build and the cuda tests, then parts of the benchmark, each capped
+    python benchmarks/gpu_check.py --only build,versions,pytest-cuda --timeout-s 200 --out A
+    python benchmarks/gpu_check.py --only gpu-benchmark --no-build --timeout-s 420 --out B \
+        --benchmark-args "--parts training,precision_sweep,profile_graphs --no-accuracy"
 
 The steps, one after another, each with a timeout (a step that fails or times out is
 recorded and the next one runs):
@@ -40,6 +44,7 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import shutil
 import signal
 import socket
@@ -47,7 +52,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -345,6 +350,7 @@ def plan(args: argparse.Namespace, gpus: int, out: Path) -> list[Step]:
         ooc += ["--device", "cuda"]
     bench = [py, "benchmarks/gpu.py", "--device", "cuda", "--threads", str(cores),
              "--out", str(out / "gpu.json")] + (["--quick"] if args.quick else [])  # fmt: skip
+    bench += shlex.split(args.benchmark_args)
     return [
         Step("build", [py, "setup.py", "build_ext", "--inplace"], 900,
              env={"MAX_JOBS": str(args.jobs)},
@@ -393,6 +399,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-gpu", action="store_true", help="skip every step that needs a GPU")
     p.add_argument("--dry-run", action="store_true",
                    help="write the summary of the steps as on a GPU node; run nothing")  # fmt: skip
+    p.add_argument("--benchmark-args", default="",
+                   help="more flags for benchmarks/gpu.py, one string (e.g. \"--parts "
+                   "training,profile_graphs --no-accuracy\": a short GPU lease)")  # fmt: skip
+    p.add_argument("--timeout-s", type=float, default=None,
+                   help="every step's timeout, seconds (default: each step's own, "
+                   "2-30 min)")  # fmt: skip
     p.add_argument("--only", default=None,
                    help=f"comma-separated steps to run, of {','.join(STEP_NAMES)}")  # fmt: skip
     p.add_argument("--keep-work", action="store_true",
@@ -402,6 +414,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.jobs < 1:
         p.error(f"--jobs: expected a positive number of jobs, got {args.jobs}")
+    if args.timeout_s is not None and args.timeout_s <= 0:
+        p.error(f"--timeout-s: expected a positive number of seconds, got {args.timeout_s}")
+    try:
+        shlex.split(args.benchmark_args)
+    except ValueError as exc:
+        p.error(f"--benchmark-args: {exc} in {args.benchmark_args!r}")
     if args.only is not None:
         args.only = args.only.split(",")
         unknown = sorted(set(args.only) - set(STEP_NAMES))
@@ -436,6 +454,8 @@ def main(argv: list[str] | None = None) -> int:
     steps = plan(args, planned, out.resolve())
     if args.only is not None:
         steps = [s for s in steps if s.name in args.only]
+    if args.timeout_s is not None:
+        steps = [replace(s, timeout_s=args.timeout_s) for s in steps]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}  # fmt: skip
     header = {

@@ -73,6 +73,27 @@ def test_dry_run_plans_every_step_of_a_gpu_node_and_runs_nothing(tmp_path, capsy
     assert sorted(p.name for p in out.iterdir()) == ["summary.json", "summary.txt"]
 
 
+def test_a_short_lease_passes_benchmark_flags_and_caps_every_step(tmp_path, monkeypatch):
+    out = tmp_path / "plan"
+    lease = "--parts 'training,profile_gat' --no-accuracy"
+    argv = ["--dry-run", "--out", str(out), "--only", "pytest-cuda,gpu-benchmark",
+            "--timeout-s", "420", "--benchmark-args", lease]  # fmt: skip
+    seen: list[gpu_check.Step] = []
+    run_steps = gpu_check.run_steps
+
+    def record(steps, *rest, **options):
+        seen.extend(steps)
+        return run_steps(steps, *rest, **options)
+
+    monkeypatch.setattr(gpu_check, "run_steps", record)
+    assert gpu_check.main(argv) == 0
+    assert [s.name for s in seen] == ["pytest-cuda", "gpu-benchmark"]
+    assert {s.timeout_s for s in seen} == {420.0}  # every step's own timeout replaced
+    steps = summary(out)["steps"]
+    bench = next(s["command"] for s in steps if s["name"] == "gpu-benchmark")
+    assert bench.endswith("--parts training,profile_gat --no-accuracy")
+
+
 def test_failed_timed_out_and_missing_steps_do_not_stop_the_run(tmp_path):
     py = sys.executable
     steps = [
@@ -116,6 +137,8 @@ def test_failed_timed_out_and_missing_steps_do_not_stop_the_run(tmp_path):
     [
         (["--only", "build,nope"], "--only: unknown step(s) nope"),
         (["--jobs", "0"], "--jobs: expected a positive number"),
+        (["--timeout-s", "0"], "--timeout-s: expected a positive number of seconds"),
+        (["--benchmark-args", "--parts 'a"], "--benchmark-args: No closing quotation"),
     ],
 )
 def test_bad_flags_name_the_flag(argv, message, capsys):
