@@ -22,6 +22,7 @@ from distmb.engine import Trainer
 from distmb.partition import partition_graph
 from distmb.pipeline.features import storage
 from distmb.pipeline.features.device import build_device_features
+from distmb.pipeline.features.normalize import FeatureNormalization
 from distmb.pipeline.features.storage import STORAGE_DTYPES, StorageRangeError
 from distmb.pipeline.features.zero_copy import ROW_ALIGN_BYTES, HostRows
 from distmb.pipeline.sample import NeighborSampler
@@ -164,6 +165,35 @@ def test_a_run_trains_as_on_the_table_rounded_beforehand(name):
     reference = _losses(LocalGraph.from_graph(rounded), device_cache_mb=0.005)
     assert stored == reference
     assert stored != _losses(LocalGraph.from_graph(graph), device_cache_mb=0.005)
+
+
+def _run(graph, **options) -> tuple[Trainer, list[float], dict[str, float]]:
+    config = TrainConfig(**FAST, sampler="device", **options)
+    trainer = Trainer(LocalGraph.from_graph(graph), config, log=lambda _: None)
+    losses = [r["loss"] for r in trainer.fit()]
+    accuracies = {k: v for k, v in trainer.evaluate().items() if k.endswith("_acc")}
+    return trainer, losses, accuracies
+
+
+@pytest.mark.parametrize("name", ["float16", "bfloat16"])
+def test_evaluation_reads_the_host_rows_the_gpu_reads(name):
+    """One table in host memory: evaluation gathers from the device cache's host rows (the
+    same memory), normalised once and rounded as training reads them; the run, evaluation
+    included, equals a float32 run on that table prepared beforehand."""
+    graph = random_graph(n=600, m=4000, feat_dim=8, classes=3, seed=4)
+    features = np.abs(np.asarray(graph.features, dtype=np.float32)) + 0.1
+    graph = dataclasses.replace(graph, features=features)
+    trainer, losses, accuracies = _run(graph, feature_dtype=name, normalize_features="row",
+                                       device_cache_mb=0.005)  # fmt: skip
+    host = trainer.parts.device_stages.device_cache.host.host
+    table = trainer.feature_sources.evaluation().head.table
+    assert table.data_ptr() == host.data_ptr() and table.dtype == STORAGE_DTYPES[name]
+    normalised = FeatureNormalization("row").apply_(torch.from_numpy(features.copy()))
+    prepared = dataclasses.replace(
+        graph, features=_stored(normalised.numpy(), STORAGE_DTYPES[name])
+    )
+    _, reference_losses, reference_accuracies = _run(prepared, device_cache_mb=0.005)
+    assert (losses, accuracies) == (reference_losses, reference_accuracies)
 
 
 def test_the_run_header_names_the_stored_dtype(capsys):

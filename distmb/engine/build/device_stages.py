@@ -10,6 +10,7 @@ sampler and the host feature sources.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,13 +18,15 @@ import torch
 
 from distmb.config.train import TrainConfig
 from distmb.data.local import LocalGraph
-from distmb.engine.build.features import stored_rows
+from distmb.engine.build.features import FeatureSources, stored_rows
 from distmb.pipeline.features.cached import CachedFeatures
 from distmb.pipeline.features.device import DeviceFeatures, build_device_features
+from distmb.pipeline.features.memory import ArrayFeatures, PartFeatures
 from distmb.pipeline.features.normalize import FeatureNormalization
 from distmb.pipeline.features.reorder import MatchReorder
 from distmb.pipeline.features.storage import STORAGE_DTYPES
 from distmb.pipeline.features.tiered import TieredFeatures, build_tiered_features
+from distmb.pipeline.features.zero_copy import HostRows
 from distmb.pipeline.sample.device import DeviceNeighborSampler
 from distmb.pipeline.sample.host import NeighborSampler
 
@@ -136,6 +139,23 @@ def open_device_stages(
     )
     stages.note = note
     return stages
+
+
+def reading_host_rows(
+    sources: FeatureSources, stages: DeviceStages, n_solid: int
+) -> FeatureSources:
+    """``sources`` whose host readers (layer-wise evaluation, the halo exchange of exact
+    inference, the exact baseline's remote rows) read the rows of the device cache's host
+    table, where ``--feature-dtype`` stored them (two bytes a value, normalised first), rather
+    than a copy of their own: one table in host memory, and what they read is what training
+    reads. ``sources`` as they are where the rows stay float32 or come from the out-of-core
+    cache (no host table)."""
+    host = stages.device_cache.host
+    if not isinstance(host, HostRows) or host.dtype == torch.float32:
+        return sources
+    rows = PartFeatures(ArrayFeatures(host.host[:, : host.dim]), n_solid=n_solid)
+    note = f"{sources.note}; evaluation reads the GPU's host rows"
+    return dataclasses.replace(sources, train=rows, note=note)
 
 
 def kernel_backend(device: torch.device) -> str:

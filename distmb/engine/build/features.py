@@ -86,6 +86,8 @@ def open_features(
     config: TrainConfig,
     adjacency: np.ndarray | NeighborFile | None = None,
     normalization: FeatureNormalization | None = None,
+    *,
+    convert: bool = True,
 ) -> FeatureSources:
     """The rank's feature sources for ``config.features`` (see :func:`feature_kind`), the
     table stored as ``config.feature_dtype`` (:func:`stored_rows`).
@@ -97,6 +99,10 @@ def open_features(
         normalization: ``--normalize-features``
             (:func:`distmb.pipeline.features.normalize.fit_normalization`), applied to every row the
             sources return; None: rows as stored.
+        convert: store the table as ``config.feature_dtype`` here; False: leave it as the
+            partition holds it (the GPU path's device stages store it in the host rows the GPU
+            reads, and the host's readers then read those:
+            :func:`~distmb.engine.build.device_stages.reading_host_rows`).
 
     Raises:
         InputError: ``--features ooc`` with a partition in another layout, or with a
@@ -110,7 +116,7 @@ def open_features(
             "cache serves float32 rows from its file; use --features mmap or memory, or "
             "--feature-dtype float32"
         )
-    if kind != "ooc" and config.feature_dtype != "float32":
+    if kind != "ooc" and config.feature_dtype != "float32" and convert:
         solid = stored_rows(local.features, config.feature_dtype, normalization)
         halo = local.halo_features
         if halo is not None:

@@ -18,7 +18,12 @@ from distmb.data.local import LocalGraph
 from distmb.data.store.neighborfile import NeighborFile
 from distmb.engine.build.adjacency import describe_adjacency, open_adjacency
 from distmb.engine.build.counters import EpochCounters, epoch_counters
-from distmb.engine.build.device_stages import DeviceStages, match_reorder, open_device_stages
+from distmb.engine.build.device_stages import (
+    DeviceStages,
+    match_reorder,
+    open_device_stages,
+    reading_host_rows,
+)
 from distmb.engine.build.features import FeatureSources, open_features
 from distmb.engine.build.model import build_model_and_optimizer
 from distmb.engine.build.runtime import configure_kernels, configure_process, prepare_outputs
@@ -137,12 +142,18 @@ def build_run(
     normalization = fit_normalization(
         config.normalize_features, local.features, local.train_idx, comm
     )
-    feature_sources = open_features(local, config, adjacency, normalization)
+    device_path = uses_device_path(config, device)
+    # The GPU path stores the table (--feature-dtype) in the host rows the GPU reads, and
+    # the host's readers read those: no second copy.
+    feature_sources = open_features(
+        local, config, adjacency, normalization, convert=not device_path
+    )
     stages = None
-    if uses_device_path(config, device):
+    if device_path:
         stages = open_device_stages(
             local, config, device, adjacency, normalization, feature_sources.cache
         )
+        feature_sources = reading_host_rows(feature_sources, stages, local.n_solid)
     # The sampler of training and evaluation: the device path's (blocks on the device), or
     # the C++ one (each validates the CSR once: only the one in use is built).
     sampler = (
