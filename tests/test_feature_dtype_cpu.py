@@ -6,11 +6,13 @@ rounded beforehand, the table's shape for the bytes).
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
 import torch
-from conftest import FAST_FLAGS, random_graph, run_train_cli
+from conftest import FAST_FLAGS, TIMING_KEYS, random_graph, run_train_cli
+from test_distributed import launch_runs
 
 from distmb.config.train import TrainConfig
 from distmb.core.errors import InputError
@@ -249,3 +251,40 @@ def test_the_out_of_core_layout_refuses_a_two_byte_table_on_the_cpu_path(tmp_pat
     code, _, err = run_train_cli(argv, capsys)
     assert code == 2, err
     assert "--feature-dtype bfloat16 with --features ooc" in err and "Traceback" not in err
+
+
+# ---- several ranks ---------------------------------------------------------------------------
+@pytest.mark.parametrize("path", [[], ["--sampler", "device"]], ids=["cpp", "device"])
+def test_two_ranks_train_as_on_a_partition_rounded_beforehand(tmp_path, path):
+    """Two ranks under mpiexec, halo rows replicated (layer 0 reads them from the part's
+    table, later layers through the HEC): with --feature-dtype bfloat16 every record equals
+    that of a float32 run on a partition of the table rounded beforehand (the C++ path and
+    the device path on CPU tensors)."""
+    graph = random_graph(n=1200, m=9000, feat_dim=8, classes=3, seed=6)
+    pre_rounded = dataclasses.replace(graph, features=rounded(graph.features, "bfloat16"))
+    parts = {}
+    for name, g in (("stored", graph), ("rounded", pre_rounded)):
+        parts[name] = tmp_path / name
+        partition_graph(g, 2, parts[name], seed=0, replicate_halo_features=True)
+    common = [*FAST_FLAGS, "--threads", "1", "--epochs", "2", *path]
+    results = {name: tmp_path / f"{name}.jsonl" for name in parts}
+    runs = {
+        "stored": ["--part-dir", str(parts["stored"]), *common, "--feature-dtype", "bfloat16"],
+        "rounded": ["--part-dir", str(parts["rounded"]), *common],
+    }
+    launch_runs(2, {k: [*v, "--results", str(results[k])] for k, v in runs.items()}, tmp_path)
+
+    def records(name: str) -> list[dict]:
+        identity = TIMING_KEYS | {"args", "part_dir", "dataset", "graph"}
+        lines = results[name].read_text().splitlines()
+        return [{k: v for k, v in json.loads(s).items() if k not in identity} for s in lines]
+
+    stored, reference = records("stored"), records("rounded")
+    if path:  # the device cache holds the same rows in half the bytes
+        for a, b in zip(stored, reference, strict=True):
+            mine, theirs = (
+                a["device_cache"].pop("memory_bytes"),
+                b["device_cache"].pop("memory_bytes"),
+            )
+            assert mine < theirs
+    assert len(stored) == 2 and stored == reference
