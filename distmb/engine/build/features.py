@@ -124,12 +124,15 @@ def open_features(
         table_mib = (solid.nbytes + (halo.nbytes if halo is not None else 0)) / 2**20
         note = (
             f"features: in memory as {config.feature_dtype} ({table_mib:.1f} MiB, read from "
-            f"the partition's float32 table{', normalised first' if normalization else ''})"
+            "the partition's float32 table"
+            f"{', normalised first' if normalization is not None else ''})"
         )
         return FeatureSources(PartFeatures(solid, halo), None, kind, note, normalization)
     if kind != "ooc":
         solid, halo = local.features, local.halo_features
-        if kind == "memory":  # read into RAM once (from .npy or the ooc row file)
+        # --features memory: read into RAM once (from .npy or the ooc row file); not where
+        # the GPU path stores the table in another dtype and the host readers read that.
+        if kind == "memory" and (convert or config.feature_dtype == "float32"):
             solid = in_memory(solid)
             halo = in_memory(halo) if halo is not None else None
         train = PartFeatures(solid, halo)
