@@ -254,12 +254,17 @@ def test_the_out_of_core_layout_refuses_a_two_byte_table_on_the_cpu_path(tmp_pat
 
 
 # ---- several ranks ---------------------------------------------------------------------------
-@pytest.mark.parametrize("path", [[], ["--sampler", "device"]], ids=["cpp", "device"])
+@pytest.mark.parametrize(
+    "path",
+    [[], ["--sampler", "device"], ["--exact-remote"]],
+    ids=["cpp", "device", "cpp-exact-remote"],
+)
 def test_two_ranks_train_as_on_a_partition_rounded_beforehand(tmp_path, path):
     """Two ranks under mpiexec, halo rows replicated (layer 0 reads them from the part's
-    table, later layers through the HEC): with --feature-dtype bfloat16 every record equals
-    that of a float32 run on a partition of the table rounded beforehand (the C++ path and
-    the device path on CPU tensors)."""
+    table, later layers through the HEC, or every halo row fetched from its owner with
+    --exact-remote): with --feature-dtype bfloat16 every record equals that of a float32 run
+    on a partition of the table rounded beforehand (the C++ path and the device path on CPU
+    tensors)."""
     graph = random_graph(n=1200, m=9000, feat_dim=8, classes=3, seed=6)
     pre_rounded = dataclasses.replace(graph, features=rounded(graph.features, "bfloat16"))
     parts = {}
@@ -280,7 +285,7 @@ def test_two_ranks_train_as_on_a_partition_rounded_beforehand(tmp_path, path):
         return [{k: v for k, v in json.loads(s).items() if k not in identity} for s in lines]
 
     stored, reference = records("stored"), records("rounded")
-    if path:  # the device cache holds the same rows in half the bytes
+    if "--sampler" in path:  # the device cache holds the same rows in half the bytes
         for a, b in zip(stored, reference, strict=True):
             mine, theirs = (
                 a["device_cache"].pop("memory_bytes"),
