@@ -3,7 +3,8 @@ read over PCIe, the device cache), against independent references: torch's own c
 table, brute-force byte counts, and a run on a table rounded beforehand.
 
 Every test runs on CPU tensors in CI (the sync-free gather under Triton's interpreter) and
-the ``cuda``-marked ones on a GPU.
+the ``cuda``-marked ones on a GPU. The C++ path's table in two bytes:
+``tests/test_feature_dtype_cpu.py``.
 """
 
 from __future__ import annotations
