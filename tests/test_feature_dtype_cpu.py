@@ -236,21 +236,67 @@ def test_the_cli_runs_the_cpu_path_with_a_two_byte_table(capsys):
     assert "features: in memory as bfloat16" in out + err
 
 
-def test_the_out_of_core_layout_refuses_a_two_byte_table_on_the_cpu_path(tmp_path, capsys):
-    graph = random_graph(n=300, m=2000, feat_dim=8, classes=3, seed=4)
-    partition_graph(graph, 1, tmp_path / "p", seed=0, features_layout="ooc")
-    argv = [
-        "--part-dir",
-        str(tmp_path / "p"),
-        *FAST_FLAGS,
-        "--epochs",
-        "1",
-        "--feature-dtype",
-        "bfloat16",
-    ]  # fmt: skip  (--features defaults to ooc here)
+# ---- out of core ------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def ooc_part(tmp_path_factory):
+    graph = random_graph(n=700, m=5000, feat_dim=8, classes=3, seed=8)
+    graph = dataclasses.replace(graph, features=np.abs(graph.features) + 0.1)
+    out = tmp_path_factory.mktemp("ooc") / "p1"
+    partition_graph(graph, 1, out, seed=0, features_layout="ooc")
+    return out
+
+
+def _store_run(part_dir, **options) -> tuple[list[float], dict[str, float]]:
+    local = LocalGraph.from_store(PartitionStore(part_dir, 0))
+    trainer = Trainer(local, TrainConfig(**FAST, **options), log=lambda _: None)
+    losses = [r["loss"] for r in trainer.fit()]
+    accuracies = {k: v for k, v in trainer.evaluate().items() if k.endswith("_acc")}
+    return losses, accuracies
+
+
+@pytest.mark.parametrize(
+    ("policy", "normalize"),
+    [("belady", "none"), ("lru", "none"), ("presc", "none"), ("none", "none"), ("lru", "row")],
+)
+def test_the_out_of_core_cache_in_bfloat16_trains_as_the_table_in_memory(
+    ooc_part, policy, normalize
+):
+    """--features ooc with the cache holding bfloat16 rows: training and evaluation equal
+    --features memory with the same dtype, loss for loss (hits and misses serve the same
+    rounded rows, normalised first), whatever the policy."""
+    common = dict(feature_dtype="bfloat16", normalize_features=normalize)
+    cached = _store_run(
+        ooc_part, features="ooc", cache_policy=policy, feature_cache_mb=0.004, **common
+    )
+    assert cached == _store_run(ooc_part, features="memory", **common)
+
+
+def test_a_bfloat16_cache_holds_twice_the_rows_of_the_same_mib(ooc_part):
+    local = LocalGraph.from_store(PartitionStore(ooc_part, 0))
+    caches = {}
+    for name in ("float32", "bfloat16"):
+        config = TrainConfig(**FAST, features="ooc", feature_cache_mb=0.004, cache_policy="lru",
+                             feature_dtype=name)  # fmt: skip
+        caches[name] = open_features(local, config)
+    full, half = caches["float32"].cache, caches["bfloat16"].cache
+    assert full.capacity == int(0.004 * 2**20) // (8 * 4) and half.capacity == 2 * full.capacity
+    assert half.table.dtype == torch.bfloat16 and "as bfloat16" in caches["bfloat16"].note
+    assert half.memory_bytes - full.memory_bytes == full.capacity * 24  # the slots' directory
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--feature-dtype", "float16"], "--feature-dtype float16 with --features ooc: rows"),
+        (["--feature-dtype", "bfloat16", "--sampler", "device"],
+         "--feature-dtype bfloat16 with --features ooc on the GPU path"),
+    ],
+)  # fmt: skip
+def test_the_out_of_core_cache_refuses_what_it_cannot_store(ooc_part, capsys, flags, message):
+    argv = ["--part-dir", str(ooc_part), *FAST_FLAGS, "--epochs", "1", *flags]  # ooc: default
     code, _, err = run_train_cli(argv, capsys)
     assert code == 2, err
-    assert "--feature-dtype bfloat16 with --features ooc" in err and "Traceback" not in err
+    assert message in err and "Traceback" not in err
 
 
 # ---- several ranks ---------------------------------------------------------------------------

@@ -88,6 +88,20 @@ def cached_case(policy: str, capacity: int, tmp_path: Path) -> Case:
     return Case(CachedFeatures(row_file(table, tmp_path), policy, capacity, hot_ids=hot), table)
 
 
+def cached_stored_case(policy: str, tmp_path: Path, normalise: bool = False) -> Case:
+    """The out-of-core cache holding its rows as bfloat16 (``--feature-dtype``): every row,
+    hit or miss, is the file's row (normalised first) rounded once."""
+    table = base_table()
+    hot = hot_ids() if policy in STATIC_POLICIES else None
+    transform, expected = None, table
+    if normalise:
+        transform = FeatureNormalization("row").apply_
+        expected = transform(torch.from_numpy(table.copy())).numpy()
+    source = CachedFeatures(row_file(table, tmp_path), policy, CAPACITY, hot_ids=hot,
+                            dtype=torch.bfloat16, transform=transform)  # fmt: skip
+    return Case(source, rounded(expected, torch.bfloat16))
+
+
 def lookup_view_case(tmp_path: Path) -> Case:
     """The out-of-core cache read without changing it, after a few gathers filled it."""
     table = base_table()
@@ -193,6 +207,11 @@ CASES: dict[str, Callable[[Path], Case]] = {
         for capacity in (CAPACITY, NUM_ROWS)
     },
     "cached-lookup-view": lookup_view_case,
+    **{
+        f"cached-{policy}-bfloat16": (lambda tmp, p=policy: cached_stored_case(p, tmp))
+        for policy in CACHE_POLICIES
+    },
+    "cached-lru-bfloat16-normalised": lambda tmp: cached_stored_case("lru", tmp, normalise=True),
     **{
         f"device-{policy}-{np.dtype(dtype).name}{'-reuse' if reuse else ''}": (
             lambda _, p=policy, d=dtype, r=reuse: device_case(p, d, r, "cpu")

@@ -318,7 +318,8 @@ class FeatureOptions:
         "CPU path's table, then held in RAM with --features memory or mmap; the GPU path's "
         "pinned host rows and device cache) and the bytes a gathered row moves; rows reach "
         "the model as float32, rounded once (after --normalize-features). float16 refuses a "
-        "table with values beyond 65504; not with --features ooc",
+        "table with values beyond 65504; with --features ooc, bfloat16 only: the cache holds "
+        "its rows in two bytes (the C++ path)",
         choices=tuple(STORAGE_DTYPES),
     )
     feature_cache_mb: float = option(

@@ -51,7 +51,9 @@ class FeatureSources:
         source, or (``ooc``) the cache read without changing it."""
         if self.cache is None:
             return self.train
-        return part_rows(self.cache.lookup_only(), self.train.n_solid, self.normalization)
+        # A two-byte cache normalises the rows it reads itself (before it rounds them).
+        on_read = self.normalization if self.cache.table.dtype == torch.float32 else None
+        return part_rows(self.cache.lookup_only(), self.train.n_solid, on_read)
 
 
 def part_rows(
@@ -105,17 +107,26 @@ def open_features(
             :func:`~distmb.engine.build.device_stages.reading_host_rows`).
 
     Raises:
-        InputError: ``--features ooc`` with a partition in another layout, or with a
-            ``--feature-dtype`` other than float32; float16 with a table beyond its range.
+        InputError: ``--features ooc`` with a partition in another layout, or with
+            ``--feature-dtype float16`` (or a two-byte dtype on the GPU path); float16 with a
+            table beyond its range.
     """
     kind = feature_kind(config, local)
     note_norm = f", normalised: {normalization.kind}" if normalization is not None else ""
     if kind == "ooc" and config.feature_dtype != "float32":
-        raise InputError(
-            f"--feature-dtype {config.feature_dtype} with --features ooc: the out-of-core "
-            "cache serves float32 rows from its file; use --features mmap or memory, or "
-            "--feature-dtype float32"
-        )
+        if config.feature_dtype != "bfloat16":
+            raise InputError(
+                f"--feature-dtype {config.feature_dtype} with --features ooc: rows are read "
+                "from the file as training needs them, so float16's range (65,504) cannot be "
+                "checked first; use --feature-dtype bfloat16 (float32's range), or --features "
+                "mmap or memory"
+            )
+        if not convert:
+            raise InputError(
+                f"--feature-dtype {config.feature_dtype} with --features ooc on the GPU path: "
+                "its device cache reads float32 rows from the out-of-core cache; use --features "
+                "mmap or memory, or --feature-dtype float32"
+            )
     if kind != "ooc" and config.feature_dtype != "float32" and convert:
         solid = stored_rows(local.features, config.feature_dtype, normalization)
         halo = local.halo_features
@@ -141,25 +152,32 @@ def open_features(
         return FeatureSources(train, None, kind, f"features: {kind}{note_norm}", normalization)
     assert local.store is not None and local.store.feature_file is not None
     rows = local.store.feature_file
-    capacity = cache_rows(config.feature_cache_mb, rows.dim, rows.num_rows)
+    dtype = storage_dtype(config.feature_dtype)  # the cache's rows: float32 or bfloat16
+    capacity = cache_rows(config.feature_cache_mb, rows.dim, rows.num_rows, dtype.itemsize)
     if config.cache_policy == "none":
         capacity = 0
-    cache_bytes = capacity * rows.dim * FLOAT32_BYTES
+    cache_bytes = capacity * rows.dim * dtype.itemsize
     check_fits("--feature-cache-mb", config.feature_cache_mb, cache_bytes)
     hot = None
     if config.cache_policy in STATIC_POLICIES and capacity:
         hot = _hot_ids(local, config, rows.num_rows, adjacency)
-    cache = CachedFeatures(rows, config.cache_policy, capacity, hot_ids=hot)
+    # Two bytes: the cache normalises each row read, then rounds it (as stored_rows does).
+    two_bytes = dtype != torch.float32
+    transform = normalization.apply_ if two_bytes and normalization is not None else None
+    cache = CachedFeatures(
+        rows, config.cache_policy, capacity, hot_ids=hot, dtype=dtype, transform=transform
+    )
     table_mb = rows.num_rows * rows.dim * FLOAT32_BYTES / 2**20
     note = (
         f"features: ooc {rows.path} ({table_mb:.1f} MiB, "
         f"{'O_DIRECT' if rows.direct else 'buffered: ' + str(rows.fallback_reason)}), "
         f"cache {config.cache_policy} {cache.capacity} rows "
-        f"({100 * cache.capacity / max(rows.num_rows, 1):.1f} % of the table)"
+        f"({100 * cache.capacity / max(rows.num_rows, 1):.1f} % of the table"
+        f"{', as ' + config.feature_dtype if two_bytes else ''})"
     )
-    if config.feature_cache_mb * 2**20 > rows.num_rows * rows.dim * FLOAT32_BYTES and capacity:
+    if config.feature_cache_mb * 2**20 > rows.num_rows * rows.dim * dtype.itemsize and capacity:
         note += f"; --feature-cache-mb {config.feature_cache_mb:g} exceeds the table: all of it"
-    train = part_rows(cache, local.n_solid, normalization)
+    train = part_rows(cache, local.n_solid, None if two_bytes else normalization)
     return FeatureSources(train, cache, "ooc", note + note_norm, normalization)
 
 

@@ -23,6 +23,12 @@ Policies (``--cache-policy``):
 - ``lru``: dynamic, least recently used row out.
 - ``none``: every row from disk.
 
+Rows in two bytes (``--feature-dtype bfloat16``, ``dtype``): the cache holds its rows as
+bfloat16, twice the rows per MiB. Every row served is then the file's row, normalised
+(``transform``) and rounded once, whether it comes from the cache or from disk: a missed row
+is normalised and rounded as it is read, before it is served or cached, so values still never
+depend on the policy (training bit-identical to ``--features memory`` with the same dtype).
+
 Counters (per epoch, under the names every cache uses): ``lookups`` (rows requested),
 ``hits``, ``rows_read`` and ``bytes_read`` (from disk, whole aligned blocks), ``read_time``
 and ``inspect_time`` (seconds), ``memory_bytes`` (the cache's rows and directory).
@@ -41,10 +47,14 @@ from distmb.core.units import FLOAT32_BYTES
 from distmb.data.store.rowfile import RowFile
 from distmb.pipeline.features.policy import NO_SLOT, BeladyPlanner, LruPlanner
 from distmb.pipeline.features.protocol import FeatureSource
+from distmb.pipeline.features.storage import CONVERT_CHUNK_ROWS, RowTransform
 
 #: Replacement policies of the out-of-core feature cache (``--cache-policy``).
 CACHE_POLICIES: tuple[str, ...] = ("belady", "presc", "degree", "lru", "none")
 
+#: The dtypes the cache may hold its rows in (``--feature-dtype``): float16's range cannot
+#: be checked before a row is read, so a two-byte cache is bfloat16 (float32's range).
+CACHE_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16)
 #: Policies whose cache never changes after it is filled (they need ``hot_ids``).
 STATIC_POLICIES: tuple[str, ...] = ("presc", "degree")
 #: Bytes of directory per row id of the table and per cache slot, by policy (the planners'
@@ -76,6 +86,10 @@ class CachedFeatures(FeatureSource):
         capacity: rows the cache holds (0: no cache; clamped to the table's rows).
         hot_ids: for ``presc``/``degree``: row ids in decreasing priority; the first
             ``capacity`` are read once and cached for good.
+        dtype: the dtype the cache holds its rows in: float32, or bfloat16 (every row served
+            is then rounded to it, see the module docstring).
+        transform: with a two-byte ``dtype``, applied to every row read from disk (float32)
+            before it is rounded: ``--normalize-features``. None: rows as in the file.
 
     Attributes:
         wants_trace: the loader must call :meth:`inspect` with a superbatch's gathers before
@@ -89,15 +103,22 @@ class CachedFeatures(FeatureSource):
         capacity: int,
         *,
         hot_ids: np.ndarray | None = None,
+        dtype: torch.dtype = torch.float32,
+        transform: RowTransform | None = None,
     ) -> None:
         if policy not in CACHE_POLICIES:
             raise ValueError(f"cache policy must be one of {CACHE_POLICIES}, got {policy!r}")
+        if dtype not in CACHE_DTYPES:
+            raise ValueError(f"cache dtype must be one of {CACHE_DTYPES}, got {dtype}")
+        if transform is not None and dtype == torch.float32:
+            raise ValueError("CachedFeatures: a transform applies to rows stored in two bytes")
         super().__init__(rows.num_rows, rows.dim)
         self.file = rows
         self.policy = policy
         self.capacity = max(0, min(int(capacity), self.num_rows)) if policy != "none" else 0
         self.wants_trace = policy == "belady" and self.capacity > 0
-        self.table = torch.empty((self.capacity, self.dim), dtype=torch.float32)
+        self.table = torch.empty((self.capacity, self.dim), dtype=dtype)
+        self.finish = RowFinish(dtype, transform)
         self._planned: deque[tuple[np.ndarray, np.ndarray, np.ndarray]] = deque()
         self._belady = BeladyPlanner(self.capacity, self.num_rows) if policy == "belady" else None
         self._lru = LruPlanner(self.capacity, self.num_rows) if policy == "lru" else None
@@ -133,7 +154,8 @@ class CachedFeatures(FeatureSource):
         if not self.capacity:
             return 0
         per_row, per_slot = DIRECTORY_BYTES[self.policy]
-        return self.capacity * (self.dim * FLOAT32_BYTES + per_slot) + self.num_rows * per_row
+        row_bytes = self.dim * self.table.element_size()
+        return self.capacity * (row_bytes + per_slot) + self.num_rows * per_row
 
     def stats(self) -> dict[str, float]:
         """This epoch's counters for the record (see the module docstring)."""
@@ -162,8 +184,16 @@ class CachedFeatures(FeatureSource):
         self.table = self.table[: self.capacity]
         self._slot_of = np.full(self.num_rows, NO_SLOT, dtype=np.int32)
         self._slot_of[chosen] = np.arange(chosen.size, dtype=np.int32)
-        if chosen.size:
-            self.file.read_into(chosen, self.table)
+        if self.table.dtype == torch.float32:
+            if chosen.size:
+                self.file.read_into(chosen, self.table)
+            return
+        for start in range(0, chosen.size, CONVERT_CHUNK_ROWS):  # read as float32, stored
+            part = chosen[start : start + CONVERT_CHUNK_ROWS]
+            rows = torch.empty((part.size, self.dim), dtype=torch.float32)
+            self.file.read_into(part, rows)
+            self.finish(rows, np.arange(part.size, dtype=np.int64))
+            self.table[start : start + part.size] = rows
 
     # -- the inspector -------------------------------------------------------------------------
     def inspect(self, traces: Sequence[np.ndarray]) -> None:
@@ -263,7 +293,7 @@ class CachedFeatures(FeatureSource):
         """Copy the hits from their slots (the cache as it was before this gather), read the
         misses from disk, then write each miss with a fill slot into it (in access order: a
         slot filled twice keeps the later row)."""
-        miss_pos = serve_from(self.table, self.file, ids, hit_slot, out)
+        miss_pos = serve_from(self.table, self.file, ids, hit_slot, out, self.finish)
         self.hits += ids.size - miss_pos.size
         self.rows_read += miss_pos.size
         if fill_slot is None or not miss_pos.size:
@@ -277,7 +307,8 @@ class CachedFeatures(FeatureSource):
         last_rev = np.unique(slots[::-1], return_index=True)[1]
         last = keep[keep.size - 1 - last_rev]
         rows = torch.index_select(out, 0, torch.from_numpy(miss_pos[last]))
-        self.table.index_copy_(0, torch.from_numpy(fills[last]), rows)
+        # Served rows are already rounded: the cast to the cache's dtype is exact.
+        self.table.index_copy_(0, torch.from_numpy(fills[last]), rows.to(self.table.dtype))
 
     # -- other readers ------------------------------------------------------------------------
     def lookup_only(self) -> FeatureSource:
@@ -306,8 +337,35 @@ class _LookupView(FeatureSource):
         # view counts its share.
         file = self.cached.file
         before = file.bytes_read
-        serve_from(self.cached.table, file, ids, self.slot_of[ids].astype(np.int64), out)
+        slots = self.slot_of[ids].astype(np.int64)
+        serve_from(self.cached.table, file, ids, slots, out, self.cached.finish)
         self.bytes_read += int(file.bytes_read - before)
+
+
+class RowFinish:
+    """What becomes of rows read from disk before they are served or cached: nothing for a
+    float32 cache; for a two-byte one, ``transform`` (float32) then one rounding to
+    ``dtype``, in place in the float32 rows served."""
+
+    def __init__(self, dtype: torch.dtype, transform: RowTransform | None) -> None:
+        self.dtype = dtype
+        self.transform = transform
+
+    def __call__(self, out: torch.Tensor, positions: np.ndarray) -> None:
+        """Finish rows ``positions`` (int64[m], ascending) of ``out`` (float32[n, F])."""
+        if self.dtype == torch.float32 or not positions.size:
+            return
+        if positions.size == out.shape[0]:
+            rows = out
+        else:
+            rows = torch.index_select(out, 0, torch.from_numpy(positions))
+        if self.transform is not None:
+            rows = self.transform(rows)
+        rounded = rows.to(self.dtype).to(torch.float32)
+        if positions.size == out.shape[0]:
+            out.copy_(rounded)
+        else:
+            out.index_copy_(0, torch.from_numpy(positions), rounded)
 
 
 def serve_from(
@@ -316,20 +374,25 @@ def serve_from(
     ids: np.ndarray,
     hit_slot: np.ndarray,
     out: torch.Tensor,
+    finish: RowFinish | None = None,
 ) -> np.ndarray:
     """``out[i]`` = row ``ids[i]``: from ``table[hit_slot[i]]`` where it is not
-    :data:`NO_SLOT`, else read from ``file`` straight into place. Returns the positions read
-    (int64[m], ascending)."""
+    :data:`NO_SLOT` (widened to float32 from a two-byte table), else read from ``file``
+    straight into place and ``finish``-ed. Returns the positions read (int64[m],
+    ascending)."""
     hit = hit_slot != NO_SLOT
     hit_pos = np.flatnonzero(hit)
     if hit_pos.size:
         rows = torch.index_select(table, 0, torch.from_numpy(hit_slot[hit_pos]))
-        out.index_copy_(0, torch.from_numpy(hit_pos), rows)
+        out.index_copy_(0, torch.from_numpy(hit_pos), rows.to(out.dtype))
     if hit_pos.size == ids.size:
         return np.zeros(0, dtype=np.int64)
     if not hit_pos.size:
         file.read_into(ids, out)
-        return np.arange(ids.size, dtype=np.int64)
-    miss_pos = np.flatnonzero(~hit)
-    file.read_into(ids[miss_pos], out, positions=miss_pos)
+        miss_pos = np.arange(ids.size, dtype=np.int64)
+    else:
+        miss_pos = np.flatnonzero(~hit)
+        file.read_into(ids[miss_pos], out, positions=miss_pos)
+    if finish is not None:
+        finish(out, miss_pos)
     return miss_pos
