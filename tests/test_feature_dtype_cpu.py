@@ -300,42 +300,42 @@ def test_the_out_of_core_cache_refuses_what_it_cannot_store(ooc_part, capsys, fl
 
 
 # ---- several ranks ---------------------------------------------------------------------------
-@pytest.mark.parametrize(
-    "path",
-    [[], ["--sampler", "device"], ["--exact-remote"]],
-    ids=["cpp", "device", "cpp-exact-remote"],
-)
-def test_two_ranks_train_as_on_a_partition_rounded_beforehand(tmp_path, path):
+#: The two-rank runs: the C++ path (HEC), the device path on CPU tensors, the exact baseline.
+PATHS = {"cpp": [], "device": ["--sampler", "device"], "cpp-exact-remote": ["--exact-remote"]}
+
+
+def test_two_ranks_train_as_on_a_partition_rounded_beforehand(tmp_path):
     """Two ranks under mpiexec, halo rows replicated (layer 0 reads them from the part's
     table, later layers through the HEC, or every halo row fetched from its owner with
     --exact-remote): with --feature-dtype bfloat16 every record equals that of a float32 run
     on a partition of the table rounded beforehand (the C++ path and the device path on CPU
-    tensors)."""
+    tensors). All six runs in one launch."""
     graph = random_graph(n=1200, m=9000, feat_dim=8, classes=3, seed=6)
     pre_rounded = dataclasses.replace(graph, features=rounded(graph.features, "bfloat16"))
     parts = {}
     for name, g in (("stored", graph), ("rounded", pre_rounded)):
         parts[name] = tmp_path / name
         partition_graph(g, 2, parts[name], seed=0, replicate_halo_features=True)
-    common = [*FAST_FLAGS, "--threads", "1", "--epochs", "2", *path]
-    results = {name: tmp_path / f"{name}.jsonl" for name in parts}
-    runs = {
-        "stored": ["--part-dir", str(parts["stored"]), *common, "--feature-dtype", "bfloat16"],
-        "rounded": ["--part-dir", str(parts["rounded"]), *common],
-    }
-    launch_runs(2, {k: [*v, "--results", str(results[k])] for k, v in runs.items()}, tmp_path)
+    runs, results = {}, {}
+    for path, flags in PATHS.items():
+        common = [*FAST_FLAGS, "--threads", "1", "--epochs", "2", *flags]
+        for name in parts:
+            key = f"{path}-{name}"
+            results[key] = tmp_path / f"{key}.jsonl"
+            dtype = ["--feature-dtype", "bfloat16"] if name == "stored" else []
+            runs[key] = ["--part-dir", str(parts[name]), *common, *dtype,
+                         "--results", str(results[key])]  # fmt: skip
+    launch_runs(2, runs, tmp_path)
 
-    def records(name: str) -> list[dict]:
+    def records(key: str) -> list[dict]:
         identity = TIMING_KEYS | {"args", "part_dir", "dataset", "graph"}
-        lines = results[name].read_text().splitlines()
+        lines = results[key].read_text().splitlines()
         return [{k: v for k, v in json.loads(s).items() if k not in identity} for s in lines]
 
-    stored, reference = records("stored"), records("rounded")
-    if "--sampler" in path:  # the device cache holds the same rows in half the bytes
-        for a, b in zip(stored, reference, strict=True):
-            mine, theirs = (
-                a["device_cache"].pop("memory_bytes"),
-                b["device_cache"].pop("memory_bytes"),
-            )
-            assert mine < theirs
-    assert len(stored) == 2 and stored == reference
+    for path, flags in PATHS.items():
+        stored, reference = records(f"{path}-stored"), records(f"{path}-rounded")
+        if "--sampler" in flags:  # the device cache holds the same rows in half the bytes
+            for a, b in zip(stored, reference, strict=True):
+                ours = a["device_cache"].pop("memory_bytes")
+                assert ours < b["device_cache"].pop("memory_bytes")
+        assert len(stored) == 2 and stored == reference, path
