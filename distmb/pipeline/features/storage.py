@@ -33,6 +33,16 @@ STORAGE_DTYPES: dict[str, torch.dtype] = {
     "float16": torch.float16,
     "bfloat16": torch.bfloat16,
 }
+#: Dtypes a host feature table may hold (the GPU path's zero-copy rows too:
+#: ``__cuda_array_interface__`` describes all but bfloat16, which numpy lacks, so
+#: ``zero_copy.cuda_alias`` describes its rows as int16 and views them back).
+HOST_DTYPES: tuple[torch.dtype, ...] = (
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+)
+
 #: Rows converted at a time when a table is stored in another dtype (bounds the temporary
 #: float copies of a memory-mapped table to a few MiB).
 CONVERT_CHUNK_ROWS = 1 << 16
@@ -57,14 +67,27 @@ def storage_dtype(name: str) -> torch.dtype:
         ) from None
 
 
-def as_cpu_tensor(table: np.ndarray | torch.Tensor) -> torch.Tensor:
-    """A 2-D CPU tensor over ``table``'s memory (a numpy array, memory maps included, is
-    wrapped without a copy when it is C-contiguous; it is never written)."""
-    if isinstance(table, torch.Tensor):
-        return table
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # "non-writable array": read only
-        return torch.from_numpy(np.ascontiguousarray(table))
+def as_host_tensor(table: np.ndarray | torch.Tensor) -> torch.Tensor:
+    """The table as a 2-D CPU tensor of one of :data:`HOST_DTYPES` (numpy arrays are wrapped,
+    not copied, when they can be; memory maps are read). bfloat16 comes as a tensor only
+    (numpy has no such dtype)."""
+    if isinstance(table, np.ndarray):
+        if table.ndim != 2 or table.dtype not in (np.float16, np.float32, np.float64):
+            raise ValueError(
+                f"host feature table must be a 2-D float16/32/64 array, got "
+                f"{table.dtype}{list(table.shape)}"
+            )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # "non-writable array": read only
+            tensor = torch.from_numpy(np.ascontiguousarray(table))
+    else:
+        tensor = table
+    if tensor.ndim != 2 or tensor.dtype not in HOST_DTYPES or tensor.device.type != "cpu":
+        raise ValueError(
+            f"host feature table must be a 2-D float16/bfloat16/float32/float64 CPU tensor, got "
+            f"{tensor.dtype}{list(tensor.shape)} on {tensor.device}"
+        )
+    return tensor
 
 
 def file_backed(table: np.ndarray) -> bool:
@@ -138,9 +161,7 @@ def stored_table(
     numpy or CPU tensor, memory-mapped or not), each chunk passed through ``transform`` in
     float32 first when given (:func:`copy_rows`, ``first_row`` as there; raises its
     :class:`StorageRangeError`)."""
-    source = as_cpu_tensor(table)
-    if source.ndim != 2:
-        raise ValueError(f"feature table must be 2-D, got shape {list(source.shape)}")
+    source = as_host_tensor(table)
     out = torch.empty(tuple(source.shape), dtype=dtype)
     copy_rows(out, source, transform, first_row)
     return out

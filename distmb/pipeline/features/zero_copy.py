@@ -35,12 +35,10 @@ gather is a CPU ``index_select`` over the same padded, strided layout, so CI tes
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 import torch
 
-from distmb.pipeline.features.storage import copy_rows
+from distmb.pipeline.features.storage import HOST_DTYPES, as_host_tensor, copy_rows
 
 #: Row starts are aligned to this many bytes in the host copy (a PCIe read request and a
 #: GPU L2 line: PyTorch-Direct's alignment unit).
@@ -48,14 +46,6 @@ ROW_ALIGN_BYTES = 128
 #: ``cudaHostRegisterPortable | cudaHostRegisterMapped``: pinned for every context, mapped
 #: into the device's address space.
 _HOST_REGISTER_FLAGS = 1 | 2
-#: Dtypes a host table may hold. ``__cuda_array_interface__`` describes all but bfloat16,
-#: which numpy lacks: its rows are described as int16 and viewed back (:func:`cuda_alias`).
-HOST_DTYPES: tuple[torch.dtype, ...] = (
-    torch.float16,
-    torch.bfloat16,
-    torch.float32,
-    torch.float64,
-)
 
 
 def resolve_device(device: torch.device | str) -> torch.device:
@@ -75,29 +65,6 @@ def aligned_width(dim: int, itemsize: int, align: int = ROW_ALIGN_BYTES) -> int:
         raise ValueError(f"alignment {align} B is not a multiple of the item size {itemsize} B")
     per = align // itemsize
     return -(-max(dim, 1) // per) * per
-
-
-def as_host_tensor(table: np.ndarray | torch.Tensor) -> torch.Tensor:
-    """The table as a 2-D CPU tensor of one of :data:`HOST_DTYPES` (numpy arrays are wrapped,
-    not copied, when they can be; memory maps are read). bfloat16 comes as a tensor only
-    (numpy has no such dtype)."""
-    if isinstance(table, np.ndarray):
-        if table.ndim != 2 or table.dtype not in (np.float16, np.float32, np.float64):
-            raise ValueError(
-                f"host feature table must be a 2-D float16/32/64 array, got "
-                f"{table.dtype}{list(table.shape)}"
-            )
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)  # "non-writable array": read only
-            tensor = torch.from_numpy(np.ascontiguousarray(table))
-    else:
-        tensor = table
-    if tensor.ndim != 2 or tensor.dtype not in HOST_DTYPES or tensor.device.type != "cpu":
-        raise ValueError(
-            f"host feature table must be a 2-D float16/bfloat16/float32/float64 CPU tensor, got "
-            f"{tensor.dtype}{list(tensor.shape)} on {tensor.device}"
-        )
-    return tensor
 
 
 class _CudaArrayInterface:
