@@ -51,9 +51,9 @@ class FeatureSources:
         source, or (``ooc``) the cache read without changing it."""
         if self.cache is None:
             return self.train
-        # A two-byte cache normalises the rows it reads itself (before it rounds them).
-        on_read = self.normalization if self.cache.table.dtype == torch.float32 else None
-        return part_rows(self.cache.lookup_only(), self.train.n_solid, on_read)
+        return cached_part(
+            self.cache.lookup_only(), self.cache, self.train.n_solid, self.normalization
+        )
 
 
 def part_rows(
@@ -65,6 +65,18 @@ def part_rows(
     if normalization is not None:
         rows = NormalizedFeatures(rows, normalization)
     return PartFeatures(rows, n_solid=n_solid)
+
+
+def cached_part(
+    rows: FeatureSource,
+    cache: CachedFeatures,
+    n_solid: int,
+    normalization: FeatureNormalization | None,
+) -> PartFeatures:
+    """:func:`part_rows` of ``rows``, a view of the out-of-core ``cache`` (itself, or its
+    lookup-only view), normalised as read unless the cache normalises the rows it reads
+    itself (a two-byte cache, before it rounds them)."""
+    return part_rows(rows, n_solid, None if cache.finish.transform is not None else normalization)
 
 
 def feature_kind(config: TrainConfig, local: LocalGraph) -> str:
@@ -177,7 +189,7 @@ def open_features(
     )
     if config.feature_cache_mb * 2**20 > rows.num_rows * rows.dim * dtype.itemsize and capacity:
         note += f"; --feature-cache-mb {config.feature_cache_mb:g} exceeds the table: all of it"
-    train = part_rows(cache, local.n_solid, None if two_bytes else normalization)
+    train = cached_part(cache, cache, local.n_solid, normalization)
     return FeatureSources(train, cache, "ooc", note + note_norm, normalization)
 
 
