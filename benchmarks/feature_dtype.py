@@ -102,20 +102,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help=f"comma-separated --feature-dtype values, {BASELINE} always")  # fmt: skip
     p.add_argument("--cache-percent", type=float, default=10.0,
                    help="rows of the table in the device cache (float32's MiB)")  # fmt: skip
-    p.add_argument("--nodes", type=int, default=100_000, help="products: vertices")
-    p.add_argument("--avg-degree", type=float, default=26.0, help="products")
-    p.add_argument("--feat-dim", type=int, default=100, help="products")
-    p.add_argument("--classes", type=int, default=47, help="products")
-    p.add_argument("--train-fraction", type=float, default=0.08, help="products")
-    p.add_argument("--hidden", type=int, default=256, help="products")
-    p.add_argument("--batch-size", type=int, default=1000, help="products")
+    add_products_args(p, nodes=100_000)
     p.add_argument("--epochs", type=int, default=5, help="products")
     p.add_argument("--out", type=Path, default=None, help="JSON path (PNG beside it)")
     args = p.parse_args(argv)
-    if args.quick:
-        for key, value in QUICK.items():
-            if p.get_default(key) == getattr(args, key):  # flags given explicitly win
-                setattr(args, key, value)
+    apply_quick(p, args, QUICK)
     if args.device == "cuda" and not cuda:
         p.error(f"--device cuda: torch {torch.__version__} sees no GPU")
     args.datasets = args.datasets.split(",")
@@ -131,6 +122,28 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.out = RESULTS / ("feature_dtype.json" if args.device == "cpu" else
                               "feature_dtype_cuda.json")  # fmt: skip
     return args
+
+
+def add_products_args(p: argparse.ArgumentParser, nodes: int) -> None:
+    """The products-shaped graph's flags (:func:`products_spec`) and its model's
+    (:func:`dataset`): ``--nodes`` (default ``nodes``), ``--avg-degree``, ``--feat-dim``,
+    ``--classes``, ``--train-fraction``, ``--hidden``, ``--batch-size``."""
+    p.add_argument("--nodes", type=int, default=nodes, help="products: vertices")
+    p.add_argument("--avg-degree", type=float, default=26.0, help="products")
+    p.add_argument("--feat-dim", type=int, default=100, help="products")
+    p.add_argument("--classes", type=int, default=47, help="products")
+    p.add_argument("--train-fraction", type=float, default=0.08, help="products")
+    p.add_argument("--hidden", type=int, default=256, help="products")
+    p.add_argument("--batch-size", type=int, default=1000, help="products")
+
+
+def apply_quick(p: argparse.ArgumentParser, args: argparse.Namespace, quick: dict) -> None:
+    """With ``--quick``, the values of ``quick`` for the flags left at their defaults (flags
+    given explicitly win)."""
+    if args.quick:
+        for key, value in quick.items():
+            if p.get_default(key) == getattr(args, key):
+                setattr(args, key, value)
 
 
 def machine(device: str) -> dict[str, Any]:

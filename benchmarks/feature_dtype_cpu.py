@@ -68,7 +68,14 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from feature_dtype import BASELINE, HEADROOM, dataset, machine  # noqa: E402
+from feature_dtype import (  # noqa: E402
+    BASELINE,
+    HEADROOM,
+    add_products_args,
+    apply_quick,
+    dataset,
+    machine,
+)
 from record import command_line  # noqa: E402
 
 from distmb.cli.report import save_figure, write_json  # noqa: E402
@@ -121,13 +128,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--features", default=",".join(FEATURE_KINDS), help="comma-separated")
     p.add_argument("--repeats", type=int, default=3, help="rounds over the configurations")
     p.add_argument("--epochs", type=int, default=3, help="per run, the first reported apart")
-    p.add_argument("--nodes", type=int, default=400_000, help="vertices")
-    p.add_argument("--avg-degree", type=float, default=26.0)
-    p.add_argument("--feat-dim", type=int, default=100)
-    p.add_argument("--classes", type=int, default=47)
-    p.add_argument("--train-fraction", type=float, default=0.08)
-    p.add_argument("--hidden", type=int, default=256)
-    p.add_argument("--batch-size", type=int, default=1000)
+    add_products_args(p, nodes=400_000)
     p.add_argument("--workdir", type=Path, default=None,
                    help="the partition's folder (default: a temporary one)")  # fmt: skip
     p.add_argument("--out", type=Path, default=RESULTS / "feature_dtype_cpu.json",
@@ -136,10 +137,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.child is not None:
         return args
-    if args.quick:
-        for key, value in QUICK.items():
-            if p.get_default(key) == getattr(args, key):  # flags given explicitly win
-                setattr(args, key, value)
+    apply_quick(p, args, QUICK)
     dtypes = listed(p, "--dtypes", args.dtypes, tuple(STORAGE_DTYPES))
     args.dtypes = list(dict.fromkeys([BASELINE, *dtypes]))
     args.features = listed(p, "--features", args.features, FEATURE_KINDS)

@@ -67,20 +67,21 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from feature_dtype import (  # noqa: E402
+    add_products_args,
+    apply_quick,
     draw_accuracy,
     machine,
     measure_and_write,
-    products_spec,
     spread,
 )
+from feature_dtype import dataset as feature_dtype_dataset  # noqa: E402
 from record import command_line  # noqa: E402  (benchmarks/ is not a package)
 
 from distmb.cli.report import save_figure  # noqa: E402
 from distmb.config import recipes  # noqa: E402
-from distmb.config.train import DEFAULT_FANOUT, TrainConfig  # noqa: E402
+from distmb.config.train import TrainConfig  # noqa: E402
 from distmb.core.plotting import panels  # noqa: E402
 from distmb.data import load_dataset  # noqa: E402
-from distmb.data.datasets.synthetic import SyntheticConfig, generate  # noqa: E402
 from distmb.data.graph import Graph  # noqa: E402
 from distmb.data.local import LocalGraph  # noqa: E402
 from distmb.engine import Trainer  # noqa: E402
@@ -222,21 +223,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help=f"small run: {QUICK}")
     p.add_argument("--datasets", default=",".join(DATASETS), help="comma-separated")
     p.add_argument("--seeds", default="0,1,2", help="comma-separated")
-    p.add_argument("--nodes", type=int, default=20_000, help="products: vertices")
-    p.add_argument("--avg-degree", type=float, default=26.0, help="products")
-    p.add_argument("--feat-dim", type=int, default=100, help="products")
-    p.add_argument("--classes", type=int, default=47, help="products")
-    p.add_argument("--train-fraction", type=float, default=0.08, help="products")
-    p.add_argument("--hidden", type=int, default=256, help="products")
-    p.add_argument("--batch-size", type=int, default=1000, help="products")
+    add_products_args(p, nodes=20_000)
     p.add_argument("--epochs", type=int, default=20, help="products")
     p.add_argument("--out", type=Path, default=RESULTS / "tf32_emulated.json",
                    help="JSON path (PNG beside it)")  # fmt: skip
     args = p.parse_args(argv)
-    if args.quick:
-        for key, value in QUICK.items():
-            if p.get_default(key) == getattr(args, key):  # flags given explicitly win
-                setattr(args, key, value)
+    apply_quick(p, args, QUICK)
     args.datasets = args.datasets.split(",")
     args.seeds = [int(s) for s in args.seeds.split(",")]
     for name in args.datasets:
@@ -246,15 +238,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def dataset(name: str, args: argparse.Namespace) -> tuple[str, Graph, dict[str, Any]]:
-    """``(spec, graph, recipe)`` of dataset ``name`` (``recipe``: TrainConfig fields)."""
-    if name == "cora":
-        return "cora", load_dataset("cora"), dict(recipes.CORA_SAGE_SELECTED)
+    """``(spec, graph, recipe)`` of dataset ``name``: ``cora_gat`` (GAT with its documented
+    recipe on Cora), else feature_dtype.py's (``recipe``: TrainConfig fields)."""
     if name == "cora_gat":
         return "cora", load_dataset("cora"), dict(recipes.CORA_GAT)
-    spec = products_spec(args)
-    recipe = dict(layers=len(DEFAULT_FANOUT), fanout=tuple(DEFAULT_FANOUT), hidden=args.hidden,
-                  batch_size=args.batch_size, epochs=args.epochs)  # fmt: skip
-    return f"synthetic:{spec}", generate(SyntheticConfig.from_spec(spec)), recipe
+    return feature_dtype_dataset(name, args)
 
 
 def train(graph: Graph, recipe: dict[str, Any], precision: str, seed: int) -> dict[str, Any]:
