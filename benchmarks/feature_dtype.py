@@ -423,16 +423,30 @@ def draw_bytes(ax: Any, name: str, data: dict[str, Any], dtypes: list[str]) -> N
     ax.legend(fontsize="x-small", loc="upper right")
 
 
-def plot(result: dict[str, Any], path: Path) -> None:
-    """Accuracy (dot plot) and bytes per epoch (bars from zero) per dataset."""
+#: ``draw(left_ax, right_ax, name, data)``: a dataset's two panels.
+DrawPair = Callable[[Any, Any, str, dict[str, Any]], None]
+
+
+def plot_pairs(result: dict[str, Any], path: Path, draw: DrawPair, title: str) -> None:
+    """Two panels per dataset of ``result["datasets"]`` (``draw``), two datasets a row, the
+    figure titled ``title``, saved to ``path``."""
     names = list(result["datasets"])
     fig, axes = panels(2 * len(names), max_columns=2, panel_size=(5.5, 4.5))
     for i, name in enumerate(names):
-        data = result["datasets"][name]
-        draw_accuracy(axes[2 * i], name, data["summary"]["same_rows"], result["dtypes"])
-        draw_bytes(axes[2 * i + 1], name, data, result["dtypes"])
-    fig.suptitle(f"--feature-dtype: {machine_title(result['machine'])}", fontsize="medium")
+        draw(axes[2 * i], axes[2 * i + 1], name, result["datasets"][name])
+    fig.suptitle(title, fontsize="medium")
     save_figure(fig, path)
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    """Accuracy (dot plot) and bytes per epoch (bars from zero) per dataset."""
+    dtypes = result["dtypes"]
+
+    def draw(left: Any, right: Any, name: str, data: dict[str, Any]) -> None:
+        draw_accuracy(left, name, data["summary"]["same_rows"], dtypes)
+        draw_bytes(right, name, data, dtypes)
+
+    plot_pairs(result, path, draw, f"--feature-dtype: {machine_title(result['machine'])}")
 
 
 def measure_and_write(

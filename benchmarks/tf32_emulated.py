@@ -72,15 +72,14 @@ from feature_dtype import (  # noqa: E402
     draw_accuracy,
     machine,
     measure_and_write,
+    plot_pairs,
     spread,
 )
 from feature_dtype import dataset as feature_dtype_dataset  # noqa: E402
 from record import command_line  # noqa: E402  (benchmarks/ is not a package)
 
-from distmb.cli.report import save_figure  # noqa: E402
 from distmb.config import recipes  # noqa: E402
 from distmb.config.train import TrainConfig  # noqa: E402
-from distmb.core.plotting import panels  # noqa: E402
 from distmb.data import load_dataset  # noqa: E402
 from distmb.data.graph import Graph  # noqa: E402
 from distmb.data.local import LocalGraph  # noqa: E402
@@ -377,17 +376,16 @@ def draw_loss(ax: Any, name: str, data: dict[str, Any]) -> None:  # noqa: ANN401
 
 def plot(result: dict[str, Any], path: Path) -> None:
     """Accuracy (dot plot) and the per-epoch loss difference per dataset."""
-    names = list(result["datasets"])
-    fig, axes = panels(2 * len(names), max_columns=2, panel_size=(5.5, 4.5))
-    for i, name in enumerate(names):
-        data = result["datasets"][name]
-        draw_accuracy(axes[2 * i], name, data["summary"], list(PRECISIONS),
+
+    def draw(left: Any, right: Any, name: str, data: dict[str, Any]) -> None:
+        draw_accuracy(left, name, data["summary"], list(PRECISIONS),
                       ["float32", "TF32 emulated"])  # fmt: skip
-        draw_loss(axes[2 * i + 1], name, data)
+        draw_loss(right, name, data)
+
     facts = result["machine"]
-    fig.suptitle(f"{LABEL}\n{facts['cpu']}, {facts['cpus']} cores, torch {facts['torch']}, "
-                 "--kernels torch --sampler device", fontsize="medium")  # fmt: skip
-    save_figure(fig, path)
+    plot_pairs(result, path, draw,
+               f"{LABEL}\n{facts['cpu']}, {facts['cpus']} cores, torch {facts['torch']}, "
+               "--kernels torch --sampler device")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
