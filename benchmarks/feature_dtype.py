@@ -182,6 +182,20 @@ def dataset(name: str, args: argparse.Namespace) -> tuple[str, Graph, dict[str, 
     return f"synthetic:{spec}", generate(SyntheticConfig.from_spec(spec)), recipe
 
 
+def dataset_record(spec: str, recipe: dict[str, Any], graph: Graph) -> dict[str, Any]:
+    """A dataset's part of the record: its spec, its recipe (tuples as lists, for JSON) and
+    its graph's vertices, in-edges and features."""
+    return {
+        "spec": spec,
+        "recipe": {k: list(v) if isinstance(v, tuple) else v for k, v in recipe.items()},
+        "graph": {
+            "nodes": graph.num_nodes,
+            "in_edges": int(graph.indices.size),
+            "feat_dim": int(graph.features.shape[1]),
+        },
+    }
+
+
 def cache_rows_of(num_rows: int, percent: float) -> int:
     """Rows a cache of ``percent`` of a ``num_rows``-row table holds (rounded down, as a
     float32 cache of that share's MiB does)."""
@@ -343,13 +357,7 @@ def measure_dataset(name: str, args: argparse.Namespace) -> dict[str, Any]:
                       f" bytes/epoch {statistics.mean(record['bytes_h2d_per_epoch']):.0f} "
                       f"({record['seconds']} s)", flush=True)  # fmt: skip
     return {
-        "spec": spec,
-        "recipe": {k: list(v) if isinstance(v, tuple) else v for k, v in recipe.items()},
-        "graph": {
-            "nodes": graph.num_nodes,
-            "in_edges": int(graph.indices.size),
-            "feat_dim": dim,
-        },  # fmt: skip
+        **dataset_record(spec, recipe, graph),
         "cache_percent": args.cache_percent,
         "cache_rows_float32": rows,
         "table_rounding": rounding,

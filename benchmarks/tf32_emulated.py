@@ -69,6 +69,7 @@ sys.path.insert(0, str(HERE))
 from feature_dtype import (  # noqa: E402
     add_products_args,
     apply_quick,
+    dataset_record,
     draw_accuracy,
     machine,
     measure_and_write,
@@ -342,13 +343,7 @@ def measure_dataset(name: str, args: argparse.Namespace) -> dict[str, Any]:
                   f"test {record['test_acc']:.4f} best-val test {record['best_test_acc']:.4f} "
                   f"epochs {record['epochs_run']} ({record['seconds']} s)", flush=True)  # fmt: skip
     return {
-        "spec": spec,
-        "recipe": {k: list(v) if isinstance(v, tuple) else v for k, v in recipe.items()},
-        "graph": {
-            "nodes": graph.num_nodes,
-            "in_edges": int(graph.indices.size),
-            "feat_dim": int(graph.features.shape[1]),
-        },
+        **dataset_record(spec, recipe, graph),
         "summary": summarize(runs, args.seeds),
         "runs": runs,
     }
