@@ -36,7 +36,7 @@ import torch
 
 from distmb import _C
 from distmb.core.host_reads import to_device, to_host
-from distmb.pipeline.features.protocol import FeatureSource
+from distmb.pipeline.features.protocol import FeatureSource, take_rows
 from distmb.pipeline.minibatch import MiniBatch
 from distmb.pipeline.plan import EpochPlan
 from distmb.pipeline.rows import IndexedRows
@@ -211,11 +211,8 @@ class BatchLoader:
                 n_dst, dim = first.n_dst, self.features.dim
                 buffer = self._take_buffer(n_dst * dim)
                 head = buffer[: n_dst * dim].view(n_dst, dim)
-                table, own = in_place.table, in_place.ids[:n_dst]
-                if table.dtype == torch.float32:
-                    torch.index_select(table, 0, own, out=head)
-                else:  # a two-byte table: its rows widened to float32
-                    head.copy_(torch.index_select(table, 0, own))
+                # (take_rows widens a two-byte table's rows to float32.)
+                take_rows(in_place.table, in_place.ids[:n_dst].numpy(), head)
                 batch.x = IndexedRows(in_place.table, in_place.ids, head)
                 batch.x_halo = None
                 batch.buffer = buffer if self.reuse_buffers else None
