@@ -489,7 +489,7 @@ def precision_part(args: argparse.Namespace, graph) -> list[dict[str, Any]]:
         for precision in args.precisions.split(","):
             if model == "gat" and precision == "fp32":
                 continue
-            problem = precision_problem(precision, kernels, args.device)
+            problem = precision_problem(precision, args.device)
             if problem:
                 records.append({"precision": precision, "model": model, "skipped": problem})
                 continue

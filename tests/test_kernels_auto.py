@@ -115,12 +115,6 @@ def test_compile_with_the_default_on_a_gpu_with_triton_is_accepted():
     check_kernels(TrainConfig(compile=True, device="auto"), torch.device("cuda", 0))
 
 
-def test_bf16_with_the_default_on_the_cpu_is_refused_naming_what_auto_picked():
-    with pytest.raises(InputError, match="--kernels auto, which is --kernels fused on the CPU"):
-        TrainConfig(precision="bf16")
-    TrainConfig(precision="bf16", kernels="torch")
-
-
 # ---- a run, a resume, a prediction -------------------------------------------------------
 
 

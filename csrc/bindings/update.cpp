@@ -92,7 +92,7 @@ int64_t upd_bytes_per_row(int64_t k) { return (k + 7) / 8; }
 
 void py_update_forward(const py::list& xs, const py::list& ws, const py::object& addend,
                        const py::array& bias, bool relu, double p_drop, uint64_t seed,
-                       const py::array& out, const py::object& gate_bits) {
+                       const py::array& out, const py::object& gate_bits, bool bf16) {
   if (out.ndim() != 2) throw py::value_error("out must be 2-D [n, k]");
   const int64_t n = out.shape(0), k = out.shape(1);
   const auto src = upd_sources(xs, ws, n, k);
@@ -102,13 +102,13 @@ void py_update_forward(const py::list& xs, const py::list& ws, const py::object&
   uint8_t* bits = upd_optional<uint8_t>(gate_bits, {n, upd_bytes_per_row(k)}, "gate_bits", true);
   py::gil_scoped_release nogil;
   update_forward(n, k, src.data(), static_cast<int>(src.size()), ad, b, relu, p_drop, seed, o,
-                 bits);
+                 bits, bf16);
 }
 
 void py_update_backward(const py::array& grad_out, const py::object& gate_bits, float scale,
                         const py::list& xs, const py::list& ws, const py::list& grad_xs,
                         const py::list& grad_ws, const py::object& grad_bias,
-                        const py::object& grad_addend) {
+                        const py::object& grad_addend, bool bf16) {
   if (grad_out.ndim() != 2) throw py::value_error("grad_out must be 2-D [n, k]");
   const int64_t n = grad_out.shape(0), k = grad_out.shape(1);
   const float* g = upd_data<float>(grad_out, {n, k}, "grad_out");
@@ -119,7 +119,7 @@ void py_update_backward(const py::array& grad_out, const py::object& gate_bits, 
   float* ga = upd_optional<float>(grad_addend, {n, k}, "grad_addend", true);
   py::gil_scoped_release nogil;
   update_backward(n, k, g, bits, scale, src.data(), static_cast<int>(src.size()), grads.data(),
-                  gb, ga);
+                  gb, ga, bf16);
 }
 
 // The next block's CSR (indptr [n_next_dst + 1]) and its transpose (t_indptr [n_src + 1],
@@ -132,7 +132,7 @@ void py_update_backward_aggregated(const py::array& next_indptr, const py::array
                                    const py::object& gate_bits, float scale, int64_t n,
                                    const py::list& xs, const py::list& ws,
                                    const py::list& grad_xs, const py::list& grad_ws,
-                                   const py::object& grad_bias) {
+                                   const py::object& grad_bias, bool bf16) {
   const AggKind agg = agg_kind(kind);
   if (next_indptr.ndim() != 1 || next_indptr.shape(0) < 1 || t_indptr.ndim() != 1 ||
       t_indptr.shape(0) < 1 || t_dst.ndim() != 1 || grad_dst.ndim() != 2)
@@ -164,7 +164,7 @@ void py_update_backward_aggregated(const py::array& next_indptr, const py::array
   float* gb = upd_optional<float>(grad_bias, {k}, "grad_bias", true);
   py::gil_scoped_release nogil;
   update_backward_aggregated(n, k, ip, n_next_dst, tp, td, agg, g, ad, n_addend, bits, scale,
-                             src.data(), static_cast<int>(src.size()), grads.data(), gb);
+                             src.data(), static_cast<int>(src.size()), grads.data(), gb, bf16);
 }
 
 py::array_t<uint8_t> py_dropout_keep_mask(uint64_t seed, int64_t n, int64_t k, double p_drop) {
@@ -202,7 +202,8 @@ void py_dropout_backward(const py::array& grad_out, const py::array& bits, float
 // GAT shapes from attn_l [heads, d] and x [n, c].
 void py_gat_projection_forward(const py::array& x, const py::array& w, const py::array& bias,
                                const py::array& attn_l, const py::array& attn_r, bool relu,
-                               const py::array& z, const py::array& el, const py::array& er) {
+                               const py::array& z, const py::array& el, const py::array& er,
+                               bool bf16) {
   if (x.ndim() != 2 || attn_l.ndim() != 2)
     throw py::value_error("x must be [n, c] and attn_l [heads, d]");
   const int64_t n = x.shape(0), c = x.shape(1), heads = attn_l.shape(0), d = attn_l.shape(1);
@@ -216,7 +217,7 @@ void py_gat_projection_forward(const py::array& x, const py::array& w, const py:
   float* elp = upd_data<float>(el, {n, heads}, "el", true);
   float* erp = upd_data<float>(er, {n, heads}, "er", true);
   py::gil_scoped_release nogil;
-  gat_projection_forward(n, c, heads, d, xp, wp, bp, al, ar, relu, zp, elp, erp);
+  gat_projection_forward(n, c, heads, d, xp, wp, bp, al, ar, relu, zp, elp, erp, bf16);
 }
 
 void py_gat_projection_backward(const py::array& x, const py::array& w, const py::array& z,
@@ -224,7 +225,8 @@ void py_gat_projection_backward(const py::array& x, const py::array& w, const py
                                 const py::array& grad_z, const py::array& grad_el,
                                 const py::array& grad_er, const py::object& grad_x,
                                 const py::array& grad_w, const py::array& grad_bias,
-                                const py::array& grad_attn_l, const py::array& grad_attn_r) {
+                                const py::array& grad_attn_l, const py::array& grad_attn_r,
+                                bool bf16) {
   if (x.ndim() != 2 || attn_l.ndim() != 2)
     throw py::value_error("x must be [n, c] and attn_l [heads, d]");
   const int64_t n = x.shape(0), c = x.shape(1), heads = attn_l.shape(0), d = attn_l.shape(1);
@@ -244,7 +246,7 @@ void py_gat_projection_backward(const py::array& x, const py::array& w, const py
   float* gar = upd_data<float>(grad_attn_r, {heads, d}, "grad_attn_r", true);
   py::gil_scoped_release nogil;
   gat_projection_backward(n, c, heads, d, xp, wp, zp, al, ar, relu, gz, gel, ger, gx, gw, gb, gal,
-                          gar);
+                          gar, bf16);
 }
 
 }  // namespace
@@ -252,18 +254,20 @@ void py_gat_projection_backward(const py::array& x, const py::array& w, const py
 void bind_update(py::module_& m) {
   m.def("update_forward", &py_update_forward, py::arg("xs"), py::arg("ws"), py::arg("addend"),
         py::arg("bias"), py::arg("relu"), py::arg("p_drop"), py::arg("seed"), py::arg("out"),
-        py::arg("gate_bits"),
+        py::arg("gate_bits"), py::arg("bf16") = false,
         "out float32[n, k] = Dropout(ReLU(sum_s xs[s] @ ws[s].T + addend + bias)) (relu) or "
-        "the linear sum; gate_bits uint8[n, ceil(k/8)] (or None) = ReLU-active and kept.");
+        "the linear sum; gate_bits uint8[n, ceil(k/8)] (or None) = ReLU-active and kept. bf16: "
+        "the products' operands rounded to bfloat16, summed in float32.");
   m.def("update_backward", &py_update_backward, py::arg("grad_out"), py::arg("gate_bits"),
         py::arg("scale"), py::arg("xs"), py::arg("ws"), py::arg("grad_xs"), py::arg("grad_ws"),
-        py::arg("grad_bias"), py::arg("grad_addend"),
+        py::arg("grad_bias"), py::arg("grad_addend"), py::arg("bf16") = false,
         "Gradients of update_forward from the gate bits (None: linear) into the given buffers "
         "(None entries: skipped).");
   m.def("update_backward_aggregated", &py_update_backward_aggregated, py::arg("next_indptr"),
         py::arg("t_indptr"), py::arg("t_dst"), py::arg("kind"), py::arg("grad_dst"),
         py::arg("addend"), py::arg("gate_bits"), py::arg("scale"), py::arg("n"), py::arg("xs"),
         py::arg("ws"), py::arg("grad_xs"), py::arg("grad_ws"), py::arg("grad_bias"),
+        py::arg("bf16") = false,
         "update_backward with its output gradient aggregated on the fly from the next layer's "
         "destination gradients over the next block's transposed CSR (never written).");
   m.def("dropout_keep_mask", &py_dropout_keep_mask, py::arg("seed"), py::arg("n"), py::arg("k"),
@@ -278,13 +282,19 @@ void bind_update(py::module_& m) {
         "grad_in float32[n, k] = grad_out * scale where the packed keep bit is set, else 0.");
   m.def("gat_projection_forward", &py_gat_projection_forward, py::arg("x"), py::arg("w"),
         py::arg("bias"), py::arg("attn_l"), py::arg("attn_r"), py::arg("relu"), py::arg("z"),
-        py::arg("el"), py::arg("er"),
+        py::arg("el"), py::arg("er"), py::arg("bf16") = false,
         "z float32[n, H*D] = act(x @ w.T + bias), el/er float32[n, H] per-head scores.");
   m.def("gat_projection_backward", &py_gat_projection_backward, py::arg("x"), py::arg("w"),
         py::arg("z"), py::arg("attn_l"), py::arg("attn_r"), py::arg("relu"), py::arg("grad_z"),
         py::arg("grad_el"), py::arg("grad_er"), py::arg("grad_x"), py::arg("grad_w"),
         py::arg("grad_bias"), py::arg("grad_attn_l"), py::arg("grad_attn_r"),
+        py::arg("bf16") = false,
         "Gradients of gat_projection_forward into the given buffers (grad_x may be None).");
+  m.def("update_bf16_native", &update_bf16_native,
+        "Whether the bf16 products run on AVX512-BF16 instructions in this build (else in "
+        "portable C++, slower than float32).");
+  m.def("set_update_bf16_portable", &set_update_bf16_portable, py::arg("portable"),
+        "For tests: run the portable bf16 products even where the build has AVX512-BF16.");
 }
 
 }  // namespace distmb

@@ -11,7 +11,10 @@ namespace distmb {
 
 // Common contract: float32 row-major buffers; n rows; a weight W is [k][c] (nn.Linear layout)
 // and a source X_s is [n][c_s]; outputs are written, never read. Gate bits are uint8
-// [n][ceil(k / 8)], column j -> bit j % 8 of byte j / 8, padding bits 0.
+// [n][ceil(k / 8)], column j -> bit j % 8 of byte j / 8, padding bits 0. With bf16, every
+// matrix product of a kernel takes its operands rounded to bfloat16 (round to nearest even,
+// float32 denormals as zeros) and sums in float32 (AVX512-BF16 where the build targets it:
+// update_bf16_native); buffers, element-wise steps and reductions stay float32.
 
 // Most sources (X_s, W_s) one UPDATE sums.
 constexpr int kMaxUpdateSources = 2;
@@ -37,7 +40,7 @@ struct UpdateGrads {
 // register tiles of the products get bias, ReLU, dropout and bits before they are stored.
 void update_forward(int64_t n, int64_t k, const UpdateSource* src, int nsrc,
                     const float* addend, const float* bias, bool relu, double p_drop,
-                    uint64_t seed, float* out, uint8_t* gate_bits);
+                    uint64_t seed, float* out, uint8_t* gate_bits, bool bf16 = false);
 
 // update_backward: grad_pre = grad_out * scale * gate (gate_bits null: grad_pre = grad_out);
 // grad_x_s = grad_pre . W_s, grad_w_s = grad_pre^T . X_s, grad_bias = column sums of
@@ -46,7 +49,7 @@ void update_forward(int64_t n, int64_t k, const UpdateSource* src, int nsrc,
 // dynamically) and one final reduction in chunk order: deterministic for a thread count.
 void update_backward(int64_t n, int64_t k, const float* grad_out, const uint8_t* gate_bits,
                      float scale, const UpdateSource* src, int nsrc, const UpdateGrads* grads,
-                     float* grad_bias, float* grad_addend);
+                     float* grad_bias, float* grad_addend, bool bf16 = false);
 
 // update_backward_aggregated: update_backward whose grad_out rows are made on the fly as the
 // next layer's aggregate_backward would make them (so that n x k gradient is never written):
@@ -60,7 +63,7 @@ void update_backward_aggregated(int64_t n, int64_t k, const int64_t* next_indptr
                                 AggKind kind, const float* grad_dst, const float* addend,
                                 int64_t n_addend, const uint8_t* gate_bits, float scale,
                                 const UpdateSource* src, int nsrc, const UpdateGrads* grads,
-                                float* grad_bias);
+                                float* grad_bias, bool bf16 = false);
 
 // dropout_keep_mask: keep[n][k] (0/1 bytes), the dropout decisions update_forward makes for
 // (seed, p_drop) (all 1 for p_drop = 0); for tests and diagnostics.
@@ -80,7 +83,8 @@ void dropout_backward(int64_t n, int64_t k, const float* grad_out, const uint8_t
 // the scores computed per row block while its z rows are in cache.
 void gat_projection_forward(int64_t n, int64_t c, int64_t heads, int64_t d, const float* x,
                             const float* w, const float* bias, const float* attn_l,
-                            const float* attn_r, bool relu, float* z, float* el, float* er);
+                            const float* attn_r, bool relu, float* z, float* el, float* er,
+                            bool bf16 = false);
 
 // gat_projection_backward: gradients of gat_projection_forward given z and the gradients of
 // z, el and er (all required); grad_x may be null.
@@ -89,6 +93,14 @@ void gat_projection_backward(int64_t n, int64_t c, int64_t heads, int64_t d, con
                              const float* attn_r, bool relu, const float* grad_z,
                              const float* grad_el, const float* grad_er, float* grad_x,
                              float* grad_w, float* grad_bias, float* grad_attn_l,
-                             float* grad_attn_r);
+                             float* grad_attn_r, bool bf16 = false);
+
+// Whether this build's bf16 products run on AVX512-BF16 instructions (else portable C++, slower
+// than float32).
+bool update_bf16_native();
+
+// For tests: run the portable bf16 products even where the build has AVX512-BF16 (values
+// within float32 rounding of the native ones).
+void set_update_bf16_portable(bool portable);
 
 }  // namespace distmb

@@ -182,7 +182,7 @@ class TrainConfig(
                 "the GPU path (--device cuda, or --sampler device)",
             )
         if self.device == "cpu":
-            problem = precision_problem(self.precision, self.kernels, "cpu")
+            problem = precision_problem(self.precision, "cpu")
             if problem:
                 raise InputError(problem)
         problem = cuda_graphs_problem(self) if self.cuda_graphs else None
@@ -257,26 +257,18 @@ class TrainConfig(
         return record
 
 
-def precision_problem(precision: str, kernels: str, device_type: str) -> str | None:
-    """Why ``--precision`` cannot run with ``--kernels`` on a ``device_type`` device
+def precision_problem(precision: str, device_type: str) -> str | None:
+    """Why ``--precision`` cannot run on a ``device_type`` device
     (``"cpu"`` or ``"cuda"``), or None when it can."""
     if precision == "fp16" and device_type != "cuda":
         return (
             "--precision fp16 needs a GPU (--device cuda): float16 autocast with a gradient "
-            "scaler is a CUDA feature; on the CPU use --precision bf16 --kernels torch"
+            "scaler is a CUDA feature; on the CPU use --precision bf16"
         )
     if precision == "tf32" and device_type != "cuda":
         return (
             "--precision tf32 needs a GPU (--device cuda): TF32 is the tensor-core format of "
-            "NVIDIA GPUs' float32 matrix products; on the CPU use --precision fp32, or bf16 "
-            "with --kernels torch"
-        )
-    cpu = torch.device("cpu")
-    if precision == "bf16" and device_type == "cpu" and resolve_kernels(kernels, cpu) == "fused":
-        return (
-            f"--precision bf16 with {kernels_text(kernels, cpu)}: the fused C++ kernels "
-            "compute in float32 only (autocast would not reach them); add --kernels torch to "
-            "train the PyTorch-ops layers under CPU bfloat16 autocast"
+            "NVIDIA GPUs' float32 matrix products; on the CPU use --precision fp32 or bf16"
         )
     return None
 

@@ -208,9 +208,10 @@ class RunOptions:
         "fp32",
         "the model's forward in float32; tf32 (GPU only: float32 tensors, the forward's and "
         "backward's matrix products on TF32 tensor cores, 10-bit mantissa products with "
-        "float32 sums); or under autocast: bf16 (GPU; CPU with --kernels torch) or fp16 (GPU "
-        "only, with a gradient scaler); loss, gradients, optimizer and evaluation stay "
-        "float32",
+        "float32 sums); bf16 (autocast; on the CPU the fused kernels' forward and backward "
+        "matrix products take bfloat16 operands and sum in float32, on AVX512-BF16 where the "
+        "CPU has it); or fp16 (GPU only, autocast with a gradient scaler); loss, gradients, "
+        "optimizer and evaluation stay float32",
         choices=PRECISIONS,
         resume_applied=True,
     )

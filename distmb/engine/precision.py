@@ -7,8 +7,11 @@
   :meth:`MixedPrecision.autocast` and :meth:`MixedPrecision.backward` only, restored after,
   so evaluation and everything else keep IEEE float32). CUDA only.
 - ``bf16``: the training forward runs under ``torch.autocast(device_type, torch.bfloat16)``
-  (CUDA, or the CPU's autocast, which reaches the PyTorch-ops layers: ``--kernels torch``).
-  bfloat16 has float32's exponent range, so gradients need no scaling.
+  (CUDA or the CPU's autocast: the PyTorch-ops layers). On the CPU the fused C++ kernels
+  (``--kernels fused``, the default there), which autocast does not reach, take bfloat16
+  operands in their matrix products instead, forward and backward, and keep float32
+  outputs (:func:`distmb.nn.kernels.cpu_update.bf16_products`). bfloat16 has float32's
+  exponent range, so gradients need no scaling.
 - ``fp16``: ``torch.autocast("cuda", torch.float16)`` with a :class:`torch.amp.GradScaler`
   (loss scaled before the backward, gradients unscaled before the all-reduce and the
   optimizer, steps with non-finite gradients skipped); CUDA only.
@@ -29,6 +32,8 @@ import torch
 
 from distmb.config.train import precision_problem
 from distmb.core.errors import InputError
+from distmb.nn.kernels.cpu_update import bf16_native, bf16_products
+from distmb.nn.kernels.dispatch import resolve_kernels
 
 #: The autocast dtype of every ``--precision`` other than ``fp32``.
 AUTOCAST_DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -52,7 +57,7 @@ class MixedPrecision:
 
     Args:
         precision: ``"fp32"``, ``"tf32"``, ``"bf16"`` or ``"fp16"``.
-        kernels: ``--kernels`` (bf16 on the CPU needs ``torch``).
+        kernels: ``--kernels`` (with bf16 on the CPU, the fused kernels' products go bfloat16).
         device: the device the model trains on.
 
     Raises:
@@ -60,7 +65,7 @@ class MixedPrecision:
     """
 
     def __init__(self, precision: str, kernels: str, device: torch.device) -> None:
-        problem = precision_problem(precision, kernels, device.type)
+        problem = precision_problem(precision, device.type)
         if problem:
             raise InputError(problem)
         self.precision = precision
@@ -68,6 +73,25 @@ class MixedPrecision:
         self.dtype = AUTOCAST_DTYPES.get(precision)
         #: Whether float32 matrix products run on TF32 tensor cores in the training step.
         self.tf32 = precision == "tf32"
+        #: Whether the fused C++ kernels' products take bfloat16 operands in the training
+        #: forward (bf16 on the CPU with the fused kernels).
+        self.fused_bf16 = (
+            precision == "bf16"
+            and device.type == "cpu"
+            and resolve_kernels(kernels, device) == "fused"
+        )
+        #: The run header's line on the precision, or None where it says nothing new.
+        self.note: str | None = None
+        if self.fused_bf16:
+            how = (
+                "AVX512-BF16"
+                if bf16_native()
+                else "portable C++: this build has no AVX512-BF16, slower than --precision fp32"
+            )
+            self.note = (
+                "--precision bf16: the fused kernels' matrix products on bfloat16 operands, "
+                f"summed in float32 ({how}); other PyTorch ops under CPU autocast"
+            )
         #: The fp16 loss scaler (None otherwise).
         self.scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
 
@@ -81,7 +105,7 @@ class MixedPrecision:
         if self.dtype is None:
             yield
             return
-        with torch.autocast(self.device.type, dtype=self.dtype):
+        with torch.autocast(self.device.type, dtype=self.dtype), bf16_products(self.fused_bf16):
             yield
 
     def backward(self, loss: torch.Tensor) -> None:

@@ -182,6 +182,7 @@ class _FusedSAGE(torch.autograd.Function):
         ctx.save_for_backward(None if in_place else st.x, st.wn, st.ws, st.bits, st.h)
         ctx.in_place = st.x if in_place else None
         ctx.block, ctx.aggr, ctx.project, ctx.scale = block, aggr, st.project, st.scale
+        ctx.bf16 = fused_update.products_bf16()
         return out
 
     @staticmethod
@@ -192,7 +193,8 @@ class _FusedSAGE(torch.autograd.Function):
             ctx.in_place if ctx.in_place is not None else x, wn, ws, bits, h, ctx.block,
             ctx.aggr, ctx.project, ctx.scale,
         )  # fmt: skip
-        grads = _sage_backward(st, grad_out, *ctx.needs_input_grad[:4])
+        with fused_update.bf16_products(ctx.bf16):
+            grads = _sage_backward(st, grad_out, *ctx.needs_input_grad[:4])
         return (*grads, None, None, None, None, None)
 
 
@@ -382,6 +384,7 @@ class _FusedSAGEPair(torch.autograd.Function):
             x1, w_neigh1, w_self1, bias1, blocks[1], second.aggr, second.activation, p1, seed1
         )
         ctx.states = (st0, st1)
+        ctx.bf16 = fused_update.products_bf16()
         return out1
 
     @staticmethod
@@ -389,7 +392,13 @@ class _FusedSAGEPair(torch.autograd.Function):
     def backward(ctx, grad_out: Tensor) -> tuple[Tensor | None, ...]:
         st0, st1 = ctx.states
         ctx.states = None
-        need = ctx.needs_input_grad
+        with fused_update.bf16_products(ctx.bf16):
+            return _FusedSAGEPair._backward(st0, st1, ctx.needs_input_grad, grad_out)
+
+    @staticmethod
+    def _backward(
+        st0: _SageForward, st1: _SageForward, need: tuple[bool, ...], grad_out: Tensor
+    ) -> tuple[Tensor | None, ...]:
         # Second layer: its UPDATE's gradients, up to (not through) its aggregation.
         self_x1, self_w1 = st1.self_terms()
         _, grad_b1, grads_x1, grads_w1 = fused_update.update_backward(

@@ -38,6 +38,7 @@
 
 #include "common.h"
 #include "packing.h"
+#include "pairs.h"
 #include "prefetch.h"
 #include "tiling.h"
 #include "update.h"
@@ -97,6 +98,109 @@ void forward_row_block(int64_t i0, int64_t rows, int64_t kp, const FwdSource* sr
   }
 }
 
+// A source of the forward product over bfloat16 pairs (pairs.h): X_s, converted a row block
+// at a time, and its W_s^T packed in pair panels.
+struct PairFwdSource {
+  const float* x;         // [n][c], or a table whose row rows[i] is row i
+  const uint32_t* panels;  // pack_pair_panels of W^T: [pair_count(c)][kp] in panels
+  int64_t c;
+  const int64_t* rows;  // int64[n] or null
+};
+
+// forward_row_block over bfloat16 pairs: each source's rows [i0, i0 + rows) are converted into
+// scratch (kRowBlock * pair_count(c_s) words per source, in order), rows past the block's up
+// to a whole register tile zero, then every kMR x NR tile's sums go to epi as in
+// forward_row_block.
+template <class Epilogue>
+void forward_row_block_pairs(int64_t i0, int64_t rows, int64_t kp, const PairFwdSource* src,
+                             int nsrc, NextRowsPrefetch* next, uint32_t* scratch,
+                             Epilogue&& epi) {
+  const int64_t tile_rows = (rows + kMR - 1) / kMR * kMR;
+  uint32_t* xs[kMaxUpdateSources];
+  uint32_t* at = scratch;
+  for (int s = 0; s < nsrc; ++s) {
+    const int64_t c = src[s].c, c2 = pair_count(c);
+    xs[s] = at;
+    at += kRowBlock * c2;
+    const int64_t* ids = src[s].rows;
+    if (ids != nullptr)
+      prefetch_indexed_rows(src[s].x, ids, c, i0, i0 + std::min(rows, kPackPrefetchRows));
+    for (int64_t r = 0; r < rows; ++r) {
+      if (ids != nullptr && r + kPackPrefetchRows < rows)
+        prefetch_indexed_rows(src[s].x, ids, c, i0 + r + kPackPrefetchRows,
+                              i0 + r + kPackPrefetchRows + 1);
+      row_to_pairs(src[s].x + (ids != nullptr ? ids[i0 + r] : i0 + r) * c, c, xs[s] + r * c2);
+    }
+    std::fill(xs[s] + rows * c2, xs[s] + tile_rows * c2, 0u);
+  }
+  const int64_t steps = num_tiles(kp) * (tile_rows / kMR);
+  int64_t step = 0;
+  for (int64_t j0 = 0; j0 < kp; j0 += tile_width(j0, kp)) {
+    const int w = tile_width(j0, kp);
+    for (int64_t r0 = 0; r0 < rows; r0 += kMR) {
+      const int mr = static_cast<int>(std::min<int64_t>(kMR, rows - r0));
+      if (next != nullptr) next->advance(step++, steps);
+      PairOperand ops[kMaxUpdateSources];
+      for (int s = 0; s < nsrc; ++s) {
+        const int64_t c2 = pair_count(src[s].c);
+        ops[s] = {xs[s] + r0 * c2, c2, src[s].panels + j0 * c2, w, c2};
+      }
+      if (w == kNR)
+        micro_tile_pairs<kNR>(ops, nsrc,
+                              [&](const float(&acc)[kMR][kNR]) { epi(acc, i0 + r0, mr, j0); });
+      else
+        micro_tile_pairs<kNRTail>(
+            ops, nsrc, [&](const float(&acc)[kMR][kNRTail]) { epi(acc, i0 + r0, mr, j0); });
+    }
+  }
+}
+
+// The forward products of one call, in float32 or over bfloat16 pairs: the sources' weights
+// packed once, and row_block, forward_row_block or forward_row_block_pairs for a block. Each
+// thread passes its own scratch (scratch_words() words; none in float32).
+class ForwardProducts {
+ public:
+  ForwardProducts(const UpdateSource* src, int nsrc, int64_t k, bool bf16)
+      : nsrc_(nsrc), kp_(pad_cols(k)), bf16_(bf16) {
+    if (!bf16) {
+      packed_ = pack_forward(src, nsrc, k);
+      for (int s = 0; s < nsrc; ++s)
+        fsrc_[s] = {src[s].x, packed_[s].data(), src[s].c, src[s].rows};
+      return;
+    }
+    pairs_.resize(nsrc);
+    for (int s = 0; s < nsrc; ++s) {
+      const int64_t c = src[s].c;
+      pairs_[s].resize(pair_count(c) * kp_);
+      pack_pair_panels(src[s].w, 1, c, c, k, pairs_[s].data());
+      psrc_[s] = {src[s].x, pairs_[s].data(), c, src[s].rows};
+      scratch_words_ += kRowBlock * pair_count(c);
+    }
+  }
+
+  int64_t scratch_words() const { return scratch_words_; }
+
+  // The products of rows [i0, i0 + rows) (rows <= kRowBlock) handed to epi(acc, row0, mr, j0).
+  template <class Epilogue>
+  void row_block(int64_t i0, int64_t rows, NextRowsPrefetch* next, uint32_t* scratch,
+                 Epilogue&& epi) const {
+    if (bf16_)
+      forward_row_block_pairs(i0, rows, kp_, psrc_, nsrc_, next, scratch, epi);
+    else
+      forward_row_block(i0, rows, kp_, fsrc_, nsrc_, next, epi);
+  }
+
+ private:
+  int nsrc_;
+  int64_t kp_;
+  bool bf16_;
+  std::vector<AlignedFloats> packed_;
+  std::vector<AlignedPairs> pairs_;
+  FwdSource fsrc_[kMaxUpdateSources] = {};
+  PairFwdSource psrc_[kMaxUpdateSources] = {};
+  int64_t scratch_words_ = 0;
+};
+
 // Threads for work_items work items: the OpenMP maximum, at most one per item.
 inline int num_work_threads(int64_t work_items) {
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(omp_get_max_threads(),
@@ -123,6 +227,11 @@ struct BwdScratch {
   AlignedFloats gp;  // [kBwdRowBlock][kp]: pre-activation gradient tile, zero-padded
   AlignedFloats xk;  // a source's rows repacked as [pad_rows(c) / kMR][rows][kMR], zero-padded
                      // (the weight gradient's operand A)
+  // Over bfloat16 pairs (pairs.h) instead of xk:
+  AlignedPairs gp_rows;  // gp's rows in pairs [whole register tiles][kp / 2] (input gradient's A)
+  AlignedPairs gp_cols;  // gp's row pairs column by column [pair_count(rows)][kp] (weight
+                         // gradient's B)
+  AlignedPairs xk_pairs;  // pack_column_group_pairs of a source's rows (weight gradient's A)
 };
 
 // Work split of the backward pass: the row blocks are cut into a fixed number of contiguous
@@ -173,23 +282,34 @@ inline int64_t gp_stride(int64_t kp) { return kp + kLineFloats; }
 // gp_stride(kp) floats apart. While a block computes, the next block of its chunk is fetched
 // toward L2 a slice per tile (NextRowsPrefetch): the contiguous sources' rows and the ranges
 // that prologue_inputs(i0, rows, next) adds for the prologue's inputs of rows [i0, i0 + rows).
+// With bf16, both products run over bfloat16 pairs (pairs.h): gp is rounded after the bias
+// gradient took its float32 sums, and W and X as they are packed.
 template <class Prologue, class PrologueInputs>
 void backward_engine(int64_t n, int64_t k, const UpdateSource* src, int nsrc,
-                     const UpdateGrads* grads, float* grad_bias, const BwdSplit& split,
+                     const UpdateGrads* grads, float* grad_bias, const BwdSplit& split, bool bf16,
                      Prologue&& prologue, PrologueInputs&& prologue_inputs) {
-  const int64_t kp = pad_cols(k);
+  const int64_t kp = pad_cols(k), kp2 = kp / 2, k2 = pair_count(k);
   const int64_t nchunks = split.nchunks;
   std::vector<AlignedFloats> wpanels(nsrc);
+  std::vector<AlignedPairs> wpairs(nsrc);
+  bool any_grad_x = false, any_grad_w = false;
   std::vector<AlignedFloats> wpart(nsrc);  // [nchunks][pad_rows(c)][kp] (transposed), zeroed
                                            // per chunk
   int64_t max_cr = 0;
   for (int s = 0; s < nsrc; ++s) {
     const int64_t cp = pad_cols(src[s].c);
     if (grads[s].grad_x != nullptr) {  // B(l = k, j = c) = W[l][j]
-      wpanels[s].resize(k * cp);
-      pack_panels(src[s].w, src[s].c, 1, k, src[s].c, wpanels[s].data());
+      any_grad_x = true;
+      if (bf16) {
+        wpairs[s].resize(k2 * cp);
+        pack_pair_panels(src[s].w, src[s].c, 1, k, src[s].c, wpairs[s].data());
+      } else {
+        wpanels[s].resize(k * cp);
+        pack_panels(src[s].w, src[s].c, 1, k, src[s].c, wpanels[s].data());
+      }
     }
     if (grads[s].grad_w != nullptr) {
+      any_grad_w = true;
       wpart[s].resize(static_cast<size_t>(nchunks) * pad_rows(src[s].c) * kp);
       max_cr = std::max(max_cr, pad_rows(src[s].c));
     }
@@ -201,7 +321,15 @@ void backward_engine(int64_t n, int64_t k, const UpdateSource* src, int nsrc,
   {
     BwdScratch scratch;
     scratch.gp.assign(kBwdRowBlock * gs, 0.0f);
-    scratch.xk.assign(kBwdRowBlock * max_cr, 0.0f);
+    if (!bf16) {
+      scratch.xk.assign(kBwdRowBlock * max_cr, 0.0f);
+    } else {
+      if (any_grad_x) scratch.gp_rows.assign((kBwdRowBlock + kMR) * kp2, 0u);
+      if (any_grad_w) {
+        scratch.gp_cols.assign(pair_count(kBwdRowBlock) * kp, 0u);
+        scratch.xk_pairs.assign(pair_count(kBwdRowBlock) * max_cr, 0u);
+      }
+    }
     float* gp = scratch.gp.data();
 #pragma omp for schedule(dynamic, 1)
     for (int64_t chunk = 0; chunk < nchunks; ++chunk) {
@@ -245,6 +373,16 @@ void backward_engine(int64_t n, int64_t k, const UpdateSource* src, int nsrc,
 #pragma omp simd
           for (int64_t j = 0; j < kp; ++j) db[j] += g[j];
         }
+        const int64_t r2n = pair_count(rows);
+        if (bf16 && any_grad_x) {
+          uint32_t* d = scratch.gp_rows.data();
+          for (int64_t r = 0; r < rows; ++r) row_to_pairs(gp + r * gs, kp, d + r * kp2);
+          std::fill(d + rows * kp2, d + (rows + kMR - 1) / kMR * kMR * kp2, 0u);
+        }
+        if (bf16 && any_grad_w)
+          for (int64_t l2 = 0; l2 < r2n; ++l2)
+            interleave_rows(gp + 2 * l2 * gs, 2 * l2 + 1 < rows ? gp + (2 * l2 + 1) * gs : nullptr,
+                            kp, scratch.gp_cols.data() + l2 * kp);
         for (int s = 0; s < nsrc; ++s) {
           const int64_t c = src[s].c, cp = pad_cols(c);
           // Input gradient: grad_x[rows] = gp . W, tiles over (rows, c).
@@ -255,7 +393,6 @@ void backward_engine(int64_t n, int64_t k, const UpdateSource* src, int nsrc,
               for (int64_t r0 = 0; r0 < rows; r0 += kMR) {
                 const int mr = static_cast<int>(std::min<int64_t>(kMR, rows - r0));
                 next.advance(step++, steps);
-                const Operand op{gp + r0 * gs, gs, 1, wpanels[s].data() + j0 * k, w, k};
                 auto store = [&](const auto& acc) {
                   for (int r = 0; r < mr; ++r) {
                     float* o = gx + (i0 + r0 + r) * c + j0;
@@ -263,6 +400,16 @@ void backward_engine(int64_t n, int64_t k, const UpdateSource* src, int nsrc,
                     for (int j = 0; j < jv; ++j) o[j] = acc[r][j];
                   }
                 };
+                if (bf16) {
+                  const PairOperand op{scratch.gp_rows.data() + r0 * kp2, kp2,
+                                       wpairs[s].data() + j0 * k2, w, k2};
+                  if (w == kNR)
+                    micro_tile_pairs<kNR>(&op, 1, store);
+                  else
+                    micro_tile_pairs<kNRTail>(&op, 1, store);
+                  continue;
+                }
+                const Operand op{gp + r0 * gs, gs, 1, wpanels[s].data() + j0 * k, w, k};
                 if (w == kNR)
                   micro_tile<kNR>(mr, &op, 1, store);
                 else
@@ -276,7 +423,11 @@ void backward_engine(int64_t n, int64_t k, const UpdateSource* src, int nsrc,
           // tiles pass).
           if (grads[s].grad_w != nullptr) {
             float* xk = scratch.xk.data();
-            pack_column_groups(src[s].x, src[s].rows, i0, rows, c, xk);
+            uint32_t* xkp = scratch.xk_pairs.data();
+            if (bf16)
+              pack_column_group_pairs(src[s].x, src[s].rows, i0, rows, c, xkp);
+            else
+              pack_column_groups(src[s].x, src[s].rows, i0, rows, c, xk);
             const int64_t cr = pad_rows(c);
             float* acc_w = wpart[s].data() + static_cast<size_t>(chunk) * cr * kp;
             for (int64_t j0 = 0; j0 < kp; j0 += tile_width(j0, kp)) {
@@ -284,7 +435,6 @@ void backward_engine(int64_t n, int64_t k, const UpdateSource* src, int nsrc,
               for (int64_t c0 = 0; c0 < cr; c0 += kMR) {
                 fetch_next_row();
                 next.advance(step++, steps);
-                const Operand op{xk + c0 * rows, 0, 0, gp + j0, gs, rows, true};
                 auto add = [&](const auto& acc) {
                   constexpr int NR = std::extent<std::remove_reference_t<decltype(acc)>, 1>::value;
                   for (int r = 0; r < kMR; ++r) {
@@ -293,6 +443,16 @@ void backward_engine(int64_t n, int64_t k, const UpdateSource* src, int nsrc,
                     for (int j = 0; j < NR; ++j) o[j] += acc[r][j];
                   }
                 };
+                if (bf16) {
+                  const PairOperand op{xkp + c0 * r2n, 0, scratch.gp_cols.data() + j0, kp, r2n,
+                                       true};
+                  if (w == kNR)
+                    micro_tile_pairs<kNR>(&op, 1, add);
+                  else
+                    micro_tile_pairs<kNRTail>(&op, 1, add);
+                  continue;
+                }
+                const Operand op{xk + c0 * rows, 0, 0, gp + j0, gs, rows, true};
                 if (w == kNR)
                   micro_tile<kNR>(kMR, &op, 1, add);
                 else

@@ -19,7 +19,8 @@ using namespace update_detail;
 
 void gat_projection_forward(int64_t n, int64_t c, int64_t heads, int64_t d, const float* x,
                             const float* w, const float* bias, const float* attn_l,
-                            const float* attn_r, bool relu, float* z, float* el, float* er) {
+                            const float* attn_r, bool relu, float* z, float* el, float* er,
+                            bool bf16) {
   const int64_t k = heads * d;
   const UpdateSource src{x, w, c};
   check_sources(k, &src, 1);
@@ -27,13 +28,15 @@ void gat_projection_forward(int64_t n, int64_t c, int64_t heads, int64_t d, cons
   const int64_t kp = pad_cols(k);
   AlignedFloats bias_p(kp, 0.0f);
   std::copy(bias, bias + k, bias_p.begin());
-  const auto packed = pack_forward(&src, 1, k);
-  const FwdSource fsrc{x, packed[0].data(), c, nullptr};
+  const ForwardProducts products(&src, 1, k, bf16);
   const int64_t nblocks = (n + kRowBlock - 1) / kRowBlock;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(num_work_threads(nblocks))
+#pragma omp parallel num_threads(num_work_threads(nblocks))
+  {
+  AlignedPairs scratch(products.scratch_words());
+#pragma omp for schedule(dynamic, 1)
   for (int64_t blk = 0; blk < nblocks; ++blk) {
     const int64_t i0 = blk * kRowBlock, rows = std::min(kRowBlock, n - i0);
-    forward_row_block(i0, rows, kp, &fsrc, 1, nullptr,
+    products.row_block(i0, rows, nullptr, scratch.data(),
                       [&](const auto& acc, int64_t row0, int mr, int64_t j0) {
                         constexpr int NR =
                             std::extent<std::remove_reference_t<decltype(acc)>, 1>::value;
@@ -65,6 +68,7 @@ void gat_projection_forward(int64_t n, int64_t c, int64_t heads, int64_t d, cons
       }
     }
   }
+  }
 }
 
 void gat_projection_backward(int64_t n, int64_t c, int64_t heads, int64_t d, const float* x,
@@ -72,7 +76,7 @@ void gat_projection_backward(int64_t n, int64_t c, int64_t heads, int64_t d, con
                              const float* attn_r, bool relu, const float* grad_z,
                              const float* grad_el, const float* grad_er, float* grad_x,
                              float* grad_w, float* grad_bias, float* grad_attn_l,
-                             float* grad_attn_r) {
+                             float* grad_attn_r, bool bf16) {
   const int64_t k = heads * d, kp = pad_cols(k), gs = gp_stride(kp);
   const UpdateSource src{x, w, c};
   check_sources(k, &src, 1);
@@ -80,7 +84,7 @@ void gat_projection_backward(int64_t n, int64_t c, int64_t heads, int64_t d, con
   const BwdSplit split = backward_split(n);
   // Per-chunk gradients of attn_l and attn_r: [nchunks][kp] each.
   AlignedFloats al_part(static_cast<size_t>(split.nchunks) * kp, 0.0f), ar_part(al_part);
-  backward_engine(n, k, &src, 1, &grads, grad_bias, split,
+  backward_engine(n, k, &src, 1, &grads, grad_bias, split, bf16,
                   [&](int64_t chunk, int64_t i0, int64_t rows, float* gp) {
                     float* gal = al_part.data() + static_cast<size_t>(chunk) * kp;
                     float* gar = ar_part.data() + static_cast<size_t>(chunk) * kp;

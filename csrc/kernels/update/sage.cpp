@@ -28,19 +28,21 @@ namespace {
 template <bool kRelu, bool kDrop>
 void update_forward_impl(int64_t n, int64_t k, const UpdateSource* src, int nsrc,
                          const float* addend, const float* bias, uint64_t seed,
-                         uint64_t threshold, float scale, float* out, uint8_t* gate_bits) {
+                         uint64_t threshold, float scale, float* out, uint8_t* gate_bits,
+                         bool bf16) {
   const int64_t kp = pad_cols(k);
   AlignedFloats bias_p(kp, 0.0f);
   std::copy(bias, bias + k, bias_p.begin());
-  const auto packed = pack_forward(src, nsrc, k);
-  FwdSource fsrc[2];
-  for (int s = 0; s < nsrc; ++s) fsrc[s] = {src[s].x, packed[s].data(), src[s].c, src[s].rows};
+  const ForwardProducts products(src, nsrc, k, bf16);
   // Contiguous chunks of row blocks taken dynamically: within a chunk the next block is
   // known, so its input rows are prefetched while the current one computes.
   const int64_t nblocks = (n + kRowBlock - 1) / kRowBlock;
   const int nt = num_work_threads(nblocks);
   const int64_t nchunks = std::min<int64_t>(nblocks, kFwdChunksPerThread * nt);
-#pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
+#pragma omp parallel num_threads(nt)
+  {
+  AlignedPairs scratch(products.scratch_words());
+#pragma omp for schedule(dynamic, 1)
   for (int64_t chunk = 0; chunk < nchunks; ++chunk) {
     const int64_t end = (chunk + 1) * nblocks / nchunks;
     for (int64_t blk = chunk * nblocks / nchunks; blk < end; ++blk) {
@@ -55,8 +57,8 @@ void update_forward_impl(int64_t n, int64_t k, const UpdateSource* src, int nsrc
       uint64_t row_keys[kRowBlock];
       if (kDrop)
         for (int64_t r = 0; r < rows; ++r) row_keys[r] = dropout_row_key(seed, i0 + r);
-      forward_row_block(
-          i0, rows, kp, fsrc, nsrc, &next,
+      products.row_block(
+          i0, rows, &next, scratch.data(),
           [&](const auto& acc, int64_t row0, int mr, int64_t j0) {
             sage_epilogue<std::extent<std::remove_reference_t<decltype(acc)>, 1>::value, kRelu,
                           kDrop>(acc, row0, mr, j0, k, bias_p.data(), addend,
@@ -64,13 +66,14 @@ void update_forward_impl(int64_t n, int64_t k, const UpdateSource* src, int nsrc
           });
     }
   }
+  }
 }
 
 }  // namespace
 
 void update_forward(int64_t n, int64_t k, const UpdateSource* src, int nsrc,
                     const float* addend, const float* bias, bool relu, double p_drop,
-                    uint64_t seed, float* out, uint8_t* gate_bits) {
+                    uint64_t seed, float* out, uint8_t* gate_bits, bool bf16) {
   check_sources(k, src, nsrc);
   if (!(p_drop >= 0.0 && p_drop <= 1.0))
     throw std::invalid_argument("the dropout probability must be in [0, 1]");
@@ -81,13 +84,13 @@ void update_forward(int64_t n, int64_t k, const UpdateSource* src, int nsrc,
   const float scale = p_drop < 1.0 ? static_cast<float>(1.0 / (1.0 - p_drop)) : 0.0f;
   if (!relu)
     update_forward_impl<false, false>(n, k, src, nsrc, addend, bias, seed, threshold, 1.0f, out,
-                                      nullptr);
+                                      nullptr, bf16);
   else if (drop)
     update_forward_impl<true, true>(n, k, src, nsrc, addend, bias, seed, threshold, scale, out,
-                                    gate_bits);
+                                    gate_bits, bf16);
   else
     update_forward_impl<true, false>(n, k, src, nsrc, addend, bias, seed, threshold, scale, out,
-                                     gate_bits);
+                                     gate_bits, bf16);
 }
 
 namespace {
@@ -117,10 +120,10 @@ inline void gate_row(const float* g, const uint8_t* bits, int64_t k, int64_t kp,
 
 void update_backward(int64_t n, int64_t k, const float* grad_out, const uint8_t* gate_bits,
                      float scale, const UpdateSource* src, int nsrc, const UpdateGrads* grads,
-                     float* grad_bias, float* grad_addend) {
+                     float* grad_bias, float* grad_addend, bool bf16) {
   check_sources(k, src, nsrc, grads);
   const int64_t kb = bytes_per_row(k), kp = pad_cols(k), gs = gp_stride(kp);
-  backward_engine(n, k, src, nsrc, grads, grad_bias, backward_split(n),
+  backward_engine(n, k, src, nsrc, grads, grad_bias, backward_split(n), bf16,
                   [&](int64_t, int64_t i0, int64_t rows, float* gp) {
                     for (int64_t row = i0; row < i0 + rows; ++row) {
                       float* d = gp + (row - i0) * gs;
@@ -141,7 +144,7 @@ void update_backward_aggregated(int64_t n, int64_t k, const int64_t* next_indptr
                                 AggKind kind, const float* grad_dst, const float* addend,
                                 int64_t n_addend, const uint8_t* gate_bits, float scale,
                                 const UpdateSource* src, int nsrc, const UpdateGrads* grads,
-                                float* grad_bias) {
+                                float* grad_bias, bool bf16) {
   check_sources(k, src, nsrc, grads);
   if (kind == AggKind::kGcn)
     throw std::invalid_argument("update_backward_aggregated: the gcn aggregator is not supported");
@@ -152,7 +155,7 @@ void update_backward_aggregated(int64_t n, int64_t k, const int64_t* next_indptr
     weight[v] = agg_scale(kind, next_indptr[v + 1] - next_indptr[v]);
   const float* w = weight.data();
   const int64_t ahead = prefetch_rows(k);
-  backward_engine(n, k, src, nsrc, grads, grad_bias, backward_split(n),
+  backward_engine(n, k, src, nsrc, grads, grad_bias, backward_split(n), bf16,
                   [&](int64_t, int64_t i0, int64_t rows, float* gp) {
                     for (int64_t u = i0; u < i0 + rows; ++u) {
                       float* __restrict d = gp + (u - i0) * gs;
@@ -180,5 +183,9 @@ void update_backward_aggregated(int64_t n, int64_t k, const int64_t* next_indptr
                     if (gate_bits != nullptr) next.add_bytes(gate_bits + i0 * kb, rows * kb);
                   });
 }
+
+bool update_bf16_native() { return kNativePairs; }
+
+void set_update_bf16_portable(bool portable) { portable_pairs_flag() = portable; }
 
 }  // namespace distmb

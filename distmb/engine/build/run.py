@@ -186,6 +186,8 @@ def build_run(
     notes = [feature_sources.note + describe_adjacency(adjacency, config)]
     if stages is not None:
         notes.append(f"{stages.note}; layers: {kernels_note(config.kernels, kernels)}")
+    if precision.note is not None:
+        notes.append(precision.note)
     return RunParts(
         comm=comm,
         device=device,

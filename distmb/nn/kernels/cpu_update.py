@@ -23,13 +23,18 @@ torch's default CPU generator (:func:`draw_seed`), so ``torch.manual_seed`` and 
 paths draw different masks). Backward needs only the packed gate bits
 (``uint8[N, ceil(K / 8)]``: ReLU-active and kept), not the pre-activation or output tensors.
 
-The kernels are float32 on CPU only: :func:`supported` tells the layers when to fall back to
-the PyTorch implementation.
+The kernels take float32 CPU tensors only: :func:`supported` tells the layers when to fall
+back to the PyTorch implementation. Inside :func:`bf16_products` (``--precision bf16`` on the
+CPU) their matrix products take operands rounded to bfloat16 and sum in float32 (AVX512-BF16
+where the build has it: :func:`bf16_native`); tensors, element-wise steps and reductions stay
+float32. An autograd node runs its backward with the products of its forward.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import threading
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import torch
@@ -47,6 +52,38 @@ SEED_BOUND = 2**63 - 1
 F32 = torch.float32
 #: Bits per byte of the packed gate masks.
 BITS_PER_BYTE = 8
+
+
+class _Products(threading.local):
+    """Per thread, as autocast's state is: whether the products take bfloat16 operands."""
+
+    bf16 = False
+
+
+_products = _Products()
+
+
+def bf16_native() -> bool:
+    """Whether this build's bfloat16 products run on AVX512-BF16 instructions (else portable
+    C++, slower than float32: ``setup.py`` targets the build host, ``DISTMB_MARCH``)."""
+    return bool(_C.update_bf16_native())
+
+
+def products_bf16() -> bool:
+    """Whether the kernels' matrix products take bfloat16 operands now (on this thread)."""
+    return _products.bf16
+
+
+@contextlib.contextmanager
+def bf16_products(enabled: bool = True) -> Iterator[None]:
+    """Inside (on this thread): the kernels' matrix products round their operands to bfloat16
+    and sum in float32 (``enabled`` False: float32 products); the previous setting is restored
+    on exit."""
+    previous, _products.bf16 = _products.bf16, enabled
+    try:
+        yield
+    finally:
+        _products.bf16 = previous
 
 
 def supported(*tensors: Tensor | None) -> bool:
@@ -132,6 +169,7 @@ def update_forward(
         seed,
         _np(out),
         _opt_np(bits),
+        bf16=_products.bf16,
     )
     return out, bits
 
@@ -168,6 +206,7 @@ def update_backward(
         [_opt_np(g) for g in grad_ws],
         _opt_np(grad_bias),
         _opt_np(grad_addend),
+        bf16=_products.bf16,
     )
     return grad_addend, grad_bias, grad_xs, grad_ws
 
@@ -231,6 +270,7 @@ def update_backward_aggregated(
         [_opt_np(g) for g in grad_xs],
         [_opt_np(g) for g in grad_ws],
         _opt_np(grad_bias),
+        bf16=_products.bf16,
     )
     return grad_bias, grad_xs, grad_ws
 
@@ -252,6 +292,7 @@ class _SageUpdate(torch.autograd.Function):
         ws = [_contig(t) for t in xw[1::2]]
         out, bits = update_forward(xs, ws, addend, bias, activation, p, seed)
         ctx.save_for_backward(bits, *xs, *ws)
+        ctx.bf16 = _products.bf16
         ctx.nsrc = len(xs)
         ctx.scale = dropout_scale(p) if activation else 1.0
         return out
@@ -262,17 +303,18 @@ class _SageUpdate(torch.autograd.Function):
         bits, *rest = ctx.saved_tensors
         xs, ws = rest[: ctx.nsrc], rest[ctx.nsrc :]
         needs = ctx.needs_input_grad
-        grad_addend, grad_bias, grad_xs, grad_ws = update_backward(
-            grad_out,
-            bits,
-            ctx.scale,
-            xs,
-            ws,
-            [needs[5 + 2 * s] for s in range(len(xs))],
-            [needs[6 + 2 * s] for s in range(len(ws))],
-            needs[1],
-            needs[0],
-        )
+        with bf16_products(ctx.bf16):
+            grad_addend, grad_bias, grad_xs, grad_ws = update_backward(
+                grad_out,
+                bits,
+                ctx.scale,
+                xs,
+                ws,
+                [needs[5 + 2 * s] for s in range(len(xs))],
+                [needs[6 + 2 * s] for s in range(len(ws))],
+                needs[1],
+                needs[0],
+            )
         flat: list[Tensor | None] = []
         for gx, gw in zip(grad_xs, grad_ws, strict=True):
             flat += [gx, gw]
@@ -417,9 +459,11 @@ class _GatProjection(torch.autograd.Function):
             _np(z),
             _np(el),
             _np(er),
+            bf16=_products.bf16,
         )
         ctx.save_for_backward(x, weight, z, attn_l, attn_r)
         ctx.activation = activation
+        ctx.bf16 = _products.bf16
         return z, el, er
 
     @staticmethod
@@ -446,6 +490,7 @@ class _GatProjection(torch.autograd.Function):
             _np(grad_b),
             _np(grad_al),
             _np(grad_ar),
+            bf16=ctx.bf16,
         )
         return grad_x, grad_w, grad_b, grad_al, grad_ar, None
 
