@@ -64,12 +64,16 @@ def test_cpu_bf16_autocast_reaches_the_torch_layers():
 @pytest.mark.parametrize(
     ("sampler", "kernels"), [("cpp", "torch"), ("device", "torch"), ("cpp", "fused")]
 )
-def test_bf16_trains_within_a_few_points_of_fp32(tmp_path, sampler, kernels):
-    """Under autocast (--kernels torch) or through the fused kernels' bfloat16 products."""
+def test_bf16_trains_within_a_few_points_of_fp32(tmp_path, capsys, sampler, kernels):
+    """Under autocast (--kernels torch) or through the fused kernels' bfloat16 products (the
+    run header says which)."""
     base = ["--dataset", LEARNABLE, *FAST, "--epochs", "4", "--kernels", kernels,
             "--sampler", sampler]  # fmt: skip
     fp32 = records(tmp_path, "fp32", base)
+    capsys.readouterr()
     bf16 = records(tmp_path, "bf16", [*base, "--precision", "bf16"])
+    header = "--precision bf16: the fused kernels' matrix products on bfloat16 operands"
+    assert (header in capsys.readouterr().out) is (kernels == "fused")
     assert [r["loss"] for r in bf16] != [r["loss"] for r in fp32]  # bf16 did compute
     assert bf16[-1]["loss"] < bf16[0]["loss"]
     assert bf16[-1]["test_acc"] > 0.25 + 0.2  # chance is 1/4
