@@ -19,6 +19,10 @@
 // dynamically, one accumulator per chunk), reduced once at the end in chunk order. All
 // scratch buffers start on cache lines (AlignedFloats), so no vector load straddles two.
 //
+// With bf16 (--precision bf16 on the CPU) both engines run their products over bfloat16 pairs
+// instead (pairs.h: micro_tile_pairs, operands rounded as they are packed); everything else
+// stays as described here.
+//
 // Forward values, gate bits and input gradients do not depend on the thread count; the
 // reductions over N (weight, bias and attention-vector gradients) are deterministic for a
 // given thread count and differ across thread counts only by float rounding.
@@ -177,6 +181,9 @@ class ForwardProducts {
       scratch_words_ += kRowBlock * pair_count(c);
     }
   }
+  // The sources point into the packed weights this object owns.
+  ForwardProducts(const ForwardProducts&) = delete;
+  ForwardProducts& operator=(const ForwardProducts&) = delete;
 
   int64_t scratch_words() const { return scratch_words_; }
 
