@@ -76,6 +76,26 @@ def test_a_value_beyond_float16_names_its_row_id_and_the_flags():
     assert stored_rows(table, "bfloat16").dtype == torch.bfloat16  # float32's range
 
 
+@pytest.mark.parametrize("name", HALF)
+def test_stacked_tables_convert_into_one_table(monkeypatch, name):
+    """A part's solid and halo tables go into one stored table (the GPU path's host rows)
+    without a float32 concatenation: the rows of the concatenation, rounded, and a row of the
+    second table named by its place in the whole."""
+    monkeypatch.setattr(storage, "CONVERT_CHUNK_ROWS", 4)
+    rng = np.random.default_rng(1)
+    solid, halo = rng.random((11, 5)).astype(np.float32), rng.random((6, 5)).astype(np.float32)
+    norm = FeatureNormalization("row")
+    got = stored_rows([solid, torch.from_numpy(halo)], name, norm)
+    whole = np.concatenate([solid, halo])
+    expected = rounded(whole / whole.sum(axis=1, keepdims=True), name)
+    np.testing.assert_array_equal(got.float().numpy(), expected)
+    halo[2, 1] = 1.0e5
+    with pytest.raises(InputError, match=r"row 113 holds 100000 \(column 1\)"):
+        stored_rows((solid, halo), "float16", first_row=100)
+    with pytest.raises(ValueError, match="one width"):
+        storage.stacked_table([solid, halo[:, :4]], torch.bfloat16)
+
+
 def test_two_byte_rows_count_two_bytes_a_value():
     table = stored_table(np.ones((10, 6), dtype=np.float32), torch.bfloat16)
     source = ArrayFeatures(table)

@@ -66,7 +66,7 @@ def open_device_stages(
     memory-mapped) placed by ``--graph-placement``, and the device feature cache of
     ``--device-cache-mb`` filled by ``--device-cache-policy`` (``presc`` pre-samples
     ``--presample-epochs`` epochs with the C++ sampler and its own random stream) over the
-    rank's rows (:func:`part_table`), normalised once here when ``--normalize-features`` is
+    rank's rows (:func:`part_tables`), normalised once here when ``--normalize-features`` is
     set. With ``host_cache`` (``--features ooc``: the out-of-core cache of the same rows),
     the device cache reads its misses from it instead, normalised as read
     (:class:`~distmb.pipeline.features.tiered.TieredFeatures`). ``--feature-dtype`` is the
@@ -91,10 +91,13 @@ def open_device_stages(
         graphs=config.cuda_graphs,
     )
     if host_cache is None:
-        table = part_table(local)
+        parts = part_tables(local)
         if normalization is not None or config.feature_dtype != "float32":
-            # The host copy the device reads holds normalised rows, rounded once.
-            table = stored_rows(table, config.feature_dtype, normalization)
+            # The host copy the device reads holds normalised rows, rounded once, converted
+            # part by part into it (no float32 concatenation first).
+            table = stored_rows(parts, config.feature_dtype, normalization)
+        else:
+            table = parts[0] if len(parts) == 1 else np.concatenate([np.asarray(p) for p in parts])
         num_rows = int(table.shape[0])
     else:
         num_rows = host_cache.num_rows
@@ -166,15 +169,15 @@ def kernel_backend(device: torch.device) -> str:
     return "auto" if device.type == "cuda" else "torch"
 
 
-def part_table(local: LocalGraph) -> np.ndarray | torch.Tensor:
-    """float[n_solid (+ n_halo), F]: the rows the device feature source serves, by ``VID_p``:
-    the solid rows, then the replicated halo rows when the part holds them
-    (``--replicate-halo-features``), as the host
-    :class:`~distmb.pipeline.features.PartFeatures` serves them; block 0's halo leaves are
-    then gathered with its other rows instead of being left to the halo scheme."""
+def part_tables(local: LocalGraph) -> list[np.ndarray | torch.Tensor]:
+    """The tables of the rows the device feature source serves, by ``VID_p``: the solid rows
+    float[n_solid, F], then the replicated halo rows float[n_halo, F] when the part holds them
+    (``--replicate-halo-features``), as the host :class:`~distmb.pipeline.features.PartFeatures`
+    serves them; block 0's halo leaves are then gathered with its other rows instead of being
+    left to the halo scheme."""
     if local.halo_features is None:
-        return local.features
-    return np.concatenate([np.asarray(local.features), np.asarray(local.halo_features)])
+        return [local.features]
+    return [local.features, local.halo_features]
 
 
 def match_reorder(loader, features: DeviceFeatures) -> MatchReorder:  # noqa: ANN001 - BatchLoader

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,7 +23,7 @@ from distmb.pipeline.features.storage import (
     StorageRangeError,
     in_memory,
     storage_dtype,
-    stored_table,
+    stacked_table,
 )
 from distmb.pipeline.sample.host import NeighborSampler
 
@@ -194,16 +195,16 @@ def open_features(
 
 
 def stored_rows(
-    table: np.ndarray | torch.Tensor,
+    table: np.ndarray | torch.Tensor | Sequence[np.ndarray | torch.Tensor],
     feature_dtype: str,
     normalization: FeatureNormalization | None = None,
     first_row: int = 0,
 ) -> torch.Tensor:
-    """``table`` (float32[n, F], memory-mapped or not) stored as ``--feature-dtype``
-    ``feature_dtype`` in a new CPU tensor, normalised by ``normalization`` first (in float32,
-    chunk by chunk: :func:`~distmb.pipeline.features.storage.stored_table`). The one place
-    where a rank's table is converted, for the CPU path's sources and the GPU path's host
-    rows alike.
+    """``table`` (float32[n, F], memory-mapped or not; or a list of such tables, whose rows
+    follow one another) stored as ``--feature-dtype`` ``feature_dtype`` in a new CPU tensor,
+    normalised by ``normalization`` first (in float32, chunk by chunk:
+    :func:`~distmb.pipeline.features.storage.stacked_table`). The one place where a rank's
+    table is converted, for the CPU path's sources and the GPU path's host rows alike.
 
     Args:
         first_row: the id of ``table``'s first row (a part's halo rows follow its solid
@@ -215,7 +216,8 @@ def stored_rows(
     """
     transform = normalization.apply_ if normalization is not None else None
     try:
-        return stored_table(table, storage_dtype(feature_dtype), transform, first_row=first_row)
+        tables = list(table) if isinstance(table, list | tuple) else [table]
+        return stacked_table(tables, storage_dtype(feature_dtype), transform, first_row)
     except StorageRangeError as err:
         raise InputError(
             f"--feature-dtype {feature_dtype}: {err} (--feature-dtype bfloat16 keeps float32's "

@@ -11,17 +11,18 @@ the model as float32, each value rounded once (to nearest even) when the table i
   refused (:class:`StorageRangeError`) rather than stored as infinity.
 
 :func:`copy_rows` converts a table into a preallocated buffer, :func:`stored_table` into a new
-one; both a chunk of :data:`CONVERT_CHUNK_ROWS` rows at a time, so a memory-mapped float32
-table is never copied whole, and both may normalise each chunk in float32 before it is
-rounded (``--normalize-features``: the rounding then applies to the normalised values, as
-the model reads them).
+one (:func:`stacked_table`: several tables into one); each a chunk of
+:data:`CONVERT_CHUNK_ROWS` rows at a time, so a memory-mapped float32 table is never copied
+whole, and each may normalise a chunk in float32 before it is rounded
+(``--normalize-features``: the rounding then applies to the normalised values, as the model
+reads them).
 """
 
 from __future__ import annotations
 
 import mmap
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -161,7 +162,31 @@ def stored_table(
     numpy or CPU tensor, memory-mapped or not), each chunk passed through ``transform`` in
     float32 first when given (:func:`copy_rows`, ``first_row`` as there; raises its
     :class:`StorageRangeError`)."""
-    source = as_host_tensor(table)
-    out = torch.empty(tuple(source.shape), dtype=dtype)
-    copy_rows(out, source, transform, first_row)
+    return stacked_table([table], dtype, transform, first_row)
+
+
+def stacked_table(
+    tables: Sequence[np.ndarray | torch.Tensor],
+    dtype: torch.dtype,
+    transform: RowTransform | None = None,
+    first_row: int = 0,
+) -> torch.Tensor:
+    """:func:`stored_table` of the tables' rows one after the other (float[n_i, F] each):
+    one new ``dtype[sum n_i, F]`` tensor that each table is converted into, with no
+    concatenated float32 copy first. Row ``j`` of the i-th table is named ``first_row`` +
+    ``sum_{h < i} n_h + j`` in errors.
+
+    Raises:
+        ValueError: no tables, or tables of different widths.
+    """
+    sources = [as_host_tensor(t) for t in tables]
+    if not sources or any(s.dim() != 2 or s.shape[1] != sources[0].shape[1] for s in sources):
+        widths = [tuple(s.shape) for s in sources]
+        raise ValueError(f"stacked_table takes 2-D tables of one width, got shapes {widths}")
+    out = torch.empty(sum(int(s.shape[0]) for s in sources), sources[0].shape[1], dtype=dtype)
+    start = 0
+    for source in sources:
+        rows = int(source.shape[0])
+        copy_rows(out[start : start + rows], source, transform, first_row + start)
+        start += rows
     return out
