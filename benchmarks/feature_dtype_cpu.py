@@ -253,10 +253,17 @@ def run_configuration(task: dict[str, Any]) -> dict[str, Any]:
 
 def spawn(task: dict[str, Any]) -> dict[str, Any]:
     """:func:`run_configuration` of ``task`` in a new process (its last stdout line)."""
-    command = [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(task)]
+    return run_child(Path(__file__), task, f"{task['features']}/{task['dtype']}")
+
+
+def run_child(script: Path, task: dict[str, Any], name: str) -> dict[str, Any]:
+    """``script --child <task as JSON>`` in a new process: the JSON of its last stdout line
+    (a RuntimeError naming the configuration ``name``, with the end of its stderr, if it
+    fails). Also ``precision_cpu.py``'s runs."""
+    command = [sys.executable, str(script.resolve()), "--child", json.dumps(task)]
     proc = subprocess.run(command, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
-        raise RuntimeError(f"{task['features']}/{task['dtype']} failed:\n{proc.stderr[-3000:]}")
+        raise RuntimeError(f"{name} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 

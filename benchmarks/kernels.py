@@ -7,7 +7,11 @@ Sections (``--section``; ``all`` runs every registered one):
   256 -> 47}: :func:`distmb.nn.kernels.cpu_update.sage_update` (custom blocked GEMM with the fused
   epilogue, the default) vs the eager PyTorch function the "torch" path of SAGEConv runs (two
   ``F.linear``, bias, ReLU, ``F.dropout``) vs ``torch.compile`` of that same function vs the
-  design alternative "torch GEMM + fused C++ epilogue" (:func:`update_hybrid`).
+  design alternative "torch GEMM + fused C++ epilogue" (:func:`update_hybrid`); and the two
+  ways to train it in bfloat16 (``--precision bf16`` on the CPU): the fused kernels under
+  :func:`~distmb.nn.kernels.cpu_update.bf16_products` (products on bfloat16 operands summed
+  in float32, float32 outputs; ``fused_bf16``) and the eager function under CPU bfloat16
+  autocast (``torch_bf16``), each also as a speed-up over the float32 fused kernels.
 
 - ``agg``: the fused AGG kernels (mean aggregation at fan-outs 5/10/15 and widths 100/256 on
   40k-destination blocks; GAT edge softmax + per-head weighted aggregation): kernel-level
@@ -21,6 +25,7 @@ and all sections are plotted into ``results/kernels.png``.
 
     python benchmarks/kernels.py --section update
     python benchmarks/kernels.py --section update --sizes 5000,50000 --reps 3 --no-compile
+    python benchmarks/kernels.py --section update --no-bf16     # float32 implementations only
     python benchmarks/kernels.py --section agg --agg-threads 2 --reps 5
 """
 
@@ -66,6 +71,8 @@ UPDATE_REPS, UPDATE_REPS_LARGE, UPDATE_LARGE_N = 7, 5, 200_000
 #: Target: fused >= this speed-up over eager from UPDATE_TARGET_MIN_N rows, and not slower
 #: than torch.compile.
 UPDATE_TARGET_SPEEDUP, UPDATE_TARGET_MIN_N = 1.4, 50_000
+#: The bfloat16 implementations (speed-ups also over "fused", the float32 kernels).
+UPDATE_BF16 = ("fused_bf16", "torch_bf16")
 
 UpdateFn = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, float], Tensor]
 
@@ -93,6 +100,26 @@ def update_hybrid(
     through the ``addend`` input of :func:`~distmb.nn.kernels.cpu_update.sage_update`."""
     pre = torch.addmm(F.linear(h_neigh, w_neigh), h_self, w_self.T)
     return fused_update.sage_update([], bias, addend=pre, p=p)
+
+
+def update_fused_bf16(
+    h_neigh: Tensor, h_self: Tensor, w_neigh: Tensor, w_self: Tensor, bias: Tensor, p: float
+) -> Tensor:
+    """:func:`update_fused` with its products on bfloat16 operands summed in float32
+    (forward and backward: the autograd node keeps its forward's setting); float32 output."""
+    with fused_update.bf16_products():
+        return update_fused(h_neigh, h_self, w_neigh, w_self, bias, p)
+
+
+def update_eager_bf16(
+    h_neigh: Tensor, h_self: Tensor, w_neigh: Tensor, w_self: Tensor, bias: Tensor, p: float
+) -> Tensor:
+    """:func:`update_eager` under CPU bfloat16 autocast (``--precision bf16 --kernels torch``):
+    the products take bfloat16 operands and give bfloat16 outputs, summed in bfloat16; the
+    float32 bias promotes the sum, so the epilogue (bias, ReLU, dropout) and the output are
+    float32, as in SAGEConv's "torch" path."""
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        return update_eager(h_neigh, h_self, w_neigh, w_self, bias, p)
 
 
 def _update_inputs(n: int, c: int, k: int, seed: int) -> tuple[list[Tensor], Tensor]:
@@ -123,11 +150,25 @@ def _fwd_bwd_seconds(
 
 
 def _check_update(fns: dict[str, UpdateFn]) -> None:
-    """Sanity check before timing: without dropout every implementation agrees."""
+    """Sanity check before timing: without dropout every float32 implementation agrees with
+    eager; the bfloat16 ones agree with eager on the operands of the products rounded to
+    bfloat16 (``fused_bf16`` to float32's tolerance: it sums in float32; ``torch_bf16`` to
+    bfloat16's, its products' outputs being bfloat16, and not to float32's: autocast reached
+    it)."""
     inputs, _ = _update_inputs(257, 37, 45, seed=0)
     want = update_eager(*inputs, 0.0)
+    h_neigh, h_self, w_neigh, w_self, bias = (t.detach() for t in inputs)
+    rounded = [t.bfloat16().float() for t in (h_neigh, h_self, w_neigh, w_self)]
+    want_bf16 = update_eager(*rounded, bias, 0.0)
     for name, fn in fns.items():
-        torch.testing.assert_close(fn(*inputs, 0.0), want, rtol=1e-4, atol=1e-4, msg=name)
+        got = fn(*inputs, 0.0)
+        if name == "torch_bf16":
+            torch.testing.assert_close(got, want_bf16, rtol=2e-2, atol=2e-2, msg=name)
+            assert not torch.allclose(got, want, rtol=1e-4, atol=1e-4), f"{name}: float32?"
+        elif name == "fused_bf16":
+            torch.testing.assert_close(got, want_bf16, rtol=1e-4, atol=1e-4, msg=name)
+        else:
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4, msg=name)
 
 
 def _compile_update() -> tuple[UpdateFn | None, str | None]:
@@ -150,6 +191,8 @@ def run_update(args: argparse.Namespace) -> dict[str, Any]:
         "fused": update_fused,
         "torch_gemm_fused_epilogue": update_hybrid,
     }
+    if not args.no_bf16:
+        fns.update(fused_bf16=update_fused_bf16, torch_bf16=update_eager_bf16)
     compile_error = None
     if not args.no_compile:
         compiled, compile_error = _compile_update()
@@ -165,11 +208,15 @@ def run_update(args: argparse.Namespace) -> dict[str, Any]:
     targets = _update_targets(rows)
     return {
         "description": "SAGE UPDATE Dropout(ReLU(h_n W_n^T + h_s W_s^T + b)) fwd + bwd, "
-        f"dropout {UPDATE_DROPOUT}, float32; medians (ms) and speed-ups vs eager",
+        f"dropout {UPDATE_DROPOUT}, float32 tensors; fused_bf16: the fused kernels' products "
+        "on bfloat16 operands summed in float32 (bf16_products), torch_bf16: eager under CPU "
+        "bfloat16 autocast; medians (ms), speed-ups vs eager and vs fused (float32)",
         "dropout": UPDATE_DROPOUT,
         "compile_error": compile_error,
+        "bf16_native": fused_update.bf16_native(),
         "rows": rows,
         "targets": targets,
+        "bf16_speedup_vs_fused": _bf16_speedups(rows),
     }
 
 
@@ -198,11 +245,14 @@ def _time_update_config(
             "bwd_ms": 1e3 * statistics.median(b for _, b in times),
             "total_ms": 1e3 * statistics.median(f + b for f, b in times),
         }
-    base = row["eager"]["total_ms"]
+    base, fused = row["eager"]["total_ms"], row["fused"]["total_ms"]
     for name in samples:
         row[name]["speedup_vs_eager"] = base / row[name]["total_ms"]
+        row[name]["speedup_vs_fused"] = fused / row[name]["total_ms"]
     flop = 2 * 2 * 3 * n * c * k  # 2 products, forward + 2 backward, 2 flop per FMA
-    row["fused"]["gflops"] = flop / row["fused"]["total_ms"] / 1e6
+    for name in ("fused", "fused_bf16"):
+        if name in row:
+            row[name]["gflops"] = flop / row[name]["total_ms"] / 1e6
     print(
         f"N={n:>7} {c:>3}->{k:<3} "
         + "  ".join(
@@ -212,6 +262,21 @@ def _time_update_config(
     )
     del inputs, grad
     return row
+
+
+def _bf16_speedups(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Per bfloat16 implementation timed: the smallest, median and largest speed-up over the
+    float32 fused kernels (fwd + bwd) across the configurations."""
+    out = {}
+    for name in UPDATE_BF16:
+        speedups = [r[name]["speedup_vs_fused"] for r in rows if name in r]
+        if speedups:
+            out[name] = {
+                "min": min(speedups),
+                "median": statistics.median(speedups),
+                "max": max(speedups),
+            }
+    return out
 
 
 def _update_targets(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -229,24 +294,35 @@ def _update_targets(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def plot_update(ax: Any, section: dict[str, Any]) -> None:
-    """Grouped bars: speed-up over eager of every implementation per configuration."""
+    """Grouped bars: speed-up over eager of every implementation per configuration; the
+    bfloat16 ones labelled with their speed-up over the float32 fused kernels."""
     rows = section["rows"]
     names = [
         name
-        for name in ("fused", "torch_gemm_fused_epilogue", "compile")
+        for name in ("fused", "torch_gemm_fused_epilogue", "compile", *UPDATE_BF16)
         if any(name in r for r in rows)
     ]
     labels = [f"{r['n'] // 1000}k\n{r['c']}->{r['k']}" for r in rows]
     width = 0.8 / max(1, len(names))
+    top = 0.0
     for i, name in enumerate(names):
         xs = [j + (i - (len(names) - 1) / 2) * width for j in range(len(rows))]
         ys = [r[name]["speedup_vs_eager"] if name in r else 0.0 for r in rows]
-        ax.bar(xs, ys, width, label=name)
+        bars = ax.bar(xs, ys, width, label=name)
+        top = max(top, *ys)
+        if name in UPDATE_BF16:
+            vs_fused = [f"x{r[name]['speedup_vs_fused']:.2f}" if name in r else "" for r in rows]
+            ax.bar_label(bars, vs_fused, fontsize=6, rotation=90, padding=2)
+    ax.set_ylim(0, 1.15 * max(top, UPDATE_TARGET_SPEEDUP))  # room for the labels
     reference_line(ax, 1.0, "1x (as fast as eager)", color="black", linestyle="-")
     reference_line(ax, UPDATE_TARGET_SPEEDUP, f"target {UPDATE_TARGET_SPEEDUP:g}x", color="red")
     ax.set_xticks(range(len(rows)), labels, fontsize=7)
     ax.set_ylabel("speed-up vs eager (fwd + bwd)")
-    ax.set_title(f"SAGE UPDATE fwd+bwd, dropout {section['dropout']} (median, same run)")
+    title = f"SAGE UPDATE fwd+bwd, dropout {section['dropout']} (median, same run)"
+    if any(name in names for name in UPDATE_BF16):
+        native = "AVX512-BF16" if section.get("bf16_native") else "portable C++"
+        title += f"; bf16 bars labelled x fused float32 (fused_bf16: {native})"
+    ax.set_title(title, fontsize=9)
     ax.legend(fontsize=8)
 
 
@@ -720,6 +796,9 @@ def main() -> None:
     )
     parser.add_argument("--reps", type=int, default=None, help="repetitions per configuration")
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    parser.add_argument(
+        "--no-bf16", action="store_true", help="update: skip the bfloat16 implementations"
+    )
     parser.add_argument("--out-dir", type=Path, default=RESULTS)
     parser.add_argument(
         "--agg-threads",
