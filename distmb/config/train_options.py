@@ -198,8 +198,9 @@ class RunOptions:
     kernels: str = option(
         AUTO_KERNELS,
         "UPDATE/AGG implementation: auto (the fastest on the training device: triton on a GPU "
-        "where Triton is installed, else fused), fused (C++ kernels on the CPU, float32; "
-        "PyTorch ops on a GPU), torch (PyTorch ops) or triton (the Triton CSR aggregation and "
+        "where Triton is installed, else fused), fused (C++ kernels on the CPU, float32 "
+        "tensors, their matrix products on bfloat16 operands with --precision bf16; PyTorch "
+        "ops on a GPU), torch (PyTorch ops) or triton (the Triton CSR aggregation and "
         "GAT attention aggregation on CUDA tensors, PyTorch ops for the rest; needs Triton)",
         choices=KERNEL_CHOICES,
         resume_applied=True,
