@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import statistics
 import sys
 import time
 from collections.abc import Iterator
@@ -66,22 +65,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from feature_dtype import (  # noqa: E402
-    add_products_args,
-    apply_quick,
-    dataset_record,
-    draw_accuracy,
-    machine,
-    measure_and_write,
-    plot_pairs,
-    spread,
-)
-from feature_dtype import dataset as feature_dtype_dataset  # noqa: E402
-from record import command_line  # noqa: E402  (benchmarks/ is not a package)
+import precision_accuracy  # noqa: E402  (benchmarks/ is not a package)
+from feature_dtype import machine, measure_and_write  # noqa: E402
+from precision_accuracy import Study, history_record  # noqa: E402
+from record import command_line  # noqa: E402
 
-from distmb.config import recipes  # noqa: E402
 from distmb.config.train import TrainConfig  # noqa: E402
-from distmb.data import load_dataset  # noqa: E402
 from distmb.data.graph import Graph  # noqa: E402
 from distmb.data.local import LocalGraph  # noqa: E402
 from distmb.engine import Trainer  # noqa: E402
@@ -93,14 +82,12 @@ LABEL = (
     "TF32 emulated on the CPU (operands rounded to TF32 before each float32 product; "
     "accumulation order not the tensor cores')"
 )
-#: The precisions compared: the baseline first.
+#: The precisions compared: the baseline first (the datasets, ``--quick`` and the summary:
+#: ``precision_accuracy.py``'s study, shared with ``bf16_accuracy_cpu.py``).
 PRECISIONS = ("float32", "tf32_emulated")
 BASELINE = PRECISIONS[0]
-#: The datasets (``--datasets``).
-DATASETS = ("cora", "cora_gat", "products")
-#: ``--quick``: one seed, one epoch of a tiny products-shaped graph (the smoke test's run).
-QUICK = {"datasets": "products", "seeds": "0", "nodes": 2000, "avg_degree": 8.0,
-         "feat_dim": 16, "hidden": 16, "batch_size": 64, "epochs": 1}  # fmt: skip
+#: ``(spec, graph, recipe)`` of a dataset (the shared study's).
+dataset = precision_accuracy.dataset
 #: Mantissa bits float32 has and TF32 keeps.
 FLOAT32_MANTISSA_BITS, TF32_MANTISSA_BITS = 23, 10
 #: The low mantissa bits TF32 drops (13).
@@ -217,32 +204,8 @@ class EmulatedTF32(MixedPrecision):
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    p.add_argument("--quick", action="store_true", help=f"small run: {QUICK}")
-    p.add_argument("--datasets", default=",".join(DATASETS), help="comma-separated")
-    p.add_argument("--seeds", default="0,1,2", help="comma-separated")
-    add_products_args(p, nodes=20_000)
-    p.add_argument("--epochs", type=int, default=20, help="products")
-    p.add_argument("--out", type=Path, default=RESULTS / "tf32_emulated.json",
-                   help="JSON path (PNG beside it)")  # fmt: skip
-    args = p.parse_args(argv)
-    apply_quick(p, args, QUICK)
-    args.datasets = args.datasets.split(",")
-    args.seeds = [int(s) for s in args.seeds.split(",")]
-    for name in args.datasets:
-        if name not in DATASETS:
-            p.error(f"--datasets: {name!r} is not one of {', '.join(DATASETS)}")
-    return args
-
-
-def dataset(name: str, args: argparse.Namespace) -> tuple[str, Graph, dict[str, Any]]:
-    """``(spec, graph, recipe)`` of dataset ``name``: ``cora_gat`` (GAT with its documented
-    recipe on Cora), else feature_dtype.py's (``recipe``: TrainConfig fields)."""
-    if name == "cora_gat":
-        return "cora", load_dataset("cora"), dict(recipes.CORA_GAT)
-    return feature_dtype_dataset(name, args)
+    """The study's command line (:func:`precision_accuracy.parse_args`)."""
+    return precision_accuracy.parse_args(argv, __doc__, RESULTS / "tf32_emulated.json")
 
 
 def train(graph: Graph, recipe: dict[str, Any], precision: str, seed: int) -> dict[str, Any]:
@@ -257,20 +220,7 @@ def train(graph: Graph, recipe: dict[str, Any], precision: str, seed: int) -> di
         trainer.precision = emulated
     t0 = time.perf_counter()
     history = trainer.fit()
-    last = history[-1]
-    record: dict[str, Any] = {
-        "precision": precision,
-        "seed": seed,
-        "epochs_run": len(history),
-        **{
-            f"{key}_per_epoch": [r[key] for r in history] for key in ("loss", "val_acc", "test_acc")
-        },
-        "loss": last["loss"],
-        "test_acc": last["test_acc"],
-        "best_test_acc": last["best_test_acc"],
-        "best_epoch": last["best_epoch"],
-        "seconds": round(time.perf_counter() - t0, 2),
-    }
+    record = history_record(precision, seed, history, time.perf_counter() - t0)
     if emulated is not None:
         steps = [r["iterations"] for r in history]
         ends = [sum(steps[: i + 1]) for i in range(len(steps))]
@@ -283,104 +233,18 @@ def train(graph: Graph, recipe: dict[str, Any], precision: str, seed: int) -> di
     return record
 
 
-def summarize(runs: list[dict[str, Any]], seeds: list[int]) -> dict[str, Any]:
-    """Per precision: accuracies and loss (median, per seed, range), the per-seed differences
-    from float32, whether the largest exceeds float32's range over the seeds, and per seed the
-    largest per-epoch loss difference (``loss_per_epoch_max_abs_diff``) beside the median over
-    the epochs of float32's per-epoch range over the seeds."""
-    base = {r["seed"]: r for r in runs if r["precision"] == BASELINE}
-    keys = {"test_acc": "test_acc_last_epoch", "best_test_acc": "test_acc_best_val_epoch",
-            "loss": "loss_last_epoch"}  # fmt: skip
-    out: dict[str, Any] = {}
-    for precision in PRECISIONS:
-        mine = sorted((r for r in runs if r["precision"] == precision),
-                      key=lambda r: seeds.index(r["seed"]))  # fmt: skip
-        entry: dict[str, Any] = {key: spread([r[raw] for r in mine]) for raw, key in keys.items()}
-        entry["best_epoch"] = [r["best_epoch"] for r in mine]
-        entry["epochs_run"] = [r["epochs_run"] for r in mine]
-        diffs = {raw: [r[raw] - base[r["seed"]][raw] for r in mine] for raw in keys}
-        entry["diff_vs_float32_per_seed"] = diffs
-        entry["diff_vs_float32_median"] = {k: statistics.median(v) for k, v in diffs.items()}
-        entry["beyond_float32_seed_range"] = {
-            raw: max(abs(d) for d in diffs[raw]) > seed_range(base, raw) for raw in keys
-        }
-        entry["loss_per_epoch_max_abs_diff"] = [
-            max(abs(d) for d in loss_diffs(r, base[r["seed"]])) for r in mine
-        ]
-        out[precision] = entry
-    ranges = loss_seed_ranges([r["loss_per_epoch"] for r in base.values()])
-    out[BASELINE]["loss_per_epoch_seed_range_median"] = statistics.median(ranges)
-    return out
-
-
-def seed_range(base: dict[int, dict[str, Any]], key: str) -> float:
-    """float32's range (max - min) of ``key`` over the seeds."""
-    values = [r[key] for r in base.values()]
-    return max(values) - min(values)
-
-
-def loss_diffs(run: dict[str, Any], base: dict[str, Any]) -> list[float]:
-    """``run``'s training loss minus ``base``'s, per epoch both trained."""
-    return [a - b for a, b in zip(run["loss_per_epoch"], base["loss_per_epoch"], strict=False)]
-
-
-def loss_seed_ranges(losses: list[list[float]]) -> list[float]:
-    """Per epoch, the range (max - min) of the runs' losses that reached it."""
-    longest = max(len(v) for v in losses)
-    return [max(v[e] for v in losses if len(v) > e) - min(v[e] for v in losses if len(v) > e)
-            for e in range(longest)]  # fmt: skip
+#: float32 against emulated TF32 (:mod:`precision_accuracy`).
+STUDY = Study(PRECISIONS, ("float32", "TF32 emulated"), train)
 
 
 def measure_dataset(name: str, args: argparse.Namespace) -> dict[str, Any]:
     """Both precisions and every seed of dataset ``name``: the runs and their summary."""
-    spec, graph, recipe = dataset(name, args)
-    runs = []
-    for seed in args.seeds:
-        for precision in PRECISIONS:
-            record = train(graph, recipe, precision, seed)
-            runs.append(record)
-            print(f"{name} {precision} seed {seed}: loss {record['loss']:.4f} "
-                  f"test {record['test_acc']:.4f} best-val test {record['best_test_acc']:.4f} "
-                  f"epochs {record['epochs_run']} ({record['seconds']} s)", flush=True)  # fmt: skip
-    return {
-        **dataset_record(spec, recipe, graph),
-        "summary": summarize(runs, args.seeds),
-        "runs": runs,
-    }
-
-
-def draw_loss(ax: Any, name: str, data: dict[str, Any]) -> None:  # noqa: ANN401
-    """Per seed and epoch: emulated TF32's training loss minus float32's (same seed), beside
-    float32's spread over the seeds at that epoch (max - min, shaded either side of zero)."""
-    runs = data["runs"]
-    base = {r["seed"]: r for r in runs if r["precision"] == BASELINE}
-    ranges = loss_seed_ranges([r["loss_per_epoch"] for r in base.values()])
-    epochs = range(len(ranges))
-    ax.fill_between(epochs, [-r for r in ranges], ranges, color="grey", alpha=0.2,
-                    label="± float32 seeds' range")  # fmt: skip
-    for i, run in enumerate(r for r in runs if r["precision"] != BASELINE):
-        diff = loss_diffs(run, base[run["seed"]])
-        ax.plot(range(len(diff)), diff, color=f"C{i}", marker="." if len(diff) < 10 else None,
-                label=f"seed {run['seed']}")  # fmt: skip
-    ax.axhline(0.0, color="k", linewidth=0.8)
-    ax.set(title=f"{name}: training loss, TF32 emulated - float32",
-           xlabel="epoch", ylabel="loss difference")  # fmt: skip
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize="x-small", loc="upper right")
+    return precision_accuracy.measure_dataset(name, args, STUDY)
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
     """Accuracy (dot plot) and the per-epoch loss difference per dataset."""
-
-    def draw(left: Any, right: Any, name: str, data: dict[str, Any]) -> None:
-        draw_accuracy(left, name, data["summary"], list(PRECISIONS),
-                      ["float32", "TF32 emulated"])  # fmt: skip
-        draw_loss(right, name, data)
-
-    facts = result["machine"]
-    plot_pairs(result, path, draw,
-               f"{LABEL}\n{facts['cpu']}, {facts['cpus']} cores, torch {facts['torch']}, "
-               "--kernels torch --sampler device")  # fmt: skip
+    precision_accuracy.plot(result, path, STUDY, LABEL, "--kernels torch --sampler device")
 
 
 def main(argv: list[str] | None = None) -> int:
