@@ -261,6 +261,30 @@ def test_models_carry_their_products_into_the_backward(
     assert any(not torch.equal(a, b) for a, b in zip(grads_in, grads32, strict=True))
 
 
+def test_sage_update_and_gat_projection_carry_their_products_into_the_backward() -> None:
+    """The autograd functions of the kernels' Python API, their backward run outside the
+    context: the gradients of bfloat16 products (against the rounded operands' float64
+    products), not of float32 ones."""
+    gen = torch.Generator().manual_seed(8)
+    n, c, heads, d = 90, 33, 4, 5
+    x = randn(n, c, gen=gen).requires_grad_()
+    w = randn(heads * d, c, gen=gen, scale=c**-0.5).requires_grad_()
+    b, al, ar = (
+        randn(*s, gen=gen).requires_grad_() for s in [(heads * d,), (heads, d), (heads, d)]
+    )
+    g = randn(n, heads * d, gen=gen)
+    with fused_update.bf16_products():
+        out = fused_update.sage_update([(x, w)], b, activation=False)
+        z, el, er = fused_update.gat_projection(x, w, b, al, ar, activation=False)
+    gx, gw = torch.autograd.grad(out, [x, w], g)
+    assert_close32(gx, r(g) @ r(w), heads * d)
+    assert_close32(gw, r(g).T @ r(x), n)
+    zeros = torch.zeros(n, heads)
+    gx, gw = torch.autograd.grad((z, el, er), [x, w], (g, zeros, zeros))
+    assert_close32(gx, r(g) @ r(w), heads * d)
+    assert_close32(gw, r(g).T @ r(x), n)
+
+
 def test_mixed_precision_turns_the_products_on_for_the_fused_kernels_only() -> None:
     cpu = torch.device("cpu")
     for kernels, fused in [("fused", True), ("auto", True), ("torch", False)]:
