@@ -291,6 +291,42 @@ def test_the_out_of_core_cache_in_bfloat16_trains_as_the_table_in_memory(
     assert cached == _store_run(ooc_part, features="memory", **common)
 
 
+@pytest.mark.parametrize(
+    ("policy", "normalize", "match"),
+    [("belady", "none", False), ("presc", "row", True), ("none", "row", False)],
+)
+def test_the_gpu_path_over_a_bfloat16_out_of_core_cache_trains_as_the_table_in_memory(
+    ooc_part, policy, normalize, match
+):
+    """The GPU path (on CPU tensors) with --features ooc and bfloat16: its device cache takes
+    the host cache's two-byte rows (rounded, normalised once, as read from disk) and trains
+    and evaluates as over the table stored in memory in bfloat16, loss for loss."""
+    common = dict(feature_dtype="bfloat16", normalize_features=normalize, sampler="device",
+                  device_cache_mb=0.003, match_reorder=match)  # fmt: skip
+    cached = _store_run(
+        ooc_part, features="ooc", cache_policy=policy, feature_cache_mb=0.004, **common
+    )
+    assert cached == _store_run(ooc_part, features="memory", **common)
+
+
+def test_the_device_cache_reads_two_byte_rows_from_a_bfloat16_host_cache(ooc_part):
+    local = LocalGraph.from_store(PartitionStore(ooc_part, 0))
+    config = TrainConfig(**FAST, features="ooc", feature_cache_mb=0.004, cache_policy="lru",
+                         feature_dtype="bfloat16", sampler="device", device_cache_mb=0.003,
+                         normalize_features="row")  # fmt: skip
+    trainer = Trainer(local, config, log=lambda _: None)
+    tiered = trainer.loader.features
+    reader = tiered.device_cache.host
+    assert reader.dtype == torch.bfloat16 and reader.row_bytes == 8 * 2
+    assert reader.normalization is None  # the host cache normalises before it rounds
+    rows = reader.gather(torch.arange(20))
+    assert rows.dtype == torch.bfloat16
+    raw = torch.from_numpy(np.asarray(local.features[:20], dtype=np.float32))
+    want = (raw / raw.sum(dim=1, keepdim=True)).to(torch.bfloat16)
+    assert torch.equal(rows, want)
+    assert "rows stored as bfloat16" in trainer.parts.notes[-1]
+
+
 def test_a_bfloat16_cache_holds_twice_the_rows_of_the_same_mib(ooc_part):
     local = LocalGraph.from_store(PartitionStore(ooc_part, 0))
     caches = {}
@@ -308,8 +344,8 @@ def test_a_bfloat16_cache_holds_twice_the_rows_of_the_same_mib(ooc_part):
     ("flags", "message"),
     [
         (["--feature-dtype", "float16"], "--feature-dtype float16 with --features ooc: rows"),
-        (["--feature-dtype", "bfloat16", "--sampler", "device"],
-         "--feature-dtype bfloat16 with --features ooc on the GPU path"),
+        (["--feature-dtype", "float16", "--sampler", "device"],
+         "--feature-dtype float16 with --features ooc: rows"),
     ],
 )  # fmt: skip
 def test_the_out_of_core_cache_refuses_what_it_cannot_store(ooc_part, capsys, flags, message):

@@ -121,10 +121,20 @@ def device_case(policy: str, dtype: type, reuse: bool, device: str) -> Case:
 
 
 def tiered_case(
-    host_policy: str, device_policy: str, reuse: bool, device: str, tmp_path: Path
+    host_policy: str,
+    device_policy: str,
+    reuse: bool,
+    device: str,
+    tmp_path: Path,
+    stored: bool = False,
 ) -> Case:
-    """The out-of-core host cache (``host_policy``) behind a device cache of fewer rows."""
-    host = cached_case(host_policy, CAPACITY, tmp_path)
+    """The out-of-core host cache (``host_policy``; ``stored``: holding bfloat16 rows,
+    normalised first, which the device cache then takes in two bytes) behind a device cache
+    of fewer rows."""
+    if stored:
+        host = cached_stored_case(host_policy, tmp_path, normalise=True)
+    else:
+        host = cached_case(host_policy, CAPACITY, tmp_path)
     assert isinstance(host.source, CachedFeatures)
     source = build_tiered_features(
         host.source,
@@ -227,6 +237,9 @@ CASES: dict[str, Callable[[Path], Case]] = {
         for policy in CACHE_POLICIES
         for device_policy, reuse in (("degree", True), ("none", False))
     },
+    "tiered-lru-degree-reuse-bfloat16": lambda tmp: tiered_case(
+        "lru", "degree", True, "cpu", tmp, stored=True
+    ),
     "remote-one-rank": remote_case,
 }
 CUDA_CASES: dict[str, Callable[[Path], Case]] = {
@@ -235,6 +248,9 @@ CUDA_CASES: dict[str, Callable[[Path], Case]] = {
 }
 CUDA_CASES["tiered-belady-degree-reuse-cuda"] = lambda tmp: tiered_case(
     "belady", "degree", True, "cuda", tmp
+)
+CUDA_CASES["tiered-belady-degree-reuse-bfloat16-cuda"] = lambda tmp: tiered_case(
+    "belady", "degree", True, "cuda", tmp, stored=True
 )
 
 

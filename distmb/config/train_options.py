@@ -320,8 +320,8 @@ class FeatureOptions:
         "CPU path's table, then held in RAM with --features memory or mmap; the GPU path's "
         "pinned host rows and device cache) and the bytes a gathered row moves; rows reach "
         "the model as float32, rounded once (after --normalize-features). float16 refuses a "
-        "table with values beyond 65504; with --features ooc, bfloat16 only: the cache holds "
-        "its rows in two bytes (the C++ path)",
+        "table with values beyond 65504; with --features ooc, bfloat16 only: the out-of-core "
+        "cache holds its rows in two bytes (and the GPU path's device cache)",
         choices=tuple(STORAGE_DTYPES),
     )
     feature_cache_mb: float = option(

@@ -70,13 +70,13 @@ def open_device_stages(
     set. With ``host_cache`` (``--features ooc``: the out-of-core cache of the same rows),
     the device cache reads its misses from it instead, normalised as read
     (:class:`~distmb.pipeline.features.tiered.TieredFeatures`). ``--feature-dtype`` is the
-    dtype the host rows and the device cache store the (normalised) table in.
+    dtype the host rows and the device cache store the (normalised) table in (with
+    ``--features ooc``: the host cache's dtype, which the device cache takes).
 
     Raises:
         InputError: ``--feature-dtype float16`` with a table holding values beyond its
             range (:func:`~distmb.engine.build.features.stored_rows`; ``--features ooc``
-            with a two-byte dtype was refused by
-            :func:`~distmb.engine.build.features.open_features`).
+            with float16 was refused by :func:`~distmb.engine.build.features.open_features`).
     """
     sampler = DeviceNeighborSampler(
         local.indptr,

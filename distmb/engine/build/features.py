@@ -121,8 +121,7 @@ def open_features(
 
     Raises:
         InputError: ``--features ooc`` with a partition in another layout, or with
-            ``--feature-dtype float16`` (or a two-byte dtype on the GPU path); float16 with a
-            table beyond its range.
+            ``--feature-dtype float16``; float16 with a table beyond its range.
     """
     kind = feature_kind(config, local)
     note_norm = f", normalised: {normalization.kind}" if normalization is not None else ""
@@ -133,12 +132,6 @@ def open_features(
                 "from the file as training needs them, so float16's range (65,504) cannot be "
                 "checked first; use --feature-dtype bfloat16 (float32's range), or --features "
                 "mmap or memory"
-            )
-        if not convert:
-            raise InputError(
-                f"--feature-dtype {config.feature_dtype} with --features ooc on the GPU path: "
-                "its device cache reads float32 rows from the out-of-core cache; use --features "
-                "mmap or memory, or --feature-dtype float32"
             )
     if kind != "ooc" and config.feature_dtype != "float32" and convert:
         solid = stored_rows(local.features, config.feature_dtype, normalization)

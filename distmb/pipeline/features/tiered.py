@@ -20,8 +20,10 @@ serves its hits from memory and reads its misses from disk. The superbatch plan 
 the BatchLoader hands :meth:`TieredFeatures.inspect` the ids of a superbatch's gathers, and
 the host cache (``belady``) plans exactly the gathers it will be asked for
 (:meth:`~distmb.pipeline.features.device.DeviceFeatures.planned_loads`: the device cache's
-misses, per gather). Every row is the file's row: training is bit-identical to the device
-path over an in-memory table.
+misses, per gather). Every row is the file's row (``--feature-dtype bfloat16``: the host
+cache's rows, normalised and rounded as read; the device cache holds and receives them in two
+bytes a value): training is bit-identical to the device path over an in-memory table of the
+same dtype.
 
 Counters: each cache keeps its own (the host cache's ``lookups``, ``hits``, ``rows_read``,
 ``bytes_read`` from disk; the device cache's ``lookups``, ``hits``, ``misses``,
@@ -40,7 +42,6 @@ import numpy as np
 import torch
 
 from distmb.core.host_reads import to_host
-from distmb.core.units import FLOAT32_BYTES
 from distmb.pipeline.features.cached import CachedFeatures
 from distmb.pipeline.features.device import DeviceFeatures, build_device_features
 from distmb.pipeline.features.normalize import FeatureNormalization, NormalizedFeatures
@@ -57,16 +58,18 @@ class HostCacheRows:
     misses.
 
     Args:
-        cache: the host cache (float32 rows).
+        cache: the host cache: float32 rows, or bfloat16 rows (``--feature-dtype bfloat16``;
+            it normalises and rounds each row as it reads it from disk).
         device: where :meth:`gather` delivers rows.
-        normalization: ``--normalize-features``, applied to every row read (None: as stored).
+        normalization: ``--normalize-features``, applied to every row read (None: as stored;
+            ignored where the cache normalises its rows itself).
 
     Attributes:
+        dtype: the cache's dtype, the rows' that :meth:`gather` delivers: a bfloat16 cache's
+            rows cross to the device in two bytes a value (exactly: they are rounded already).
         source: what :meth:`gather` reads: the cache (normalised), or, inside
             :meth:`filling`, the cache read without changing it.
     """
-
-    dtype = torch.float32
 
     def __init__(
         self,
@@ -76,11 +79,13 @@ class HostCacheRows:
     ) -> None:
         self.cache = cache
         self.device = resolve_device(device)
-        self.normalization = normalization
+        self.normalization = normalization if cache.finish.transform is None else None
         self.num_rows, self.dim = cache.num_rows, cache.dim
-        self.row_bytes = self.dim * FLOAT32_BYTES
+        self.dtype = cache.finish.dtype
+        self.row_bytes = self.dim * self.dtype.itemsize
         self.source = self._normalized(cache)
         self._staging = torch.empty(0, dtype=torch.float32)
+        self._sent = torch.empty(0, dtype=self.dtype)  # pinned, two-byte rows (CUDA)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -103,19 +108,24 @@ class HostCacheRows:
             self.source = self._normalized(self.cache)
 
     def gather(self, sorted_ids: torch.Tensor) -> torch.Tensor:
-        """float32[n, dim] on :attr:`device`: rows ``sorted_ids`` (int64[n], ascending,
-        distinct, on :attr:`device`), one gather of the host cache."""
+        """[n, dim] of :attr:`dtype` on :attr:`device`: rows ``sorted_ids`` (int64[n],
+        ascending, distinct, on :attr:`device`), one gather of the host cache."""
         ids = to_host(sorted_ids).numpy()
         if self.device.type == "cpu":
-            return self.source.gather(ids)  # new rows: the device cache may keep them (Match)
+            # New rows: the device cache may keep them (Match).
+            return self.source.gather(ids).to(self.dtype)
         n = ids.size * self.dim
+        two_bytes = self.dtype != torch.float32
         if self._staging.numel() < n:
-            self._staging = torch.empty(
-                int(n * STAGING_GROWTH), dtype=torch.float32, pin_memory=True
-            )
+            size = int(n * STAGING_GROWTH)
+            self._staging = torch.empty(size, dtype=torch.float32, pin_memory=not two_bytes)
+            if two_bytes:
+                self._sent = torch.empty(size, dtype=self.dtype, pin_memory=True)
         rows = self._staging[:n].view(ids.size, self.dim)
         self.source.gather_into(ids, rows)
-        # Synchronous: the buffer is refilled by the next gather.
+        if two_bytes:
+            rows = self._sent[:n].view(ids.size, self.dim).copy_(rows)
+        # Synchronous: the buffers are refilled by the next gather.
         return rows.to(self.device)
 
     def __repr__(self) -> str:
