@@ -32,42 +32,42 @@ void gat_projection_forward(int64_t n, int64_t c, int64_t heads, int64_t d, cons
   const int64_t nblocks = (n + kRowBlock - 1) / kRowBlock;
 #pragma omp parallel num_threads(num_work_threads(nblocks))
   {
-  AlignedPairs scratch(products.scratch_words());
+    AlignedPairs scratch(products.scratch_words());
 #pragma omp for schedule(dynamic, 1)
-  for (int64_t blk = 0; blk < nblocks; ++blk) {
-    const int64_t i0 = blk * kRowBlock, rows = std::min(kRowBlock, n - i0);
-    products.row_block(i0, rows, nullptr, scratch.data(),
-                      [&](const auto& acc, int64_t row0, int mr, int64_t j0) {
-                        constexpr int NR =
-                            std::extent<std::remove_reference_t<decltype(acc)>, 1>::value;
-                        const int jv = static_cast<int>(std::min<int64_t>(NR, k - j0));
-                        for (int r = 0; r < mr; ++r) {
-                          float* o = z + (row0 + r) * k + j0;
+    for (int64_t blk = 0; blk < nblocks; ++blk) {
+      const int64_t i0 = blk * kRowBlock, rows = std::min(kRowBlock, n - i0);
+      products.row_block(
+          i0, rows, nullptr, scratch.data(),
+          [&](const auto& acc, int64_t row0, int mr, int64_t j0) {
+            constexpr int NR = std::extent<std::remove_reference_t<decltype(acc)>, 1>::value;
+            const int jv = static_cast<int>(std::min<int64_t>(NR, k - j0));
+            for (int r = 0; r < mr; ++r) {
+              float* o = z + (row0 + r) * k + j0;
 #pragma omp simd
-                          for (int j = 0; j < jv; ++j) {
-                            const float v = acc[r][j] + bias_p[j0 + j];
-                            o[j] = relu ? std::max(v, 0.0f) : v;
-                          }
-                        }
-                      });
-    // Attention scores of the block while its z rows are in cache.
-    for (int64_t row = i0; row < i0 + rows; ++row) {
-      const float* zr = z + row * k;
-      for (int64_t h = 0; h < heads; ++h) {
-        float sl = 0.0f, sr = 0.0f;
-        const float* zh = zr + h * d;
-        const float* al = attn_l + h * d;
-        const float* ar = attn_r + h * d;
+              for (int j = 0; j < jv; ++j) {
+                const float v = acc[r][j] + bias_p[j0 + j];
+                o[j] = relu ? std::max(v, 0.0f) : v;
+              }
+            }
+          });
+      // Attention scores of the block while its z rows are in cache.
+      for (int64_t row = i0; row < i0 + rows; ++row) {
+        const float* zr = z + row * k;
+        for (int64_t h = 0; h < heads; ++h) {
+          float sl = 0.0f, sr = 0.0f;
+          const float* zh = zr + h * d;
+          const float* al = attn_l + h * d;
+          const float* ar = attn_r + h * d;
 #pragma omp simd reduction(+ : sl, sr)
-        for (int64_t j = 0; j < d; ++j) {
-          sl += zh[j] * al[j];
-          sr += zh[j] * ar[j];
+          for (int64_t j = 0; j < d; ++j) {
+            sl += zh[j] * al[j];
+            sr += zh[j] * ar[j];
+          }
+          el[row * heads + h] = sl;
+          er[row * heads + h] = sr;
         }
-        el[row * heads + h] = sl;
-        er[row * heads + h] = sr;
       }
     }
-  }
   }
 }
 

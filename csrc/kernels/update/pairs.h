@@ -141,7 +141,8 @@ inline void pack_column_group_pairs(const float* x, const int64_t* ids, int64_t 
   for (int64_t l2 = 0; l2 < r2n; ++l2) {
     if (ids != nullptr) {
       const int64_t ahead = 2 * l2 + kPackPrefetchRows;
-      if (ahead < rows) prefetch_indexed_rows(x, ids, c, i0 + ahead, i0 + std::min(ahead + 2, rows));
+      if (ahead < rows)
+        prefetch_indexed_rows(x, ids, c, i0 + ahead, i0 + std::min(ahead + 2, rows));
     }
     const float* even = row(2 * l2);
     const float* odd = 2 * l2 + 1 < rows ? row(2 * l2 + 1) : nullptr;

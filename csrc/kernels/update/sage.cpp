@@ -41,31 +41,31 @@ void update_forward_impl(int64_t n, int64_t k, const UpdateSource* src, int nsrc
   const int64_t nchunks = std::min<int64_t>(nblocks, kFwdChunksPerThread * nt);
 #pragma omp parallel num_threads(nt)
   {
-  AlignedPairs scratch(products.scratch_words());
+    AlignedPairs scratch(products.scratch_words());
 #pragma omp for schedule(dynamic, 1)
-  for (int64_t chunk = 0; chunk < nchunks; ++chunk) {
-    const int64_t end = (chunk + 1) * nblocks / nchunks;
-    for (int64_t blk = chunk * nblocks / nchunks; blk < end; ++blk) {
-      const int64_t i0 = blk * kRowBlock, rows = std::min(kRowBlock, n - i0);
-      NextRowsPrefetch next;
-      if (blk + 1 < end) {
-        const int64_t i1 = i0 + rows, rows1 = std::min(kRowBlock, n - i1);
-        for (int s = 0; s < nsrc; ++s)
-          if (src[s].rows == nullptr) next.add(src[s].x + i1 * src[s].c, rows1 * src[s].c);
-        next.add(addend == nullptr ? nullptr : addend + i1 * k, rows1 * k);
+    for (int64_t chunk = 0; chunk < nchunks; ++chunk) {
+      const int64_t end = (chunk + 1) * nblocks / nchunks;
+      for (int64_t blk = chunk * nblocks / nchunks; blk < end; ++blk) {
+        const int64_t i0 = blk * kRowBlock, rows = std::min(kRowBlock, n - i0);
+        NextRowsPrefetch next;
+        if (blk + 1 < end) {
+          const int64_t i1 = i0 + rows, rows1 = std::min(kRowBlock, n - i1);
+          for (int s = 0; s < nsrc; ++s)
+            if (src[s].rows == nullptr) next.add(src[s].x + i1 * src[s].c, rows1 * src[s].c);
+          next.add(addend == nullptr ? nullptr : addend + i1 * k, rows1 * k);
+        }
+        uint64_t row_keys[kRowBlock];
+        if (kDrop)
+          for (int64_t r = 0; r < rows; ++r) row_keys[r] = dropout_row_key(seed, i0 + r);
+        products.row_block(
+            i0, rows, &next, scratch.data(),
+            [&](const auto& acc, int64_t row0, int mr, int64_t j0) {
+              sage_epilogue<std::extent<std::remove_reference_t<decltype(acc)>, 1>::value, kRelu,
+                            kDrop>(acc, row0, mr, j0, k, bias_p.data(), addend,
+                                   row_keys + (row0 - i0), threshold, scale, out, gate_bits);
+            });
       }
-      uint64_t row_keys[kRowBlock];
-      if (kDrop)
-        for (int64_t r = 0; r < rows; ++r) row_keys[r] = dropout_row_key(seed, i0 + r);
-      products.row_block(
-          i0, rows, &next, scratch.data(),
-          [&](const auto& acc, int64_t row0, int mr, int64_t j0) {
-            sage_epilogue<std::extent<std::remove_reference_t<decltype(acc)>, 1>::value, kRelu,
-                          kDrop>(acc, row0, mr, j0, k, bias_p.data(), addend,
-                                 row_keys + (row0 - i0), threshold, scale, out, gate_bits);
-          });
     }
-  }
   }
 }
 
