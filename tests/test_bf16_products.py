@@ -312,3 +312,40 @@ def test_layers_take_the_products(fused_kernels: None) -> None:
             bf16 = conv(block, x)
         assert not torch.equal(bf16, fp32)
         torch.testing.assert_close(bf16, fp32, rtol=0.03, atol=0.03)
+
+
+def test_a_loop_of_ones_own_trains_with_the_documented_contexts(fused_kernels: None) -> None:
+    """docs/api.md's loop: autocast and ``distmb.nn.bf16_products`` around the forward, the
+    backward outside; the fused layers' products went bfloat16 and the loss fell."""
+    import torch.nn.functional as F
+
+    import distmb
+
+    assert distmb.nn.bf16_products is fused_update.bf16_products
+    graph = distmb.load_dataset("synthetic:nodes=600,avg_degree=6,feat_dim=12,classes=3")
+    torch.manual_seed(0)
+    model = GraphSAGE(graph.feat_dim, 32, graph.num_classes, 2, dropout=0.0)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    seen: list[bool] = []
+    update_forward = fused_update.update_forward
+
+    def spy(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        seen.append(fused_update.products_bf16())
+        return update_forward(*args, **kwargs)
+
+    losses = []
+    loader = distmb.NeighborLoader(graph, graph.train_idx, [5, 5], batch_size=64, shuffle=True)
+    fused_update.update_forward = spy
+    try:
+        for _ in range(3):
+            for batch in loader:
+                with torch.autocast("cpu", dtype=torch.bfloat16), distmb.nn.bf16_products():
+                    loss = F.cross_entropy(model(batch.blocks, batch.x).float(), batch.labels)
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+                losses.append(loss.item())
+    finally:
+        fused_update.update_forward = update_forward
+    assert seen and all(seen)
+    assert losses[-1] < losses[0]

@@ -5,6 +5,8 @@
 - :mod:`distmb.nn.gcn`, :mod:`distmb.nn.gin`: GCN (symmetric normalisation) and GIN layers.
 - :mod:`distmb.nn.models`: multi-layer models and :func:`build_model`.
 - :mod:`distmb.nn.user`: the contract of a user's own model, ``--model package.module:Class``.
+- :func:`bf16_products`: the fused kernels' matrix products on bfloat16 operands
+  (``--precision bf16`` on the CPU; :mod:`distmb.nn.kernels.cpu_update`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from distmb.nn.aggregate import (
 from distmb.nn.gat import GATConv
 from distmb.nn.gcn import GCNConv
 from distmb.nn.gin import GINConv
+from distmb.nn.kernels.cpu_update import bf16_products
 from distmb.nn.models import (
     GAT,
     GCN,
@@ -50,6 +53,7 @@ __all__ = [
     "SAGEConv",
     "add_self_loops",
     "aggregate",
+    "bf16_products",
     "build_model",
     "edge_dst",
     "edge_softmax",
