@@ -292,7 +292,7 @@ void bind_update(py::module_& m) {
         "Gradients of gat_projection_forward into the given buffers (grad_x may be None).");
   m.def("update_bf16_native", &update_bf16_native,
         "Whether the bf16 products run on AVX512-BF16 instructions in this build (else in "
-        "portable C++, slower than float32).");
+        "portable C++, no faster than float32).");
   m.def("set_update_bf16_portable", &set_update_bf16_portable, py::arg("portable"),
         "For tests: run the portable bf16 products even where the build has AVX512-BF16.");
 }

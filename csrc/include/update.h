@@ -95,8 +95,8 @@ void gat_projection_backward(int64_t n, int64_t c, int64_t heads, int64_t d, con
                              float* grad_w, float* grad_bias, float* grad_attn_l,
                              float* grad_attn_r, bool bf16 = false);
 
-// Whether this build's bf16 products run on AVX512-BF16 instructions (else portable C++, slower
-// than float32).
+// Whether this build's bf16 products run on AVX512-BF16 instructions (else portable C++, no
+// faster than float32).
 bool update_bf16_native();
 
 // For tests: run the portable bf16 products even where the build has AVX512-BF16 (values

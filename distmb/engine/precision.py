@@ -86,7 +86,7 @@ class MixedPrecision:
             how = (
                 "AVX512-BF16"
                 if bf16_native()
-                else "portable C++: this build has no AVX512-BF16, slower than --precision fp32"
+                else "portable C++: this build has no AVX512-BF16, no faster than --precision fp32"
             )
             self.note = (
                 "--precision bf16: the fused kernels' matrix products on bfloat16 operands, "

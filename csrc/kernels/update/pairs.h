@@ -8,7 +8,7 @@
 // 2 l2 (low half) and 2 l2 + 1 (high half; zero past an odd length), the layout AVX512-BF16's
 // VDPBF16PS multiplies and sums two at a time. micro_tile_pairs is micro_tile's twin over such
 // words: VDPBF16PS where the compiler targets AVX512-BF16 (-march=native on Zen 4, Cooper
-// Lake, Sapphire Rapids), else the same sums in portable C++ (slower than float32 there:
+// Lake, Sapphire Rapids), else the same sums in portable C++ (no faster than float32 there:
 // each word is unpacked to two floats).
 #pragma once
 

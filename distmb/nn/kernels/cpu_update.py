@@ -65,7 +65,7 @@ _products = _Products()
 
 def bf16_native() -> bool:
     """Whether this build's bfloat16 products run on AVX512-BF16 instructions (else portable
-    C++, slower than float32: ``setup.py`` targets the build host, ``DISTMB_MARCH``)."""
+    C++, no faster than float32: ``setup.py`` targets the build host, ``DISTMB_MARCH``)."""
     return bool(_C.update_bf16_native())
 
 
