@@ -76,8 +76,8 @@ def cached_part(
 ) -> PartFeatures:
     """:func:`part_rows` of ``rows``, a view of the out-of-core ``cache`` (itself, or its
     lookup-only view), normalised as read unless the cache normalises the rows it reads
-    itself (a two-byte cache, before it rounds them)."""
-    return part_rows(rows, n_solid, None if cache.finish.transform is not None else normalization)
+    itself (:meth:`CachedFeatures.normalization_on_read`)."""
+    return part_rows(rows, n_solid, cache.normalization_on_read(normalization))
 
 
 def feature_kind(config: TrainConfig, local: LocalGraph) -> str:

@@ -45,6 +45,7 @@ import torch
 
 from distmb.core.units import FLOAT32_BYTES
 from distmb.data.store.rowfile import RowFile
+from distmb.pipeline.features.normalize import FeatureNormalization
 from distmb.pipeline.features.policy import NO_SLOT, BeladyPlanner, LruPlanner
 from distmb.pipeline.features.protocol import FeatureSource
 from distmb.pipeline.features.storage import CONVERT_CHUNK_ROWS, RowTransform
@@ -156,6 +157,14 @@ class CachedFeatures(FeatureSource):
         per_row, per_slot = DIRECTORY_BYTES[self.policy]
         row_bytes = self.dim * self.table.element_size()
         return self.capacity * (row_bytes + per_slot) + self.num_rows * per_row
+
+    def normalization_on_read(
+        self, normalization: FeatureNormalization | None
+    ) -> FeatureNormalization | None:
+        """What a reader of this cache's rows applies of ``normalization``: all of it, or
+        None where the cache normalises the rows it reads itself (a two-byte cache, before it
+        rounds them)."""
+        return None if self.finish.transform is not None else normalization
 
     def stats(self) -> dict[str, float]:
         """This epoch's counters for the record (see the module docstring)."""

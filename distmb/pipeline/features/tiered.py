@@ -79,7 +79,7 @@ class HostCacheRows:
     ) -> None:
         self.cache = cache
         self.device = resolve_device(device)
-        self.normalization = normalization if cache.finish.transform is None else None
+        self.normalization = cache.normalization_on_read(normalization)
         self.num_rows, self.dim = cache.num_rows, cache.dim
         self.dtype = cache.finish.dtype
         self.row_bytes = self.dim * self.dtype.itemsize
